@@ -1,0 +1,36 @@
+"""attn_zoo: interchangeable attention mechanisms and backends, one model family, ablations.
+
+import attn_zoo as az
+m = az.build("standard", d_model=64, n_heads=4, backend="auto")
+y = m(x, attn_mask=None, is_causal=True)       # (B, N, D) -> (B, N, D)
+m.backend = "chunked"                          # same parameters, other kernel
+"""
+
+from attn_zoo import mechanisms  # noqa: F401  (registers the built-in mechanisms)
+from attn_zoo.kernels import Capabilities, UnsupportedCallError, register_backend
+from attn_zoo.mechanisms.base import AttentionMechanism
+from attn_zoo.registry import (
+    backend_status,
+    build,
+    list_backends,
+    list_mechanisms,
+    mechanism_kwargs,
+    register_mechanism,
+    set_backend,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttentionMechanism",
+    "Capabilities",
+    "UnsupportedCallError",
+    "backend_status",
+    "build",
+    "list_backends",
+    "list_mechanisms",
+    "mechanism_kwargs",
+    "register_backend",
+    "register_mechanism",
+    "set_backend",
+]

@@ -1,0 +1,203 @@
+"""Capability-based choice of a kernel backend.
+
+A *kernel family* (``softmax``, ``relational``, ...) is one mathematical operation with several
+implementations, its *backends*. Each backend declares what it can serve (`Capabilities`) and,
+optionally, whether its software is present at all (``available``). A call is summarised as a
+`Call` (device, dtype and the features it needs); `KernelFamily.select` then resolves a backend
+name:
+
+- a registered name (``naive``, ``sdpa``, ...) forces that backend, or raises
+  `UnsupportedCallError` naming the reason and the backends that would serve;
+- a tier name (``naive``, ``chunked``, ``fused``) that is not itself registered picks the
+  highest-priority backend of that tier that fits;
+- ``auto`` picks the highest-priority backend that fits; each refusal is logged once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+log = logging.getLogger("attn_zoo")
+
+TIERS = ("naive", "chunked", "fused")
+FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
+class UnsupportedCallError(ValueError):
+    """A backend was asked for a call its capabilities do not cover."""
+
+
+def unknown_name_error(kind: str, name: object, valid: Iterable[str]) -> ValueError:
+    """A ValueError naming the bad `name`, the closest valid one and all valid ones."""
+    valid = sorted(valid)
+    close = difflib.get_close_matches(str(name), valid, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ValueError(f"unknown {kind}: {name!r}.{hint} Valid: {', '.join(valid) or '(none)'}.")
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a kernel call needs: where it runs and which optional features it uses.
+
+    `features` holds names such as ``grad``, ``mask``, ``causal``, ``dropout``, ``dv_ne_dk``
+    (value head width differs from key head width) and ``gqa`` (fewer key/value heads than query
+    heads); families may add their own (e.g. ``rel_activation``).
+    """
+
+    device: str
+    dtype: torch.dtype
+    features: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend serves. `why` explains a refusal, keyed by feature or device name."""
+
+    features: frozenset[str]
+    devices: frozenset[str] = frozenset({"cpu", "cuda"})
+    dtypes: frozenset[torch.dtype] = FLOAT_DTYPES
+    grad_devices: frozenset[str] | None = None  # devices with a backward; None: every device
+    why: dict[str, str] = field(default_factory=dict)
+
+    def refusal(self, call: Call) -> str | None:
+        """None if the call fits, else the reason it does not."""
+        if call.device not in self.devices:
+            return self._explain(
+                call.device, f"no kernel for device {call.device!r} (has: {sorted(self.devices)})"
+            )
+        if call.dtype not in self.dtypes:
+            names = sorted(str(d).removeprefix("torch.") for d in self.dtypes)
+            return f"dtype {call.dtype} not supported (supports: {', '.join(names)})"
+        missing = sorted(call.features - self.features)
+        if missing:
+            return self._explain(missing[0], f"does not support {', '.join(missing)}")
+        no_backward = self.grad_devices is not None and call.device not in self.grad_devices
+        if "grad" in call.features and no_backward:
+            return self._explain(
+                "grad", f"has no backward on {call.device} (needed: inputs require grad)"
+            )
+        return None
+
+    def _explain(self, key: str, reason: str) -> str:
+        return f"{reason}: {self.why[key]}" if key in self.why else reason
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One implementation of a kernel family."""
+
+    name: str
+    fn: Callable
+    tier: str
+    priority: int  # higher is preferred by ``auto``
+    capabilities: Capabilities
+    available: Callable[[], str | None] = lambda: None  # None, or why the software is missing
+
+    def refusal(self, call: Call) -> str | None:
+        return self.capabilities.refusal(call) or self.available()
+
+
+class KernelFamily:
+    """A named operation and its registered backends."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.backends: dict[str, Backend] = {}
+        self._logged: set[tuple[str, str]] = set()
+
+    def register(self, backend: Backend) -> None:
+        if backend.tier not in TIERS:
+            raise ValueError(
+                f"tier {backend.tier!r} of backend {backend.name!r}: use one of {TIERS}"
+            )
+        if backend.name in ("auto", *TIERS) and backend.name != backend.tier:
+            raise ValueError(
+                f"backend name {backend.name!r} is a tier name: register it with that tier"
+            )
+        self.backends[backend.name] = backend
+
+    def names(self) -> list[str]:
+        """Registered backend names plus the tier names they make usable, in priority order."""
+        ordered = sorted(self.backends.values(), key=lambda b: -b.priority)
+        names = [b.name for b in ordered]
+        names += [t for t in TIERS if t not in names and any(b.tier == t for b in ordered)]
+        return names
+
+    def check_name(self, name: str) -> None:
+        if name != "auto" and name not in self.names():
+            raise unknown_name_error(f"{self.name} backend", name, ["auto", *self.names()])
+
+    def candidates(self, name: str) -> list[Backend]:
+        """Backends `name` may resolve to, best first."""
+        self.check_name(name)
+        if name in self.backends:
+            return [self.backends[name]]
+        ordered = sorted(self.backends.values(), key=lambda b: -b.priority)
+        return [b for b in ordered if name == "auto" or b.tier == name]
+
+    def select(self, name: str, call: Call) -> Backend:
+        """The backend that serves `call` under the name `name` (see module docstring)."""
+        refused = []
+        for backend in self.candidates(name):
+            reason = backend.refusal(call)
+            if reason is None:
+                return backend
+            refused.append((backend.name, reason))
+            if name != backend.name and (backend.name, reason) not in self._logged:
+                self._logged.add((backend.name, reason))
+                log.info("%s backend %r skipped: %s", self.name, backend.name, reason)
+        serving = [b.name for b in self.backends.values() if b.refusal(call) is None]
+        why = "; ".join(f"{b}: {r}" for b, r in refused)
+        raise UnsupportedCallError(
+            f"{self.name} backend {name!r} cannot serve this call ({call.device}, "
+            f"{call.dtype}, features {sorted(call.features)}): {why}. "
+            f"Backends that can: {', '.join(serving) or '(none)'}."
+        )
+
+    def status(self, name: str, device: str) -> tuple[bool, str]:
+        """(ok, reason) for `name` on `device`, for a plain float32 call needing no features."""
+        try:
+            backend = self.select(name, Call(device=device, dtype=torch.float32))
+        except UnsupportedCallError as err:
+            return False, str(err)
+        picked = "" if backend.name == name else f" (picks {backend.name!r})"
+        return True, f"available on {device}{picked}"
+
+
+FAMILIES: dict[str, KernelFamily] = {}
+
+
+def family(name: str) -> KernelFamily:
+    """The kernel family `name`, created on first use."""
+    if name not in FAMILIES:
+        FAMILIES[name] = KernelFamily(name)
+    return FAMILIES[name]
+
+
+def register_backend(
+    family_name: str,
+    name: str,
+    *,
+    tier: str,
+    priority: int,
+    capabilities: Capabilities,
+    available: Callable[[], str | None] | None = None,
+) -> Callable[[Callable], Callable]:
+    """Decorator: register `fn` as backend `name` of kernel family `family_name`.
+
+    >>> @register_backend("softmax", "mine", tier="fused", priority=5,
+    ...                   capabilities=Capabilities(features=frozenset({"grad"})))
+    ... def my_kernel(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0): ...
+    """
+
+    def decorate(fn: Callable) -> Callable:
+        kwargs = {} if available is None else {"available": available}
+        family(family_name).register(Backend(name, fn, tier, priority, capabilities, **kwargs))
+        return fn
+
+    return decorate

@@ -1,0 +1,145 @@
+"""Softmax attention in (query block x key block) tiles with an online softmax.
+
+Forward keeps, per query row, a running max m, a running sum l and an accumulator:
+
+    m' = max(m, max_j s_ij),  l' = l e^(m - m') + sum_j e^(s_ij - m'),
+    acc' = acc e^(m - m') + sum_j e^(s_ij - m') v_j,     out = acc / l,  lse = m + log l
+
+and saves only q, k, v, out and lse. Backward recomputes each tile's probabilities from lse
+(p_ij = e^(s_ij - lse_i)) and uses D_i = <dout_i, out_i>:
+
+    dv_j += sum_i p_ij dout_i,   ds_ij = p_ij (<dout_i, v_j> - D_i),
+    dq_i += scale sum_j ds_ij k_j,   dk_j += scale sum_i ds_ij q_i
+
+so training memory is O(N x block), never O(N x M). Tiles wholly above the causal diagonal
+are skipped. Dropout masks are drawn per tile from a seed and redrawn in backward.
+Half-precision inputs are computed in float32.
+"""
+
+import torch
+from einops import einsum, rearrange
+
+from attn_zoo.kernels.heads import group_queries
+from attn_zoo.kernels.softmax.masks import causal_mask
+
+BLOCK = 128
+
+
+class _Tiles:
+    """The tiling of one call: block ranges, the tile mask and the per-tile dropout."""
+
+    def __init__(self, q, k, attn_mask, is_causal, dropout_p, seed, block):
+        self.shape = q.shape  # (B, Hkv, G, N, d)
+        self.n, self.m = q.shape[3], k.shape[2]
+        self.attn_mask, self.is_causal = attn_mask, is_causal
+        self.dropout_p, self.seed, self.block = dropout_p, seed, block
+        self.n_key_blocks = -(-self.m // block)
+
+    def query_blocks(self):
+        return [(i, min(i + self.block, self.n)) for i in range(0, self.n, self.block)]
+
+    def key_blocks(self, i0: int, i1: int):
+        """Key ranges for queries [i0, i1): all, or those not wholly above the diagonal."""
+        stop = min(self.m, i1) if self.is_causal else self.m
+        return [(j, min(j + self.block, self.m)) for j in range(0, stop, self.block)]
+
+    def allowed(self, i0, i1, j0, j1, device):
+        """Tile mask broadcastable to (B, Hkv, G, bq, bk), or None when all is allowed."""
+        allowed = None
+        if self.attn_mask is not None:
+            b, hkv, g = self.shape[:3]
+            tile = self.attn_mask[..., i0:i1, j0:j1]
+            tile = tile.expand(tile.shape[0], hkv * g, i1 - i0, j1 - j0)
+            allowed = rearrange(tile, "b (h g) n m -> b h g n m", h=hkv)
+        if self.is_causal and j1 - 1 > i0:
+            causal = causal_mask(i1 - i0, j1 - j0, device, offset=i0 - j0)
+            allowed = causal if allowed is None else allowed & causal
+        return allowed
+
+    def keep(self, i0, i1, j0, j1, like):
+        """Dropout multiplier of a tile (0 or 1/(1-p)), the same in forward and backward."""
+        index = (i0 // self.block) * self.n_key_blocks + j0 // self.block
+        gen = torch.Generator(device=like.device).manual_seed(self.seed + index)
+        shape = (*self.shape[:3], i1 - i0, j1 - j0)
+        draw = torch.rand(shape, generator=gen, device=like.device, dtype=like.dtype)
+        return (draw >= self.dropout_p).to(like.dtype) / (1 - self.dropout_p)
+
+    def scores(self, qi, kj, scale, i0, i1, j0, j1):
+        s = einsum(qi, kj, "b h g n d, b h m d -> b h g n m") * scale
+        allowed = self.allowed(i0, i1, j0, j1, s.device)
+        return s if allowed is None else s.masked_fill(~allowed, float("-inf"))
+
+
+class ChunkedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, attn_mask, is_causal, scale, dropout_p, seed, block):
+        tiles = _Tiles(q, k, attn_mask, is_causal, dropout_p, seed, block)
+        out = q.new_zeros(*q.shape[:-1], v.shape[-1])
+        lse = q.new_full(q.shape[:-1], float("inf"))  # +inf: rows with no key, p = 0 in backward
+        for i0, i1 in tiles.query_blocks():
+            qi = q[..., i0:i1, :]
+            m = q.new_full(qi.shape[:-1], float("-inf"))
+            total = q.new_zeros(qi.shape[:-1])
+            acc = q.new_zeros(*qi.shape[:-1], v.shape[-1])
+            for j0, j1 in tiles.key_blocks(i0, i1):
+                s = tiles.scores(qi, k[:, :, j0:j1], scale, i0, i1, j0, j1)
+                m_new = torch.maximum(m, s.amax(dim=-1))
+                m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)
+                p = torch.exp(s - m_safe[..., None])
+                rescale = torch.exp(m - m_safe)
+                total = total * rescale + p.sum(dim=-1)
+                if dropout_p > 0:
+                    p = p * tiles.keep(i0, i1, j0, j1, p)
+                acc = acc * rescale[..., None] + einsum(
+                    p, v[:, :, j0:j1], "b h g n m, b h m d -> b h g n d"
+                )
+                m = m_new
+            seen = total > 0
+            out[..., i0:i1, :] = acc / torch.where(seen, total, 1.0)[..., None]
+            lse[..., i0:i1] = torch.where(seen, m + torch.log(total), float("inf"))
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.tiles, ctx.scale = tiles, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        tiles, scale = ctx.tiles, ctx.scale
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        delta = (dout * out).sum(dim=-1)  # D_i
+        for i0, i1 in tiles.query_blocks():
+            qi, doi = q[..., i0:i1, :], dout[..., i0:i1, :]
+            for j0, j1 in tiles.key_blocks(i0, i1):
+                kj, vj = k[:, :, j0:j1], v[:, :, j0:j1]
+                s = tiles.scores(qi, kj, scale, i0, i1, j0, j1)
+                p = torch.exp(s - lse[..., i0:i1, None])
+                dp = einsum(doi, vj, "b h g n d, b h m d -> b h g n m")
+                p_used = p
+                if tiles.dropout_p > 0:
+                    keep = tiles.keep(i0, i1, j0, j1, p)
+                    p_used, dp = p * keep, dp * keep
+                dv[:, :, j0:j1] += einsum(p_used, doi, "b h g n m, b h g n d -> b h m d")
+                ds = p * (dp - delta[..., i0:i1, None])
+                dq[..., i0:i1, :] += einsum(ds, kj, "b h g n m, b h m d -> b h g n d") * scale
+                dk[:, :, j0:j1] += einsum(ds, qi, "b h g n m, b h g n d -> b h m d") * scale
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def chunked(
+    q: torch.Tensor,  # (B, H, N, dk)
+    k: torch.Tensor,  # (B, Hkv, M, dk)
+    v: torch.Tensor,  # (B, Hkv, M, dv)
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    block: int = BLOCK,
+) -> torch.Tensor:  # (B, H, N, dv)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    seed = int(torch.randint(2**62, (1,))) if dropout_p > 0 else 0
+    grouped = group_queries(q.to(compute), k.shape[1])
+    out = ChunkedAttention.apply(
+        grouped, k.to(compute), v.to(compute), attn_mask, is_causal, scale, dropout_p, seed, block
+    )
+    return rearrange(out, "b h g n d -> b (h g) n d").to(q.dtype)

@@ -1,0 +1,53 @@
+"""Softmax attention on FlexAttention (torch.nn.attention.flex_attention), compiled.
+
+The mask and causal flag become a ``mask_mod`` and a block mask, so fully masked key blocks are
+skipped. Compiled once per input shape (a few seconds on CPU, cached by torch). FlexAttention
+has no backward on CPU and no dropout. A row with no allowed key gives zeros.
+"""
+
+import functools
+
+import torch
+
+from attn_zoo.kernels.softmax.masks import allowed_keys
+
+
+def flex_missing() -> str | None:
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError as err:
+        return f"FlexAttention needs torch >= 2.5 ({err})"
+    return None
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex(
+    q: torch.Tensor,  # (B, H, N, dk)
+    k: torch.Tensor,  # (B, Hkv, M, dk)
+    v: torch.Tensor,  # (B, Hkv, M, dv)
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:  # (B, H, N, dv)
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if dropout_p > 0:
+        raise ValueError(f"flex: dropout_p={dropout_p} is not supported; use dropout_p=0")
+    (b, h, n, _), m = q.shape, k.shape[2]
+    block_mask = None
+    allowed = allowed_keys(attn_mask, is_causal, n, m, q.device)
+    if allowed is not None:
+        allowed = allowed.expand(b, h, n, m)
+
+        def mask_mod(bi, hi, qi, ki):
+            return allowed[bi, hi, qi, ki]
+
+        block_mask = create_block_mask(mask_mod, b, h, n, m, device=q.device, _compile=False)
+    return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != h)

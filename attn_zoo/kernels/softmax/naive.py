@@ -1,0 +1,44 @@
+"""Softmax attention, materialised: the ground truth every other backend is tested against.
+
+    out_i = sum_j p_ij v_j,   p_ij = exp(s_ij) / sum_j' exp(s_ij'),   s_ij = scale * <q_i, k_j>
+
+over allowed keys j only; a row with no allowed key gives zeros. Works in any float dtype,
+float64 included. Memory O(B H N M).
+"""
+
+import torch
+import torch.nn.functional as F
+from einops import einsum
+
+from attn_zoo.kernels.heads import repeat_kv
+from attn_zoo.kernels.softmax.masks import allowed_keys
+
+
+def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last dim, restricted to `allowed`; rows with nothing allowed are zero."""
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True).detach()
+    row_max = row_max.masked_fill(row_max == float("-inf"), 0.0)
+    weights = torch.exp(scores - row_max)
+    total = weights.sum(dim=-1, keepdim=True)
+    return weights / torch.where(total == 0, 1.0, total)
+
+
+def naive(
+    q: torch.Tensor,  # (B, H, N, dk)
+    k: torch.Tensor,  # (B, Hkv, M, dk)
+    v: torch.Tensor,  # (B, Hkv, M, dv)
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:  # (B, H, N, dv)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
+    scores = einsum(q, k, "b h n d, b h m d -> b h n m") * scale
+    allowed = allowed_keys(attn_mask, is_causal, q.shape[2], k.shape[2], q.device)
+    weights = masked_softmax(scores, allowed)
+    if dropout_p > 0:
+        weights = F.dropout(weights, dropout_p)
+    return einsum(weights, v, "b h n m, b h m d -> b h n d")

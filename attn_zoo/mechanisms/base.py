@@ -1,0 +1,57 @@
+"""The base class of attention mechanisms: parameters live here, backends are a setting.
+
+A mechanism is an ``nn.Module`` with ``forward(x, symbols=None, attn_mask=None,
+is_causal=False) -> (B, N, D)`` and a ``backend`` attribute naming how its kernel runs. The
+backend never changes the parameters, so one state_dict serves every backend.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from torch import nn
+
+from attn_zoo.kernels.dispatch import family, unknown_name_error
+
+
+class AttentionMechanism(nn.Module):
+    """Subclasses set `kernel_family` (the kernel they call) and call ``super().__init__(backend)``.
+
+    Composite mechanisms (several kernels) override `backend_names` and `backend_status`.
+    """
+
+    kernel_family: ClassVar[str] = "softmax"
+
+    def __init__(self, backend: str = "auto"):
+        super().__init__()
+        self.backend = backend
+
+    @classmethod
+    def backend_names(cls) -> list[str]:
+        """Every backend name this mechanism accepts, ``auto`` excluded."""
+        return family(cls.kernel_family).names()
+
+    @classmethod
+    def backend_status(cls, backend: str, device: str = "cpu") -> tuple[bool, str]:
+        """(ok, reason): can `backend` run this mechanism's plain float32 calls on `device`?"""
+        cls.check_backend(backend)
+        return family(cls.kernel_family).status(backend, device)
+
+    @classmethod
+    def check_backend(cls, backend: str) -> None:
+        if backend != "auto" and backend not in cls.backend_names():
+            raise unknown_name_error(
+                f"backend for {cls.__name__}", backend, ["auto", *cls.backend_names()]
+            )
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    @backend.setter
+    def backend(self, name: str) -> None:
+        self.check_backend(name)
+        self._backend = name
+
+    def extra_repr(self) -> str:
+        return f"backend={self.backend!r}"

@@ -1,0 +1,86 @@
+"""Standard multi-head softmax attention, with grouped-query heads.
+
+    Q = x Wq,  K = x Wk,  V = x Wv   (per head h: Q^h (N, key_dim), K^h, V^h (N, head_dim))
+    A^h = softmax(Q^h K^h^T / sqrt(head_dim)) V^h        (kv head of query head h: h // (H/Hkv))
+    out = concat_h(A^h) Wo
+
+Kwargs and parameter names follow ``dual_attention.attention.Attention`` (Altabaa & Lafferty):
+head_dim = d_model // total_n_heads, key_dim defaults to head_dim, the scale is
+1/sqrt(head_dim) even when key_dim differs, and the output width is n_heads * head_dim
+(d_model unless the module is one branch of dual attention, where total_n_heads > n_heads).
+Dropout acts on the attention weights and on the output, in training only.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from attn_zoo.kernels.softmax import softmax_attention
+from attn_zoo.mechanisms.base import AttentionMechanism
+from attn_zoo.registry import register_mechanism
+
+
+def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None, total_n_heads: int | None):
+    """Validate a head layout; raises ValueError naming the argument and what would be valid."""
+    total = n_heads if total_n_heads is None else total_n_heads
+    if n_heads < 1 or total < n_heads:
+        raise ValueError(f"n_heads={n_heads}: must be >= 1 and <= total_n_heads={total}")
+    if d_model % total:
+        raise ValueError(f"d_model={d_model} must be divisible by total_n_heads={total}")
+    if n_kv_heads is not None and (n_kv_heads < 1 or n_heads % n_kv_heads):
+        raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
+
+
+@register_mechanism("standard")
+class StandardAttention(AttentionMechanism):
+    kernel_family = "softmax"
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        dropout: float = 0.0,
+        key_dim: int | None = None,
+        n_kv_heads: int | None = None,
+        add_bias_kv: bool = False,
+        add_bias_out: bool = False,
+        total_n_heads: int | None = None,
+        backend: str = "auto",
+    ):
+        check_heads(d_model, n_heads, n_kv_heads, total_n_heads)
+        super().__init__(backend)
+        self.n_heads = n_heads
+        self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        self.head_dim = d_model // (n_heads if total_n_heads is None else total_n_heads)
+        self.key_dim = self.head_dim if key_dim is None else key_dim
+        self.dropout = dropout
+        self.wq = nn.Linear(d_model, n_heads * self.key_dim, bias=False)
+        self.wk = nn.Linear(d_model, self.n_kv_heads * self.key_dim, bias=add_bias_kv)
+        self.wv = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=add_bias_kv)
+        out_dim = n_heads * self.head_dim
+        self.wo = nn.Linear(out_dim, out_dim, bias=add_bias_out)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (B, N, d_model)
+        symbols: torch.Tensor | None = None,  # unused: standard attention reads no symbols
+        attn_mask: torch.Tensor | None = None,  # bool, broadcastable to (B, H, N, N)
+        is_causal: bool = False,
+    ) -> torch.Tensor:  # (B, N, n_heads * head_dim)
+        q = rearrange(self.wq(x), "b n (h d) -> b h n d", h=self.n_heads)
+        k = rearrange(self.wk(x), "b n (h d) -> b h n d", h=self.n_kv_heads)
+        v = rearrange(self.wv(x), "b n (h d) -> b h n d", h=self.n_kv_heads)
+        out = softmax_attention(
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            scale=self.head_dim**-0.5,
+            dropout_p=self.dropout if self.training else 0.0,
+            backend=self.backend,
+        )
+        return self.resid_dropout(self.wo(rearrange(out, "b h n d -> b n (h d)")))
