@@ -103,11 +103,16 @@ class Backend:
 
 
 class KernelFamily:
-    """A named operation and its registered backends."""
+    """A named operation and its registered backends.
+
+    `describe` maps the kernel's keyword arguments (those its backends take) to the `Call`
+    they make; the testing kit uses it to know which backends serve a problem.
+    """
 
     def __init__(self, name: str):
         self.name = name
         self.backends: dict[str, Backend] = {}
+        self.describe: Callable[..., Call] | None = None
         self._logged: set[tuple[str, str]] = set()
 
     def register(self, backend: Backend) -> None:

@@ -38,6 +38,7 @@ register_backend(
     available=flex_missing,
     capabilities=Capabilities(
         FEATURES - {"dropout"},
+        dtypes=LOW_AND_SINGLE,
         grad_devices=frozenset({"cuda"}),
         why={"grad": "FlexAttention has no backward on CPU", "dropout": "FlexAttention has none"},
     ),
@@ -91,7 +92,7 @@ def _check_inputs(q, k, v, attn_mask, dropout_p) -> torch.Tensor | None:
     return attn_mask.reshape(shape).to(q.device)
 
 
-def describe_call(q, k, v, attn_mask, is_causal, dropout_p) -> Call:
+def describe_call(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0) -> Call:
     """The `Call` a softmax attention call makes (for backend choice)."""
     needs = {
         "grad": torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
@@ -116,5 +117,8 @@ def softmax_attention(
 ) -> torch.Tensor:
     """Softmax attention by the named backend (see module docstring); (B, H, N, dv)."""
     mask = _check_inputs(q, k, v, attn_mask, dropout_p)
-    chosen = SOFTMAX.select(backend, describe_call(q, k, v, mask, is_causal, dropout_p))
+    chosen = SOFTMAX.select(backend, describe_call(q, k, v, mask, is_causal, scale, dropout_p))
     return chosen.fn(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p)
+
+
+SOFTMAX.describe = describe_call

@@ -1,0 +1,33 @@
+"""A property-testing kit for attention kernels and mechanisms (needs hypothesis).
+
+from hypothesis import given
+from attn_zoo.testing import attention_problems, assert_backends_agree
+
+@given(attention_problems())
+def test_my_kernel(problem):
+    assert_backends_agree(problem, kernels={"mine": my_kernel})
+"""
+
+from attn_zoo.testing.agreement import (
+    GRAD_TOLERANCE,
+    OUTPUT_TOLERANCE,
+    assert_backends_agree,
+    compare,
+)
+from attn_zoo.testing.mechanisms import assert_mechanism_backends_agree
+from attn_zoo.testing.problems import MASK_KINDS, AttentionProblem
+from attn_zoo.testing.profiles import load_profile
+from attn_zoo.testing.strategies import attention_problems, lengths
+
+__all__ = [
+    "GRAD_TOLERANCE",
+    "MASK_KINDS",
+    "OUTPUT_TOLERANCE",
+    "AttentionProblem",
+    "assert_backends_agree",
+    "assert_mechanism_backends_agree",
+    "attention_problems",
+    "compare",
+    "lengths",
+    "load_profile",
+]

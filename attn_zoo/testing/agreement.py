@@ -1,0 +1,147 @@
+"""Compare kernel backends against the float64 naive reference, outputs and gradients.
+
+The reference runs in float64 on the very values the backend sees (inputs drawn in float64,
+cast to the backend's dtype, cast back up for the reference); gradients are taken for one
+random cotangent. Tolerances per dtype fit the measured error of correct kernels
+(../shared/DESIGN.md):
+
+    float64  atol 1e-10 rtol 1e-8     float32   atol 1e-5 rtol 1e-4 (grads atol 5e-5)
+    float16  atol 1e-2  rtol 5e-3     bfloat16  atol 5e-2 rtol 2e-2
+
+and a NaN or inf anywhere fails. A failure names the backend, the tensor, the worst element
+(index, got, want) and the problem, which Hypothesis then shrinks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from attn_zoo.kernels.dispatch import family
+
+OUTPUT_TOLERANCE = {
+    torch.float64: (1e-10, 1e-8),
+    torch.float32: (1e-5, 1e-4),
+    torch.float16: (1e-2, 5e-3),
+    torch.bfloat16: (5e-2, 2e-2),
+}
+GRAD_TOLERANCE = {**OUTPUT_TOLERANCE, torch.float32: (5e-5, 1e-4)}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The worst element of one tensor against the reference."""
+
+    name: str
+    max_abs: float
+    index: tuple[int, ...]
+    got: float
+    want: float
+    ok: bool
+
+    def message(self, atol: float, rtol: float) -> str:
+        return (
+            f"{self.name}: max abs err {self.max_abs:.3g}, worst at {self.index}: "
+            f"got {self.got:.6g}, want {self.want:.6g} (atol {atol:g}, rtol {rtol:g})"
+        )
+
+
+def compare(name: str, got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float):
+    """Check |got - want| <= atol + rtol |want| elementwise and got finite; the worst element."""
+    if got.shape != want.shape:
+        raise AssertionError(f"{name}: shape {tuple(got.shape)} != reference {tuple(want.shape)}")
+    got, want = got.detach().to(torch.float64), want.detach().to(torch.float64)
+    if got.numel() == 0:
+        return Comparison(name, 0.0, (), 0.0, 0.0, True)
+    err = (got - want).abs()
+    excess = torch.where(got.isfinite(), err - (atol + rtol * want.abs()), float("inf"))
+    index = tuple(int(i) for i in torch.unravel_index(excess.argmax(), err.shape))
+    max_abs = float(err.max()) if bool(got.isfinite().all()) else float("inf")
+    return Comparison(
+        name, max_abs, index, float(got[index]), float(want[index]), bool(excess.max() <= 0)
+    )
+
+
+def cast_inputs(inputs: Mapping, dtype: torch.dtype, grads: bool) -> dict:
+    """Fresh leaf copies of the float tensors in `inputs`, cast to `dtype`."""
+    return {
+        k: v.detach().to(dtype).requires_grad_(grads)
+        if torch.is_tensor(v) and v.is_floating_point()
+        else v
+        for k, v in inputs.items()
+    }
+
+
+def outputs_and_grads(fn: Callable, inputs: Mapping, cotangent: torch.Tensor | None) -> dict:
+    """{"output": fn(**inputs)} plus {"grad <name>": ...} of the inputs requiring grad."""
+    leaves = {k: v for k, v in inputs.items() if torch.is_tensor(v) and v.requires_grad}
+    with torch.set_grad_enabled(cotangent is not None):
+        out = fn(**inputs)
+    result = {"output": out}
+    if cotangent is not None and leaves:
+        got = torch.autograd.grad(out, list(leaves.values()), cotangent.to(out.dtype))
+        result.update({f"grad {k}": g for k, g in zip(leaves, got, strict=True)})
+    return result
+
+
+def assert_backends_agree(
+    problem,
+    family_name: str = "softmax",
+    backends: Sequence[str] | None = None,
+    kernels: Mapping[str, Callable] | None = None,
+    grads: bool = True,
+) -> dict[str, str]:
+    """Check backends of kernel family `family_name` against its float64 ``naive`` backend.
+
+    problem:  anything with ``.dtype`` and ``.inputs(dtype)`` -> the kernel's kwargs
+              (e.g. `attn_zoo.testing.AttentionProblem`).
+    backends: names to check; each must serve the problem (else UnsupportedCallError).
+              Default: every registered backend that serves it; the rest are reported skipped.
+    kernels:  extra functions with the family's signature, checked too (name -> fn), e.g. a
+              kernel under development that is not registered.
+    grads:    also compare the gradients of every tensor input.
+
+    Returns {name: "ok" or "skipped: <reason>"}; raises AssertionError on a disagreement.
+    """
+    fam = family(family_name)
+    dtype = problem.dtype
+    drawn = problem.inputs(torch.float64)
+    ref_inputs = cast_inputs(cast_inputs(drawn, dtype, False), torch.float64, grads)
+    reference = fam.backends["naive"].fn
+    cotangent = None
+    if grads:
+        with torch.no_grad():
+            shape = reference(**ref_inputs).shape
+        gen = torch.Generator().manual_seed(problem.seed if hasattr(problem, "seed") else 0)
+        cotangent = torch.randn(shape, generator=gen, dtype=torch.float64)
+    want = outputs_and_grads(reference, ref_inputs, cotangent)
+
+    with torch.set_grad_enabled(grads):
+        call = fam.describe(**cast_inputs(drawn, dtype, grads))
+    report: dict[str, str] = {}
+    to_check = dict(kernels or {})
+    for name in backends if backends is not None else list(fam.backends):
+        if backends is not None:
+            to_check[name] = fam.select(name, call).fn
+        elif (reason := fam.backends[name].refusal(call)) is not None:
+            report[name] = f"skipped: {reason}"
+        else:
+            to_check[name] = fam.backends[name].fn
+
+    for name, fn in to_check.items():
+        got = outputs_and_grads(fn, cast_inputs(drawn, dtype, grads), cotangent)
+        failures = []
+        for key, ref in want.items():
+            atol, rtol = (OUTPUT_TOLERANCE if key == "output" else GRAD_TOLERANCE)[dtype]
+            c = compare(key, got[key], ref, atol, rtol)
+            if not c.ok:
+                failures.append(c.message(atol, rtol))
+        if failures:
+            raise AssertionError(
+                f"{family_name} backend {name!r} disagrees with the float64 naive reference "
+                f"({dtype}):\n  " + "\n  ".join(failures) + f"\nProblem: {problem!r}"
+            )
+        report[name] = "ok"
+    return report

@@ -1,0 +1,89 @@
+"""Compare a mechanism's backends: same parameters, float64 naive reference.
+
+Outputs, the gradient of the input and of every parameter are compared with the per-dtype
+tolerances of `attn_zoo.testing.agreement`. Modules run in eval mode (no dropout).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from attn_zoo.kernels.dispatch import UnsupportedCallError
+from attn_zoo.registry import build, list_backends
+from attn_zoo.testing.agreement import GRAD_TOLERANCE, OUTPUT_TOLERANCE, compare
+
+
+def _outputs_and_grads(module, x, cotangent, **call) -> dict:
+    x = x.detach().clone().requires_grad_(True)
+    out = module(x, **call)
+    params = dict(module.named_parameters())
+    grads = torch.autograd.grad(
+        out, [x, *params.values()], cotangent.to(out.dtype), allow_unused=True
+    )
+    result = {"output": out, "grad x": grads[0]}
+    for name, g in zip(params, grads[1:], strict=True):
+        result[f"grad {name}"] = torch.zeros_like(params[name]) if g is None else g
+    return result
+
+
+def assert_mechanism_backends_agree(
+    mechanism: str,
+    kwargs: Mapping,
+    batch: int = 2,
+    length: int = 9,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    symbols: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+    backends: Sequence[str] | None = None,
+    seed: int = 0,
+) -> dict[str, str]:
+    """Build `mechanism` with `kwargs`, run each backend on one random input (batch, length,
+    d_model) and check output and gradients against the float64 ``naive`` backend.
+
+    backends: names to check, each must serve the call (else UnsupportedCallError); default:
+    every name `list_backends(mechanism)` gives, those that cannot serve reported as skipped.
+    Returns {backend: "ok" or "skipped: <reason>"}; raises AssertionError on a disagreement.
+    """
+    torch.manual_seed(seed)
+    module = build(mechanism, backend="naive", **kwargs).eval().to(dtype)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, length, kwargs["d_model"], generator=gen, dtype=torch.float64).to(dtype)
+    call = {"attn_mask": attn_mask, "is_causal": is_causal}
+    if symbols is not None:
+        call["symbols"] = symbols.to(dtype)
+    reference = copy.deepcopy(module).double()
+    ref_call = {**call, "symbols": call["symbols"].double()} if symbols is not None else call
+    with torch.no_grad():
+        shape = reference(x.double(), **ref_call).shape
+    cotangent = torch.randn(shape, generator=gen, dtype=torch.float64)
+    want = _outputs_and_grads(reference, x.double(), cotangent, **ref_call)
+
+    report = {}
+    for name in backends if backends is not None else list_backends(mechanism):
+        module.backend = name
+        try:
+            got = _outputs_and_grads(module, x, cotangent, **call)
+        except UnsupportedCallError as err:
+            if backends is not None:
+                raise
+            report[name] = f"skipped: {err}"
+            continue
+        failures = []
+        for key, ref in want.items():
+            atol, rtol = (OUTPUT_TOLERANCE if key == "output" else GRAD_TOLERANCE)[dtype]
+            c = compare(key, got[key], ref, atol, rtol)
+            if not c.ok:
+                failures.append(c.message(atol, rtol))
+        if failures:
+            raise AssertionError(
+                f"mechanism {mechanism!r} backend {name!r} disagrees with the float64 naive "
+                f"reference ({dtype}):\n  " + "\n  ".join(failures) + f"\nkwargs: {dict(kwargs)}, "
+                f"batch {batch}, length {length}, causal {is_causal}, "
+                f"mask {None if attn_mask is None else tuple(attn_mask.shape)}, seed {seed}"
+            )
+        report[name] = "ok"
+    return report

@@ -1,0 +1,54 @@
+"""Hypothesis strategies for attention problems.
+
+Lengths include 1 and non-powers of two; masks include rows that see no key; kv heads divide
+the query heads (grouped-query attention); value width may differ from key width.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from attn_zoo.testing.problems import MASK_KINDS, AttentionProblem
+
+LENGTHS = (1, 2, 3, 7, 16, 31, 64, 100)
+
+
+def lengths(max_len: int = 100) -> st.SearchStrategy[int]:
+    """Sequence lengths up to `max_len`: edge values first, then any integer."""
+    edges = [n for n in LENGTHS if n <= max_len]
+    return st.one_of(st.sampled_from(edges), st.integers(1, max_len))
+
+
+@st.composite
+def attention_problems(
+    draw,
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,),
+    max_len: int = 100,
+    max_batch: int = 2,
+    max_kv_heads: int = 2,
+    max_groups: int = 3,
+    max_width: int = 16,
+    masks: tuple[str, ...] = MASK_KINDS,
+    causal: tuple[bool, ...] = (False, True),
+    same_lengths: bool = False,
+    same_widths: bool = False,
+) -> AttentionProblem:
+    """Draw an `AttentionProblem`; narrow it with the arguments (e.g. ``masks=("none",)``)."""
+    kv_heads = draw(st.integers(1, max_kv_heads))
+    q_len = draw(lengths(max_len))
+    key_dim = draw(st.integers(1, max_width))
+    return AttentionProblem(
+        batch=draw(st.integers(1, max_batch)),
+        heads=kv_heads * draw(st.integers(1, max_groups)),
+        kv_heads=kv_heads,
+        q_len=q_len,
+        k_len=q_len if same_lengths else draw(lengths(max_len)),
+        key_dim=key_dim,
+        value_dim=key_dim if same_widths else draw(st.integers(1, max_width)),
+        mask=draw(st.sampled_from(masks)),
+        is_causal=draw(st.sampled_from(causal)),
+        scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))),
+        dtype=draw(st.sampled_from(dtypes)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
