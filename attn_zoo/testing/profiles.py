@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, settings
 
 settings.register_profile(
     "ci",
-    max_examples=15,
+    max_examples=25,
     derandomize=True,
     deadline=None,
     print_blob=True,

@@ -47,10 +47,8 @@ class _Tiles:
         """Tile mask broadcastable to (B, Hkv, G, bq, bk), or None when all is allowed."""
         allowed = None
         if self.attn_mask is not None:
-            b, hkv, g = self.shape[:3]
             tile = self.attn_mask[..., i0:i1, j0:j1]
-            tile = tile.expand(tile.shape[0], hkv * g, i1 - i0, j1 - j0)
-            allowed = rearrange(tile, "b (h g) n m -> b h g n m", h=hkv)
+            allowed = rearrange(tile, "b (h g) n m -> b h g n m", h=self.shape[1])
         if self.is_causal and j1 - 1 > i0:
             causal = causal_mask(i1 - i0, j1 - j0, device, offset=i0 - j0)
             allowed = causal if allowed is None else allowed & causal
@@ -138,6 +136,8 @@ def chunked(
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     seed = int(torch.randint(2**62, (1,))) if dropout_p > 0 else 0
+    if attn_mask is not None:  # broadcast dims made explicit (a free view) so tiles slice
+        attn_mask = attn_mask.expand(attn_mask.shape[0], *q.shape[1:3], k.shape[2])
     grouped = group_queries(q.to(compute), k.shape[1])
     out = ChunkedAttention.apply(
         grouped, k.to(compute), v.to(compute), attn_mask, is_causal, scale, dropout_p, seed, block

@@ -1,0 +1,173 @@
+"""Every softmax backend against the float64 naive reference, outputs and gradients."""
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attn_zoo.kernels import UnsupportedCallError, softmax_attention
+from attn_zoo.kernels.softmax.chunked import chunked
+from attn_zoo.testing import AttentionProblem, assert_backends_agree, attention_problems
+
+GRAD_BACKENDS = ["naive", "chunked", "sdpa"]
+
+
+@given(attention_problems())
+def test_backends_agree_float32(problem):
+    report = assert_backends_agree(problem, backends=GRAD_BACKENDS)
+    assert set(report) == set(GRAD_BACKENDS)
+
+
+@given(attention_problems(dtypes=(torch.float64,)))
+def test_backends_agree_float64(problem):
+    assert_backends_agree(problem, backends=GRAD_BACKENDS)
+
+
+@given(attention_problems(dtypes=(torch.float16, torch.bfloat16), max_len=40, max_width=8))
+def test_backends_agree_half_precision(problem):
+    assert_backends_agree(problem, backends=GRAD_BACKENDS)
+
+
+@given(attention_problems(max_len=70, max_width=6), st.sampled_from([1, 3, 8, 16]))
+def test_chunked_multi_tile(problem, block):
+    """Small blocks: many tiles, partial last tiles, causal tiles skipped and cut."""
+    assert_backends_agree(
+        problem, backends=[], kernels={"chunked": functools.partial(chunked, block=block)}
+    )
+
+
+@settings(max_examples=4)
+@given(attention_problems(max_len=40, max_width=8))
+def test_flex_forward(problem):
+    """FlexAttention has no backward on CPU: outputs only (each new shape compiles)."""
+    assert_backends_agree(problem, backends=["flex"], grads=False)
+
+
+def test_default_reports_every_backend_with_skip_reasons():
+    report = assert_backends_agree(AttentionProblem(mask="empty_rows", is_causal=True))
+    assert {report[b] for b in GRAD_BACKENDS} == {"ok"}
+    assert "no backward on cpu" in report["flex"]
+    assert "no CPU kernels" in report["xformers"]
+
+
+@pytest.mark.parametrize("backend", GRAD_BACKENDS)
+def test_row_with_no_key_gives_zeros_and_finite_grads(backend):
+    q, k, v = (torch.randn(1, 2, 5, 4, requires_grad=True) for _ in range(3))
+    mask = torch.ones(5, 5, dtype=torch.bool)
+    mask[1] = False
+    out = softmax_attention(q, k, v, attn_mask=mask, backend=backend)
+    assert torch.equal(out[:, :, 1], torch.zeros_like(out[:, :, 1]))
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    assert all(g.isfinite().all() for g in grads)
+    assert torch.equal(grads[0][:, :, 1], torch.zeros_like(grads[0][:, :, 1]))
+
+
+@pytest.mark.parametrize("backend", GRAD_BACKENDS)
+def test_length_one(backend):
+    q, k, v = (torch.randn(2, 3, 1, 4) for _ in range(3))
+    out = softmax_attention(q, k, v, is_causal=True, backend=backend)
+    torch.testing.assert_close(out, v)  # one key: weight 1
+
+
+def test_causal_is_top_left_aligned():
+    """With fewer queries than keys, query i still sees keys 0..i only (torch SDPA's rule)."""
+    q, k, v = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 6, 4), torch.randn(1, 1, 6, 4)
+    for backend in GRAD_BACKENDS:
+        out = softmax_attention(q, k, v, is_causal=True, backend=backend)
+        torch.testing.assert_close(out[0, 0, 0], v[0, 0, 0])
+
+
+@pytest.mark.parametrize("backend", GRAD_BACKENDS)
+def test_dropout_is_unbiased(backend):
+    """E[out] under dropout equals the output without it (weights scaled by 1/(1-p))."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4)
+    exact = softmax_attention(q, k, v, backend="naive")
+    draws = torch.stack(
+        [softmax_attention(q, k, v, dropout_p=0.3, backend=backend) for _ in range(3000)]
+    )
+    assert not torch.allclose(draws[0], exact)  # dropout acted
+    torch.testing.assert_close(draws.mean(0), exact, atol=0.05, rtol=0)
+
+
+def test_chunked_dropout_backward_redraws_the_forward_masks():
+    """gradcheck: the analytic backward uses the same dropout masks as the forward."""
+    q, k, v = (torch.randn(1, 2, 7, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+
+    def fn(q, k, v):
+        torch.manual_seed(1)
+        return chunked(q, k, v, is_causal=True, dropout_p=0.4, block=3)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+def largest_saved_tensor(fn) -> int:
+    """Elements in the largest tensor autograd keeps for backward while running fn()."""
+    sizes = []
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: sizes.append(t.numel()) or t, lambda t: t
+    ):
+        fn()
+    return max(sizes)
+
+
+def test_chunked_saves_no_quadratic_tensor():
+    """Training memory O(N x block): nothing of N x N elements is kept for backward."""
+    n = 512
+    q, k, v = (torch.randn(1, 2, n, 16, requires_grad=True) for _ in range(3))
+    for backend, quadratic in (("naive", True), ("chunked", False)):
+        largest = largest_saved_tensor(
+            lambda b=backend: softmax_attention(q, k, v, is_causal=True, backend=b)
+        )
+        assert (largest >= n * n) == quadratic, (backend, largest)
+
+
+def test_auto_and_fused_pick_sdpa_on_cpu():
+    from attn_zoo.kernels.dispatch import family
+    from attn_zoo.kernels.softmax import describe_call
+
+    q, k, v = (torch.randn(1, 2, 4, 4, requires_grad=True) for _ in range(3))
+    call = describe_call(q, k, v)
+    assert family("softmax").select("auto", call).name == "sdpa"
+    assert family("softmax").select("fused", call).name == "sdpa"
+
+
+def test_forcing_a_backend_that_cannot_serve_names_reason_and_alternatives():
+    q, k, v = (torch.randn(1, 2, 4, 4, requires_grad=True) for _ in range(3))
+    with pytest.raises(UnsupportedCallError, match=r"'flex'.*no backward on cpu.*can: .*sdpa"):
+        softmax_attention(q, k, v, backend="flex")
+    with pytest.raises(UnsupportedCallError, match=r"xformers.*no CPU kernels"):
+        softmax_attention(q, k, v, backend="xformers")
+    with pytest.raises(UnsupportedCallError, match=r"dropout"):
+        softmax_attention(q.detach(), k, v, dropout_p=0.1, backend="flex")
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (dict(attn_mask=torch.ones(4, 4)), "attn_mask must be boolean"),
+        (
+            dict(attn_mask=torch.ones(3, 4, dtype=torch.bool)),
+            r"attn_mask shape \(3, 4\) does not broadcast",
+        ),
+        (dict(k=torch.randn(1, 3, 4, 4), v=torch.randn(1, 3, 4, 4)), "multiple of kv heads 3"),
+        (dict(k=torch.randn(1, 2, 4, 5)), "q width 4 != k width 5"),
+        (dict(q=torch.randn(2, 4, 4)), "q must be 4-D"),
+        (dict(dropout_p=1.0), r"dropout_p=1.0: must be in \[0, 1\)"),
+        (dict(backend="sdpx"), "Did you mean 'sdpa'"),
+    ],
+)
+def test_bad_inputs_are_named(change, match):
+    args = dict(q=torch.randn(1, 2, 4, 4), k=torch.randn(1, 2, 4, 4), v=torch.randn(1, 2, 4, 4))
+    with pytest.raises(ValueError, match=match):
+        softmax_attention(**{**args, **change})
+
+
+def test_problem_rejects_bad_fields():
+    with pytest.raises(ValueError, match="mask='diag'"):
+        AttentionProblem(mask="diag")
+    with pytest.raises(ValueError, match="kv_heads=2"):
+        dataclasses.replace(AttentionProblem(), heads=3)

@@ -1,0 +1,98 @@
+"""The kit catches wrong kernels and says where; strategies cover the edge cases."""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, find, given, settings
+from hypothesis.errors import NoSuchExample
+
+from attn_zoo.kernels.softmax.naive import naive
+from attn_zoo.testing import AttentionProblem, assert_backends_agree, attention_problems
+
+
+def forgets_the_mask(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0):
+    return naive(q, k, v, None, is_causal, scale, dropout_p)
+
+
+def wrong_scale(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0):
+    return naive(q, k, v, attn_mask, is_causal, 1.01 * (scale or q.shape[-1] ** -0.5), dropout_p)
+
+
+def test_a_wrong_kernel_fails_with_a_named_worst_case():
+    problem = AttentionProblem(mask="random", q_len=6, k_len=9, seed=4)
+    with pytest.raises(
+        AssertionError, match=r"backend 'forgets_the_mask'.*\n.*output: max abs err .* worst at \("
+    ) as err:
+        assert_backends_agree(problem, backends=[], kernels={"forgets_the_mask": forgets_the_mask})
+    assert "Problem: AttentionProblem(" in str(err.value)
+
+
+def test_small_errors_are_caught_in_gradients():
+    problem = AttentionProblem(q_len=5, k_len=5, seed=1)
+    with pytest.raises(AssertionError, match="wrong_scale"):
+        assert_backends_agree(problem, backends=[], kernels={"wrong_scale": wrong_scale})
+
+
+def test_hypothesis_finds_and_shrinks_a_masking_bug():
+    def agrees(problem):
+        try:
+            assert_backends_agree(
+                problem, backends=[], kernels={"bug": forgets_the_mask}, grads=False
+            )
+        except AssertionError:
+            return False
+        return True
+
+    found = find(
+        attention_problems(),
+        lambda p: not agrees(p),
+        settings=settings(database=None, max_examples=200, suppress_health_check=list(HealthCheck)),
+    )
+    assert found.mask != "none"  # shrunk to a problem that has a mask
+
+
+def test_nan_output_fails():
+    def nan_kernel(q, k, v, **kw):
+        return naive(q, k, v, **kw) * float("nan")
+
+    with pytest.raises(AssertionError, match="max abs err inf"):
+        assert_backends_agree(AttentionProblem(), backends=[], kernels={"nan": nan_kernel})
+
+
+def test_correct_kernel_passes_even_in_low_precision():
+    for dtype in (torch.float16, torch.bfloat16):
+        problem = AttentionProblem(
+            mask="empty_rows", is_causal=True, q_len=33, k_len=40, dtype=dtype
+        )
+        assert assert_backends_agree(problem, backends=["chunked", "sdpa"]) == {
+            "chunked": "ok",
+            "sdpa": "ok",
+        }
+
+
+@settings(max_examples=60)
+@given(attention_problems())
+def test_problems_are_valid_and_reproducible(problem):
+    a, b = problem.inputs(), problem.inputs()
+    assert torch.equal(a["q"], b["q"])
+    assert a["q"].shape == (problem.batch, problem.heads, problem.q_len, problem.key_dim)
+    assert a["v"].shape[-1] == problem.value_dim
+    assert problem.heads % problem.kv_heads == 0
+
+
+def test_strategies_reach_the_edge_cases():
+    def reaches(condition):
+        try:
+            find(
+                attention_problems(), condition, settings=settings(database=None, max_examples=500)
+            )
+        except NoSuchExample:
+            return False
+        return True
+
+    assert reaches(lambda p: p.q_len == 1)
+    assert reaches(lambda p: p.k_len & (p.k_len - 1) != 0)  # not a power of two
+    assert reaches(
+        lambda p: p.mask == "empty_rows" and not bool(p.inputs()["attn_mask"].any(-1).all())
+    )
+    assert reaches(lambda p: p.key_dim != p.value_dim)
+    assert reaches(lambda p: p.heads != p.kv_heads)
