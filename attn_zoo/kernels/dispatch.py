@@ -29,7 +29,14 @@ FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.fl
 
 
 class UnsupportedCallError(ValueError):
-    """A backend was asked for a call its capabilities do not cover."""
+    """A backend was asked for a call its capabilities do not cover.
+
+    `reasons` maps each backend that was tried to why it refused.
+    """
+
+    def __init__(self, message: str, reasons: dict[str, str]):
+        super().__init__(message)
+        self.reasons = reasons
 
 
 def unknown_name_error(kind: str, name: object, valid: Iterable[str]) -> ValueError:
@@ -161,7 +168,8 @@ class KernelFamily:
         raise UnsupportedCallError(
             f"{self.name} backend {name!r} cannot serve this call ({call.device}, "
             f"{call.dtype}, features {sorted(call.features)}): {why}. "
-            f"Backends that can: {', '.join(serving) or '(none)'}."
+            f"Backends that can: {', '.join(serving) or '(none)'}.",
+            dict(refused),
         )
 
     def status(self, name: str, device: str) -> tuple[bool, str]:

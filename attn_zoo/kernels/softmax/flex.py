@@ -20,6 +20,16 @@ def flex_missing() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=16)
+def _causal_block_mask(n: int, m: int, device: torch.device):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def causal(b, h, qi, ki):
+        return ki <= qi
+
+    return create_block_mask(causal, None, None, n, m, device=device, _compile=False)
+
+
 @functools.cache
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
@@ -43,7 +53,9 @@ def flex(
     (b, h, n, _), m = q.shape, k.shape[2]
     block_mask = None
     allowed = allowed_keys(attn_mask, is_causal, n, m, q.device)
-    if allowed is not None:
+    if attn_mask is None and is_causal:
+        block_mask = _causal_block_mask(n, m, q.device)
+    elif allowed is not None:
         allowed = allowed.expand(b, h, n, m)
 
         def mask_mod(bi, hi, qi, ki):

@@ -1,0 +1,181 @@
+"""Speed and memory of attention backends, measured side by side in one run.
+
+Each workload maps (N, grad) to a zero-argument `run` that computes one forward pass; the
+bench times `run` (forward, under no_grad) and `run` + backward (forward+backward) as the
+median of `repeats` after one warm-up, and measures the peak memory of one forward+backward:
+on CUDA with torch's allocator statistics, on CPU as the rise of the process's peak resident
+set (Linux: /proc/self/clear_refs resets it; glibc is told to map every block of 64 KiB or
+more on its own, so freed tensors leave the resident set and the peak is the live peak).
+Ratios to baseline backends are taken within
+the same run, on the same machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import pandas as pd
+import torch
+
+from attn_zoo.kernels.dispatch import UnsupportedCallError, family
+from attn_zoo.kernels.softmax import softmax_attention
+
+Run = Callable[[], torch.Tensor]
+Workload = Callable[[int, bool], Run]
+
+
+def machine() -> str:
+    """One line naming the machine: CPU (or GPU), cores, torch version and threads."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return (
+        f"{cpu}, {os.cpu_count()} cores{gpu}; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
+
+
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field))
+
+
+@functools.cache
+def _unmap_freed_blocks() -> None:
+    """glibc: serve allocations >= 64 KiB by mmap and trim at 64 KiB (no-op elsewhere)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 1 << 16)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+def peak_memory_mb(fn: Callable[[], object], device: str) -> float:
+    """Peak memory fn() adds above what was in use before it, in MiB (NaN if unmeasurable)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
+    _unmap_freed_blocks()
+    try:
+        before = _rss_kib("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak resident set (VmHWM) to the current one
+        fn()
+        return (_rss_kib("VmHWM") - before) / 1024
+    except OSError:
+        return float("nan")
+
+
+def median_ms(fn: Callable[[], object], repeats: int, device: str) -> float:
+    """Median wall time of fn() over `repeats` runs after one warm-up, in milliseconds."""
+    times = []
+    for i in range(repeats + 1):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if i:
+            times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def forward_backward(run: Run) -> Callable[[], None]:
+    def step():
+        out = run()
+        out.backward(torch.ones_like(out))
+
+    return step
+
+
+def softmax_workloads(
+    backends: Sequence[str],
+    batch: int = 1,
+    heads: int = 8,
+    head_dim: int = 64,
+    causal: bool = True,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+) -> dict[str, Workload]:
+    """One workload per softmax backend: attention of (batch, heads, N, head_dim) inputs."""
+
+    def workload(backend: str) -> Workload:
+        def make(n: int, grad: bool) -> Run:
+            q, k, v = (
+                torch.randn(
+                    batch, heads, n, head_dim, dtype=dtype, device=device, requires_grad=grad
+                )
+                for _ in range(3)
+            )
+            return lambda: softmax_attention(q, k, v, is_causal=causal, backend=backend)
+
+        return make
+
+    return {b: workload(b) for b in backends}
+
+
+def measure(
+    workloads: dict[str, Workload],
+    lengths: Sequence[int],
+    repeats: int = 5,
+    device: str = "cpu",
+    baselines: Sequence[str] = ("naive", "sdpa"),
+) -> pd.DataFrame:
+    """A row per (workload, N): fwd_ms, fwd_bwd_ms, train_peak_mb, ratios to each baseline
+    measured in this run (fwd_vs_, time_vs_ for fwd+bwd, mem_vs_ for training peak memory),
+    and a note when a workload could not run."""
+    rows = []
+    for n in lengths:
+        for name, make in workloads.items():
+            row = {"backend": name, "N": n, "fwd_ms": float("nan"), "fwd_bwd_ms": float("nan"),
+                   "train_peak_mb": float("nan"), "note": ""}  # fmt: skip
+            try:
+                with torch.no_grad():
+                    run = make(n, False)
+                    row["fwd_ms"] = median_ms(run, repeats, device)
+                step = forward_backward(make(n, True))
+                row["train_peak_mb"] = peak_memory_mb(step, device)
+                row["fwd_bwd_ms"] = median_ms(step, repeats, device)
+            except UnsupportedCallError as err:
+                row["note"] = "; ".join(err.reasons.values())
+            rows.append(row)
+    table = pd.DataFrame(rows)
+    for base in baselines:
+        if base not in workloads:
+            continue
+        ref = table[table.backend == base].set_index("N")
+        table[f"fwd_vs_{base}"] = table.fwd_ms / table.N.map(ref.fwd_ms)
+        table[f"time_vs_{base}"] = table.fwd_bwd_ms / table.N.map(ref.fwd_bwd_ms)
+        table[f"mem_vs_{base}"] = table.train_peak_mb / table.N.map(ref.train_peak_mb)
+    return table[[c for c in table.columns if c != "note"] + ["note"]]
+
+
+def bench_softmax(
+    lengths: Sequence[int] = (256, 512, 1024, 2048, 4096),
+    backends: Sequence[str] | None = None,
+    repeats: int = 5,
+    device: str = "cpu",
+    **shape,
+) -> pd.DataFrame:
+    """Every softmax backend usable on `device` (or `backends`), over `lengths`."""
+    if backends is None:
+        fam = family("softmax")
+        backends = [b for b in fam.backends if fam.backends[b].available() is None]
+        backends = [b for b in backends if fam.status(b, device)[0]]
+    return measure(softmax_workloads(backends, device=device, **shape), lengths, repeats, device)
