@@ -1,0 +1,49 @@
+"""The benchmark's table: one row per (backend, N), in-run ratios, refusals noted."""
+
+import math
+
+from attn_zoo.bench import bench_softmax, machine, peak_memory_mb
+from attn_zoo.cli import main
+
+
+def test_table_has_every_backend_and_ratios_from_the_same_run():
+    table = bench_softmax(lengths=[16, 33], repeats=1, heads=2, head_dim=8)
+    assert set(table.backend) == {"naive", "chunked", "sdpa", "flex"}  # xformers: no CPU kernels
+    assert sorted(set(table.N)) == [16, 33]
+    sdpa = table[table.backend == "sdpa"]
+    assert (sdpa.time_vs_sdpa == 1).all() and (sdpa.fwd_vs_sdpa == 1).all()
+    flex = table[table.backend == "flex"].iloc[0]
+    assert "no backward on cpu" in flex.note and math.isnan(flex.fwd_bwd_ms) and flex.fwd_ms > 0
+    chunked = table[table.backend == "chunked"].iloc[0]
+    assert chunked.fwd_bwd_ms > 0 and chunked.time_vs_naive > 0
+
+
+def test_peak_memory_sees_a_large_temporary():
+    import torch
+
+    mb = peak_memory_mb(lambda: torch.ones(64 * 2**20 // 4).sum(), "cpu")  # 64 MiB
+    assert 60 < mb < 80
+
+
+def test_cli_prints_the_machine_and_table(capsys, tmp_path):
+    csv = tmp_path / "bench.csv"
+    assert (
+        main(
+            [
+                "bench",
+                "--lengths",
+                "8",
+                "--repeats",
+                "1",
+                "--backends",
+                "naive",
+                "sdpa",
+                "--csv",
+                str(csv),
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert machine() in out and "naive" in out and "time_vs_sdpa" in out
+    assert csv.read_text().startswith("backend,N,")
