@@ -78,6 +78,11 @@ def _check_inputs(q, k, v, attn_mask, dropout_p) -> torch.Tensor | None:
         raise ValueError(f"q heads {q.shape[1]} must be a multiple of kv heads {k.shape[1]}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p={dropout_p}: must be in [0, 1)")
+    return check_mask(attn_mask, q, k)
+
+
+def check_mask(attn_mask, q, k) -> torch.Tensor | None:
+    """Validate a boolean mask against q (B, H, N, .) and k (B, ., M, .); 4-D view or None."""
     if attn_mask is None:
         return None
     if attn_mask.dtype != torch.bool:

@@ -25,7 +25,7 @@ from attn_zoo.kernels.softmax.masks import causal_mask
 BLOCK = 128
 
 
-class _Tiles:
+class Tiles:
     """The tiling of one call: block ranges, the tile mask and the per-tile dropout."""
 
     def __init__(self, q, k, attn_mask, is_causal, dropout_p, seed, block):
@@ -71,7 +71,7 @@ class _Tiles:
 class ChunkedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, attn_mask, is_causal, scale, dropout_p, seed, block):
-        tiles = _Tiles(q, k, attn_mask, is_causal, dropout_p, seed, block)
+        tiles = Tiles(q, k, attn_mask, is_causal, dropout_p, seed, block)
         out = q.new_zeros(*q.shape[:-1], v.shape[-1])
         lse = q.new_full(q.shape[:-1], float("inf"))  # +inf: rows with no key, p = 0 in backward
         for i0, i1 in tiles.query_blocks():

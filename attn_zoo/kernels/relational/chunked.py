@@ -1,0 +1,214 @@
+"""Relational attention in tiles: the relation tile is computed once per (query block, key
+block) for all heads, attention uses an online softmax, and backward recomputes.
+
+Per tile, with p the unnormalised attention weights of the running softmax (see
+kernels/softmax/chunked.py) and r = act(rel_scale qr kr^T) the (R, bq, bk) relation tile:
+
+    acc_sym += p v            acc_rel^{h,l} += sum_j p_ij^h r_ij^l
+
+Backward treats [v_j | r_ij] as pair-dependent values: dp_ij = <dsym_i, v_j> + <drel_i, r_ij>,
+ds = p (dp - D_i), D_i = <dout_i, out_i>, and the relation gradient
+dr_ij^l = sum_h p_ij^h drel_i^{h,l} flows through the activation into qr and kr. For the
+softmax activation (normalised over all keys, unmasked) the row term sum_j r_ij dr_ij equals
+sum_h drel_i^{h,l} rel_i^{h,l}, and tiles above the causal diagonal still carry relation
+gradient. Relative symbols are never expanded to N x M x hd: the weights of a tile are summed
+into the 2K+1 relative-position buckets first. Training memory O(N x block).
+"""
+
+import torch
+from einops import einsum, rearrange
+
+from attn_zoo.kernels.heads import group_queries
+from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
+from attn_zoo.kernels.relational.naive import relative_index
+from attn_zoo.kernels.softmax.chunked import BLOCK, Tiles
+
+
+class RelationTiles(Tiles):
+    """Tiles plus the relation and symbol-value parts of one call."""
+
+    def __init__(self, q, k, attn_mask, is_causal, dropout_p, seed, block, rel_scale, activation):
+        super().__init__(q, k, attn_mask, is_causal, dropout_p, seed, block)
+        self.rel_scale, self.activation = rel_scale, activation
+
+    def all_key_blocks(self):
+        return [(j, min(j + self.block, self.m)) for j in range(0, self.m, self.block)]
+
+    def raw_relations(self, qr_i, kr_j):
+        return einsum(qr_i, kr_j, "b r n d, b r m d -> b r n m") * self.rel_scale
+
+    def relations(self, raw, rel_lse_i):
+        if self.activation == "softmax":
+            return torch.exp(raw - rel_lse_i[..., None])
+        return REL_ACTIVATIONS[self.activation](raw)
+
+    def bucket_index(self, i0, i1, j0, j1, k_rel, like):
+        """(B, Hkv, G, bq, bk) relative-position bucket of every pair of the tile."""
+        index = relative_index(i1 - i0, j1 - j0, k_rel, like.device, offset=i0, key_offset=j0)
+        return index.expand(*like.shape[:3], i1 - i0, j1 - j0)
+
+    def buckets(self, p, index, n_buckets):
+        """Weights summed per relative position: (B, Hkv, G, bq, 2K+1)."""
+        out = p.new_zeros(*p.shape[:-1], n_buckets)
+        return out.scatter_add_(-1, index, p)
+
+
+def relation_lse(tiles: RelationTiles, qr, kr):
+    """Row logsumexp of the raw relations over all keys: (B, R, N)."""
+    lse = qr.new_full(qr.shape[:-1], float("-inf"))
+    for j0, j1 in tiles.all_key_blocks():
+        lse = torch.logaddexp(lse, tiles.raw_relations(qr, kr[:, :, j0:j1]).logsumexp(-1))
+    return lse
+
+
+class ChunkedRelationalAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx,
+        q,
+        k,
+        qr,
+        kr,
+        v,
+        v_rel,
+        attn_mask,
+        is_causal,
+        scale,
+        rel_scale,
+        act,
+        p_drop,
+        seed,
+        block,
+    ):
+        tiles = RelationTiles(q, k, attn_mask, is_causal, p_drop, seed, block, rel_scale, act)
+        rel_lse = relation_lse(tiles, qr, kr) if act == "softmax" else None
+        width = (v if v_rel is None else v_rel).shape[-1]
+        n_rel = qr.shape[1]
+        out = q.new_zeros(*q.shape[:-1], width + n_rel)
+        lse = q.new_full(q.shape[:-1], float("inf"))
+        for i0, i1 in tiles.query_blocks():
+            qi, qr_i = q[..., i0:i1, :], qr[:, :, i0:i1]
+            rel_lse_i = None if rel_lse is None else rel_lse[..., i0:i1]
+            m = q.new_full(qi.shape[:-1], float("-inf"))
+            total = q.new_zeros(qi.shape[:-1])
+            acc = q.new_zeros(*qi.shape[:-1], width + n_rel)
+            for j0, j1 in tiles.key_blocks(i0, i1):
+                s = tiles.scores(qi, k[:, :, j0:j1], scale, i0, i1, j0, j1)
+                m_new = torch.maximum(m, s.amax(dim=-1))
+                m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)
+                p = torch.exp(s - m_safe[..., None])
+                rescale = torch.exp(m - m_safe)
+                total = total * rescale + p.sum(dim=-1)
+                if p_drop > 0:
+                    p = p * tiles.keep(i0, i1, j0, j1, p)
+                rel = tiles.relations(tiles.raw_relations(qr_i, kr[:, :, j0:j1]), rel_lse_i)
+                if v_rel is None:
+                    sym = einsum(p, v[:, :, j0:j1], "b h g n m, b h m d -> b h g n d")
+                else:
+                    index = tiles.bucket_index(i0, i1, j0, j1, (v_rel.shape[1] - 1) // 2, p)
+                    weights = tiles.buckets(p, index, v_rel.shape[1])
+                    sym = einsum(weights, v_rel, "b h g n c, h c d -> b h g n d")
+                agg = einsum(p, rel, "b h g n m, b r n m -> b h g n r")
+                acc = acc * rescale[..., None] + torch.cat([sym, agg], dim=-1)
+                m = m_new
+            seen = total > 0
+            out[..., i0:i1, :] = acc / torch.where(seen, total, 1.0)[..., None]
+            lse[..., i0:i1] = torch.where(seen, m + torch.log(total), float("inf"))
+        ctx.save_for_backward(q, k, qr, kr, v, v_rel, out, lse, rel_lse)
+        ctx.tiles, ctx.scale = tiles, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, qr, kr, v, v_rel, out, lse, rel_lse = ctx.saved_tensors
+        tiles, scale = ctx.tiles, ctx.scale
+        width = out.shape[-1] - qr.shape[1]
+        dsym, drel = dout[..., :width], dout[..., width:]
+        delta = (dout * out).sum(dim=-1)  # D_i
+        row_term = None
+        if tiles.activation == "softmax":  # sum_j r_ij dr_ij per (b, l, i)
+            row_term = einsum(drel, out[..., width:], "b h g n r, b h g n r -> b r n")
+        dq, dk, dqr, dkr = (torch.zeros_like(t) for t in (q, k, qr, kr))
+        dv = None if v is None else torch.zeros_like(v)
+        dv_rel = None if v_rel is None else torch.zeros_like(v_rel)
+
+        def relation_grads(i0, i1, j0, j1, d_rel):
+            """Push d_rel (B, R, bq, bk) through the activation into dqr and dkr."""
+            qr_i, kr_j = qr[:, :, i0:i1], kr[:, :, j0:j1]
+            raw = tiles.raw_relations(qr_i, kr_j)
+            if tiles.activation == "softmax":
+                rel = tiles.relations(raw, rel_lse[..., i0:i1])
+                d_raw = rel * (d_rel - row_term[..., i0:i1, None])
+            else:
+                with torch.enable_grad():
+                    raw = raw.detach().requires_grad_(True)
+                    (d_raw,) = torch.autograd.grad(tiles.relations(raw, None), raw, d_rel)
+            dqr[:, :, i0:i1] += einsum(d_raw, kr_j, "b r n m, b r m d -> b r n d") * tiles.rel_scale
+            dkr[:, :, j0:j1] += einsum(d_raw, qr_i, "b r n m, b r n d -> b r m d") * tiles.rel_scale
+
+        for i0, i1 in tiles.query_blocks():
+            qi, dsym_i, drel_i = q[..., i0:i1, :], dsym[..., i0:i1, :], drel[..., i0:i1, :]
+            rel_lse_i = None if rel_lse is None else rel_lse[..., i0:i1]
+            visited = tiles.key_blocks(i0, i1)
+            for j0, j1 in visited:
+                kj = k[:, :, j0:j1]
+                s = tiles.scores(qi, kj, scale, i0, i1, j0, j1)
+                p = torch.exp(s - lse[..., i0:i1, None])
+                raw = tiles.raw_relations(qr[:, :, i0:i1], kr[:, :, j0:j1])
+                rel = tiles.relations(raw, rel_lse_i)
+                dp = einsum(drel_i, rel, "b h g n r, b r n m -> b h g n m")
+                if v_rel is None:
+                    dp = dp + einsum(dsym_i, v[:, :, j0:j1], "b h g n d, b h m d -> b h g n m")
+                else:
+                    index = tiles.bucket_index(i0, i1, j0, j1, (v_rel.shape[1] - 1) // 2, p)
+                    per_bucket = einsum(dsym_i, v_rel, "b h g n d, h c d -> b h g n c")
+                    dp = dp + per_bucket.gather(-1, index)
+                p_used = p
+                if tiles.dropout_p > 0:
+                    keep = tiles.keep(i0, i1, j0, j1, p)
+                    p_used, dp = p * keep, dp * keep
+                if v_rel is None:
+                    dv[:, :, j0:j1] += einsum(p_used, dsym_i, "b h g n m, b h g n d -> b h m d")
+                else:
+                    weights = tiles.buckets(p_used, index, v_rel.shape[1])
+                    dv_rel += einsum(weights, dsym_i, "b h g n c, b h g n d -> h c d")
+                relation_grads(
+                    i0, i1, j0, j1, einsum(p_used, drel_i, "b h g n m, b h g n r -> b r n m")
+                )
+                ds = p * (dp - delta[..., i0:i1, None])
+                dq[..., i0:i1, :] += einsum(ds, kj, "b h g n m, b h m d -> b h g n d") * scale
+                dk[:, :, j0:j1] += einsum(ds, qi, "b h g n m, b h g n d -> b h m d") * scale
+            if tiles.activation == "softmax":  # skipped tiles: no attention, yet relation grads
+                for j0, j1 in tiles.all_key_blocks()[len(visited) :]:
+                    zeros = qr.new_zeros(qr.shape[0], qr.shape[1], i1 - i0, j1 - j0)
+                    relation_grads(i0, i1, j0, j1, zeros)
+        return dq, dk, dqr, dkr, dv, dv_rel, *([None] * 8)
+
+
+def chunked(
+    q: torch.Tensor,  # (B, H, N, dk)
+    k: torch.Tensor,  # (B, Hkv, M, dk)
+    qr: torch.Tensor,  # (B, R, N, dr)
+    kr: torch.Tensor,  # (B, R, M, dr)
+    v: torch.Tensor | None = None,  # (B, Hkv, M, hd)
+    v_rel: torch.Tensor | None = None,  # (Hkv, 2K+1, hd)
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    rel_scale: float | None = None,
+    rel_activation: str = "identity",
+    dropout_p: float = 0.0,
+    block: int = BLOCK,
+) -> torch.Tensor:  # (B, H, N, hd + R)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    rel_scale = qr.shape[-1] ** -0.5 if rel_scale is None else rel_scale
+    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    seed = int(torch.randint(2**62, (1,))) if dropout_p > 0 else 0
+    if attn_mask is not None:
+        attn_mask = attn_mask.expand(attn_mask.shape[0], *q.shape[1:3], k.shape[2])
+    cast = [None if t is None else t.to(compute) for t in (q, k, qr, kr, v, v_rel)]
+    cast[0] = group_queries(cast[0], k.shape[1])
+    out = ChunkedRelationalAttention.apply(
+        *cast, attn_mask, is_causal, scale, rel_scale, rel_activation, dropout_p, seed, block
+    )
+    return rearrange(out, "b h g n d -> b (h g) n d").to(q.dtype)
