@@ -15,19 +15,21 @@ from attn_zoo.testing.agreement import (
     compare,
 )
 from attn_zoo.testing.mechanisms import assert_mechanism_backends_agree
-from attn_zoo.testing.problems import MASK_KINDS, AttentionProblem
+from attn_zoo.testing.problems import MASK_KINDS, AttentionProblem, RelationalProblem
 from attn_zoo.testing.profiles import load_profile
-from attn_zoo.testing.strategies import attention_problems, lengths
+from attn_zoo.testing.strategies import attention_problems, lengths, relational_problems
 
 __all__ = [
     "GRAD_TOLERANCE",
     "MASK_KINDS",
     "OUTPUT_TOLERANCE",
     "AttentionProblem",
+    "RelationalProblem",
     "assert_backends_agree",
     "assert_mechanism_backends_agree",
     "attention_problems",
     "compare",
     "lengths",
     "load_profile",
+    "relational_problems",
 ]

@@ -13,6 +13,24 @@ import torch
 MASK_KINDS = ("none", "random", "key_padding", "empty_rows")
 
 
+def make_mask(kind: str, b: int, h: int, n: int, m: int, gen: torch.Generator):
+    """A boolean mask of `kind` broadcastable to (b, h, n, m), or None for "none"."""
+    if kind == "none":
+        return None
+    if kind == "key_padding":  # (B, 1, 1, M): each sequence keeps a random prefix
+        keep = torch.randint(0, m + 1, (b, 1, 1, 1), generator=gen)
+        return torch.arange(m).view(1, 1, 1, m) < keep
+    mask = torch.rand(b, h, n, m, generator=gen) < 0.7
+    if kind == "empty_rows":  # about a third of the query rows see no key at all
+        mask &= torch.rand(b, h, n, 1, generator=gen) < 0.67
+    return mask
+
+
+def leaves(tensors: dict, dtype: torch.dtype, device: str) -> dict:
+    """Cast float64 tensors to `dtype` on `device`, as leaves requiring grad."""
+    return {k: t.to(dtype).to(device).requires_grad_(True) for k, t in tensors.items()}
+
+
 @dataclass(frozen=True)
 class AttentionProblem:
     """q (batch, heads, q_len, key_dim), k (batch, kv_heads, k_len, key_dim),
@@ -38,17 +56,7 @@ class AttentionProblem:
             raise ValueError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads}")
 
     def attn_mask(self, gen: torch.Generator) -> torch.Tensor | None:
-        """Boolean mask broadcastable to (batch, heads, q_len, k_len), or None."""
-        b, h, n, m = self.batch, self.heads, self.q_len, self.k_len
-        if self.mask == "none":
-            return None
-        if self.mask == "key_padding":  # (B, 1, 1, M): each sequence keeps a random prefix
-            keep = torch.randint(0, m + 1, (b, 1, 1, 1), generator=gen)
-            return torch.arange(m).view(1, 1, 1, m) < keep
-        mask = torch.rand(b, h, n, m, generator=gen) < 0.7
-        if self.mask == "empty_rows":  # about a third of the query rows see no key at all
-            mask &= torch.rand(b, h, n, 1, generator=gen) < 0.67
-        return mask
+        return make_mask(self.mask, self.batch, self.heads, self.q_len, self.k_len, gen)
 
     def inputs(self, dtype: torch.dtype | None = None, device: str = "cpu") -> dict:
         """Kernel kwargs: q, k, v (leaf tensors requiring grad), attn_mask, is_causal, scale."""
@@ -67,4 +75,63 @@ class AttentionProblem:
         inputs["attn_mask"] = None if mask is None else mask.to(device)
         inputs["is_causal"] = self.is_causal
         inputs["scale"] = self.scale
+        return inputs
+
+
+@dataclass(frozen=True)
+class RelationalProblem:
+    """Inputs of the relational kernel: attention q, k as in `AttentionProblem`, relations
+    qr (batch, n_relations, q_len, rel_dim), kr (.., k_len, rel_dim), and symbol values v
+    (batch, kv_heads, k_len, head_dim) or, if `max_rel_pos` is set, relative symbol values
+    v_rel (kv_heads, 2 max_rel_pos + 1, head_dim)."""
+
+    batch: int = 1
+    heads: int = 2
+    kv_heads: int = 2
+    n_relations: int = 2
+    q_len: int = 8
+    k_len: int = 8
+    key_dim: int = 4
+    rel_dim: int = 4
+    head_dim: int = 4
+    max_rel_pos: int | None = None
+    rel_activation: str = "identity"
+    mask: str = "none"
+    is_causal: bool = False
+    scale: float | None = None
+    rel_scale: float | None = None
+    dtype: torch.dtype = torch.float32
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.mask not in MASK_KINDS:
+            raise ValueError(f"mask={self.mask!r}: valid kinds are {MASK_KINDS}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads}")
+
+    def inputs(self, dtype: torch.dtype | None = None, device: str = "cpu") -> dict:
+        gen = torch.Generator().manual_seed(self.seed)
+        b, r = self.batch, self.n_relations
+        shapes = {
+            "q": (b, self.heads, self.q_len, self.key_dim),
+            "k": (b, self.kv_heads, self.k_len, self.key_dim),
+            "qr": (b, r, self.q_len, self.rel_dim),
+            "kr": (b, r, self.k_len, self.rel_dim),
+        }
+        if self.max_rel_pos is None:
+            shapes["v"] = (b, self.kv_heads, self.k_len, self.head_dim)
+        else:
+            shapes["v_rel"] = (self.kv_heads, 2 * self.max_rel_pos + 1, self.head_dim)
+        tensors = {
+            name: torch.randn(s, generator=gen, dtype=torch.float64) for name, s in shapes.items()
+        }
+        mask = make_mask(self.mask, b, self.heads, self.q_len, self.k_len, gen)
+        inputs = leaves(tensors, self.dtype if dtype is None else dtype, device)
+        inputs["attn_mask"] = None if mask is None else mask.to(device)
+        inputs.update(
+            is_causal=self.is_causal,
+            scale=self.scale,
+            rel_scale=self.rel_scale,
+            rel_activation=self.rel_activation,
+        )
         return inputs

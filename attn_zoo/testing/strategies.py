@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from attn_zoo.testing.problems import MASK_KINDS, AttentionProblem
+from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
+from attn_zoo.testing.problems import MASK_KINDS, AttentionProblem, RelationalProblem
 
 LENGTHS = (1, 2, 3, 7, 16, 31, 64, 100)
 
@@ -49,6 +50,41 @@ def attention_problems(
         mask=draw(st.sampled_from(masks)),
         is_causal=draw(st.sampled_from(causal)),
         scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))),
+        dtype=draw(st.sampled_from(dtypes)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+@st.composite
+def relational_problems(
+    draw,
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,),
+    max_len: int = 64,
+    max_width: int = 8,
+    rel_activations: tuple[str, ...] = tuple(REL_ACTIVATIONS),
+    masks: tuple[str, ...] = MASK_KINDS,
+    causal: tuple[bool, ...] = (False, True),
+    relative: tuple[bool, ...] = (False, True),
+) -> RelationalProblem:
+    """Draw a `RelationalProblem`; narrow it with the arguments."""
+    kv_heads = draw(st.integers(1, 2))
+    q_len = draw(lengths(max_len))
+    return RelationalProblem(
+        batch=draw(st.integers(1, 2)),
+        heads=kv_heads * draw(st.integers(1, 2)),
+        kv_heads=kv_heads,
+        n_relations=draw(st.integers(1, 3)),
+        q_len=q_len,
+        k_len=draw(st.one_of(st.just(q_len), lengths(max_len))),
+        key_dim=draw(st.integers(1, max_width)),
+        rel_dim=draw(st.integers(1, max_width)),
+        head_dim=draw(st.integers(1, max_width)),
+        max_rel_pos=draw(st.integers(0, 5)) if draw(st.sampled_from(relative)) else None,
+        rel_activation=draw(st.sampled_from(rel_activations)),
+        mask=draw(st.sampled_from(masks)),
+        is_causal=draw(st.sampled_from(causal)),
+        scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))),
+        rel_scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))),
         dtype=draw(st.sampled_from(dtypes)),
         seed=draw(st.integers(0, 2**31 - 1)),
     )

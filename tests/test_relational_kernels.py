@@ -1,0 +1,111 @@
+"""Every relational backend against the float64 naive reference, outputs and gradients."""
+
+import functools
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attn_zoo.kernels import UnsupportedCallError
+from attn_zoo.kernels.relational import relational_attention
+from attn_zoo.kernels.relational.chunked import chunked
+from attn_zoo.testing import RelationalProblem, assert_backends_agree, relational_problems
+
+
+@given(relational_problems())
+def test_chunked_agrees_float32(problem):
+    assert_backends_agree(problem, "relational", backends=["chunked"])
+
+
+@given(relational_problems(dtypes=(torch.float64,), max_len=40), st.sampled_from([1, 4, 9]))
+def test_chunked_multi_tile_float64(problem, block):
+    """Small blocks: many tiles, causal tiles skipped (softmax relations still get grads)."""
+    assert_backends_agree(
+        problem,
+        "relational",
+        backends=[],
+        kernels={"chunked": functools.partial(chunked, block=block)},
+    )
+
+
+@given(relational_problems(rel_activations=("identity",), relative=(False,)))
+def test_fused_agrees_float32(problem):
+    assert_backends_agree(problem, "relational", backends=["fused"])
+
+
+@given(
+    relational_problems(
+        dtypes=(torch.float16, torch.bfloat16),
+        max_len=24,
+        rel_activations=("identity",),
+        relative=(False,),
+    )
+)
+def test_half_precision(problem):
+    assert_backends_agree(problem, "relational", backends=["chunked", "fused"])
+
+
+def test_auto_never_picks_a_backend_whose_math_does_not_hold():
+    report = assert_backends_agree(RelationalProblem(rel_activation="relu"), "relational")
+    assert report["chunked"] == "ok" and "identity rel_activation" in report["fused"]
+    report = assert_backends_agree(RelationalProblem(max_rel_pos=2), "relational")
+    assert report["chunked"] == "ok" and "absolute symbols" in report["fused"]
+    x = RelationalProblem(rel_activation="tanh").inputs()
+    with pytest.raises(
+        UnsupportedCallError, match="'fused'.*identity rel_activation.*can: naive, chunked"
+    ):
+        relational_attention(**x, backend="fused")
+
+
+@pytest.mark.parametrize("backend", ["naive", "chunked", "fused"])
+def test_row_with_no_key_gives_zeros_and_finite_grads(backend):
+    x = RelationalProblem(q_len=5, k_len=5, mask="empty_rows", seed=3).inputs()
+    x["attn_mask"][..., 2, :] = False
+    out = relational_attention(**x, backend=backend)
+    assert torch.equal(out[:, :, 2], torch.zeros_like(out[:, :, 2]))
+    grads = torch.autograd.grad(out.square().sum(), [x["q"], x["k"], x["qr"], x["kr"], x["v"]])
+    assert all(g.isfinite().all() for g in grads)
+
+
+@pytest.mark.parametrize("backend", ["naive", "chunked", "fused"])
+def test_dropout_is_unbiased(backend):
+    torch.manual_seed(0)
+    x = {
+        k: v.detach() if torch.is_tensor(v) else v
+        for k, v in RelationalProblem(q_len=5, k_len=5).inputs().items()
+    }
+    exact = relational_attention(**x, backend="naive")
+    draws = torch.stack(
+        [relational_attention(**x, dropout_p=0.3, backend=backend) for _ in range(3000)]
+    )
+    assert not torch.allclose(draws[0], exact)
+    torch.testing.assert_close(draws.mean(0), exact, atol=0.06, rtol=0)
+
+
+def test_chunked_dropout_backward_redraws_the_forward_masks():
+    x = RelationalProblem(
+        q_len=7, k_len=7, rel_activation="softmax", is_causal=True, dtype=torch.float64
+    ).inputs()
+    names = ["q", "k", "qr", "kr", "v"]
+
+    def fn(*tensors):
+        torch.manual_seed(1)
+        return chunked(**{**x, **dict(zip(names, tensors, strict=True))}, dropout_p=0.4, block=3)
+
+    assert torch.autograd.gradcheck(fn, tuple(x[n] for n in names))
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (dict(rel_activation="elu"), "rel_activation='elu': valid are"),
+        (dict(v_rel=torch.randn(2, 5, 4)), "exactly one of v"),
+        (dict(qr=torch.randn(1, 2, 7, 4)), r"qr \(1, 2, 7, 4\)"),
+        (dict(dropout_p=-0.1), "dropout_p=-0.1"),
+    ],
+)
+def test_bad_inputs_are_named(change, match):
+    x = RelationalProblem().inputs()
+    with pytest.raises(ValueError, match=match):
+        relational_attention(**{**x, **change})
