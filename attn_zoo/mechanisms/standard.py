@@ -19,6 +19,7 @@ from torch import nn
 
 from attn_zoo.kernels.softmax import softmax_attention
 from attn_zoo.mechanisms.base import AttentionMechanism
+from attn_zoo.nn.rotary import Rotary
 from attn_zoo.registry import register_mechanism
 
 
@@ -69,9 +70,12 @@ class StandardAttention(AttentionMechanism):
         symbols: torch.Tensor | None = None,  # unused: standard attention reads no symbols
         attn_mask: torch.Tensor | None = None,  # bool, broadcastable to (B, H, N, N)
         is_causal: bool = False,
+        rope: Rotary | None = None,  # RoPE on queries and keys
     ) -> torch.Tensor:  # (B, N, n_heads * head_dim)
         q = rearrange(self.wq(x), "b n (h d) -> b h n d", h=self.n_heads)
         k = rearrange(self.wk(x), "b n (h d) -> b h n d", h=self.n_kv_heads)
+        if rope is not None:
+            q, k = rope.apply(q), rope.apply(k)
         v = rearrange(self.wv(x), "b n (h d) -> b h n d", h=self.n_kv_heads)
         out = softmax_attention(
             q,

@@ -1,0 +1,136 @@
+"""Dual attention (Altabaa & Lafferty, arXiv 2405.16727): standard self-attention heads and
+relational attention heads side by side, outputs concatenated:
+
+    out = concat(SelfAttention_{n_heads_sa}(x), RelationalAttention_{n_heads_ra}(x, s))
+
+Each branch has head_dim = d_model // (n_heads_sa + n_heads_ra) and its own square output
+projection; there is no joint projection (as in `dual_attention.dual_attention.DualAttention`,
+whose kwargs and parameter names are kept). share_attn_params makes the self-attention's wq
+and wk the relational branch's wq_attn and wk_attn (n_heads_sa must equal n_heads_ra).
+
+Backends are the tier names naive, chunked and fused (and auto): each branch runs its own
+kernel family at that tier.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from attn_zoo.kernels.dispatch import TIERS, unknown_name_error
+from attn_zoo.mechanisms.base import AttentionMechanism
+from attn_zoo.mechanisms.relational import RelationalAttention, retriever_or_none
+from attn_zoo.mechanisms.standard import StandardAttention
+from attn_zoo.nn.rotary import Rotary
+from attn_zoo.registry import register_mechanism
+from attn_zoo.symbols import RelativeSymbols
+
+BRANCH_FIXED = {"d_model", "n_heads", "total_n_heads", "dropout", "backend"}
+
+
+def _check_branch_kwargs(name: str, kwargs: dict | None, cls: type) -> dict:
+    valid = [
+        p for p in inspect.signature(cls.__init__).parameters if p not in BRANCH_FIXED | {"self"}
+    ]
+    for key in kwargs or {}:
+        if key not in valid:
+            raise unknown_name_error(f"{name} key", key, valid)
+    return dict(kwargs or {})
+
+
+@register_mechanism("dual")
+class DualAttention(AttentionMechanism):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads_sa: int,
+        n_heads_ra: int,
+        dropout: float = 0.0,
+        sa_kwargs: dict | None = None,
+        ra_kwargs: dict | None = None,
+        share_attn_params: bool = False,
+        ra_type: str = "relational_attention",
+        symbol_retrieval: str | None = None,
+        symbol_retrieval_kwargs: dict | None = None,
+        backend: str = "auto",
+    ):
+        if n_heads_sa < 0 or n_heads_ra < 0 or n_heads_sa + n_heads_ra == 0:
+            raise ValueError(
+                f"n_heads_sa={n_heads_sa}, n_heads_ra={n_heads_ra}: need >= 0 each, > 0 in total"
+            )
+        if share_attn_params and n_heads_sa != n_heads_ra:
+            raise ValueError(
+                f"share_attn_params needs n_heads_sa == n_heads_ra, "
+                f"got {n_heads_sa} and {n_heads_ra}"
+            )
+        if ra_type != "relational_attention":
+            raise ValueError(f"ra_type={ra_type!r}: only 'relational_attention' is available")
+        sa_kwargs = _check_branch_kwargs("sa_kwargs", sa_kwargs, StandardAttention)
+        ra_kwargs = _check_branch_kwargs("ra_kwargs", ra_kwargs, RelationalAttention)
+        super().__init__(backend)
+        total = n_heads_sa + n_heads_ra
+        common = dict(d_model=d_model, total_n_heads=total, dropout=dropout, backend=backend)
+        self.self_attention = (
+            StandardAttention(n_heads=n_heads_sa, **common, **sa_kwargs) if n_heads_sa else None
+        )
+        self.relational_attention = (
+            RelationalAttention(n_heads=n_heads_ra, **common, **ra_kwargs) if n_heads_ra else None
+        )
+        if share_attn_params:
+            self.self_attention.wq = self.relational_attention.wq_attn
+            self.self_attention.wk = self.relational_attention.wk_attn
+        self.symbol_retriever = retriever_or_none(
+            symbol_retrieval, symbol_retrieval_kwargs, d_model
+        )
+        if symbol_retrieval == "position_relative" and self.relational_attention is not None:
+            self.relational_attention.use_relative_positional_symbols = True
+
+    @classmethod
+    def backend_names(cls) -> list[str]:
+        return list(TIERS)
+
+    @classmethod
+    def backend_status(cls, backend: str, device: str = "cpu") -> tuple[bool, str]:
+        cls.check_backend(backend)
+        reasons = []
+        for branch in (StandardAttention, RelationalAttention):
+            ok, reason = branch.backend_status(backend, device)
+            if not ok:
+                return False, f"{branch.__name__}: {reason}"
+            reasons.append(f"{branch.kernel_family}: {reason}")
+        return True, "; ".join(reasons)
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    @backend.setter
+    def backend(self, name: str) -> None:
+        self.check_backend(name)
+        self._backend = name
+        for branch in (
+            getattr(self, "self_attention", None),
+            getattr(self, "relational_attention", None),
+        ):
+            if branch is not None:
+                branch.backend = name
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (B, N, d_model)
+        symbols: torch.Tensor | RelativeSymbols | None = None,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        rope: Rotary | None = None,
+    ) -> torch.Tensor:  # (B, N, d_model)
+        outputs = []
+        if self.self_attention is not None:
+            outputs.append(
+                self.self_attention(x, attn_mask=attn_mask, is_causal=is_causal, rope=rope)
+            )
+        if self.relational_attention is not None:
+            if symbols is None and self.symbol_retriever is not None:
+                symbols = self.symbol_retriever(x)
+            outputs.append(self.relational_attention(x, symbols, attn_mask, is_causal, rope))
+        return torch.cat(outputs, dim=-1)

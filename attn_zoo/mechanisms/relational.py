@@ -1,0 +1,153 @@
+"""Relational attention (Altabaa & Lafferty, "Disentangling and Integrating Relational and
+Sensory Information in Transformer Architectures", arXiv 2405.16727).
+
+Per head h, with symbols s_j (or relative symbols s_ij) and relations l = 1..R:
+
+    a_ij^h = softmax_j(<Wq^h x_i, Wk^h x_j> / sqrt(head_dim))           (attention, masked)
+    r_ij^l = act(<Wq_rel^l x_i, Wk_rel^l x_j> / sqrt(rel_proj_dim))     (relations, unmasked)
+    A_i^h  = sum_j a_ij^h (Wv^h s_j + Wr^h r_ij)                        r_ij = (r_ij^1..r_ij^R)
+    out    = concat_h(A_i^h) Wo
+
+Kwargs and parameter names follow `dual_attention.relational_attention.RelationalAttention`
+(wr (H, head_dim, R), wq_attn, wk_attn, wq_rel, wk_rel, wv, wo), so its checkpoints load
+as they are. Differences, all deliberate: a query row with no allowed key gives zeros (the
+reference gives NaN); rel_proj_dim may be any width (the reference requires
+rel_proj_dim * n_relations == head_dim * n_heads); the mechanism may own a symbol retriever.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import einsum, rearrange
+from torch import nn
+
+from attn_zoo.kernels.relational import relational_attention
+from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
+from attn_zoo.mechanisms.base import AttentionMechanism
+from attn_zoo.mechanisms.standard import check_heads
+from attn_zoo.nn.rotary import Rotary
+from attn_zoo.registry import register_mechanism
+from attn_zoo.symbols import RelativeSymbols, build_symbol_retriever, list_symbol_retrievers
+
+
+def retriever_or_none(name: str | None, kwargs: dict | None, d_model: int) -> nn.Module | None:
+    return None if name is None else build_symbol_retriever(name, d_model, **(kwargs or {}))
+
+
+@register_mechanism("relational")
+class RelationalAttention(AttentionMechanism):
+    kernel_family = "relational"
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_relations: int | None = None,
+        dropout: float = 0.0,
+        key_dim: int | None = None,
+        n_kv_heads: int | None = None,
+        rel_activation: str = "identity",
+        rel_proj_dim: int | None = None,
+        add_bias_kv: bool = False,
+        add_bias_out: bool = False,
+        total_n_heads: int | None = None,
+        symmetric_rels: bool = False,
+        use_relative_positional_symbols: bool = False,
+        symbol_retrieval: str | None = None,
+        symbol_retrieval_kwargs: dict | None = None,
+        backend: str = "auto",
+    ):
+        check_heads(d_model, n_heads, n_kv_heads, total_n_heads)
+        if rel_activation not in REL_ACTIVATIONS:
+            raise ValueError(
+                f"rel_activation={rel_activation!r}: valid are {sorted(REL_ACTIVATIONS)}"
+            )
+        super().__init__(backend)
+        self.n_heads = n_heads
+        self.n_relations = n_heads if n_relations is None else n_relations
+        self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        self.head_dim = d_model // (n_heads if total_n_heads is None else total_n_heads)
+        self.key_dim = self.head_dim if key_dim is None else key_dim
+        self.rel_proj_dim = (
+            (self.head_dim * n_heads) // self.n_relations if rel_proj_dim is None else rel_proj_dim
+        )
+        if self.n_relations < 1 or self.rel_proj_dim < 1:
+            raise ValueError(
+                f"n_relations={n_relations}, rel_proj_dim={rel_proj_dim}: both must be >= 1"
+            )
+        self.rel_activation, self.dropout = rel_activation, dropout
+        self.symbol_retriever = retriever_or_none(
+            symbol_retrieval, symbol_retrieval_kwargs, d_model
+        )
+        self.use_relative_positional_symbols = (
+            use_relative_positional_symbols or symbol_retrieval == "position_relative"
+        )
+
+        self.wr = nn.Parameter(torch.empty(n_heads, self.head_dim, self.n_relations))
+        nn.init.kaiming_uniform_(self.wr, a=math.sqrt(5))
+        self.wq_attn = nn.Linear(d_model, n_heads * self.key_dim, bias=False)
+        self.wk_attn = nn.Linear(d_model, self.n_kv_heads * self.key_dim, bias=add_bias_kv)
+        self.wq_rel = nn.Linear(d_model, self.n_relations * self.rel_proj_dim, bias=False)
+        self.wk_rel = (
+            self.wq_rel
+            if symmetric_rels
+            else nn.Linear(d_model, self.n_relations * self.rel_proj_dim, bias=False)
+        )
+        self.wv = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=add_bias_kv)
+        self.wo = nn.Linear(n_heads * self.head_dim, n_heads * self.head_dim, bias=add_bias_out)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def symbol_values(self, x: torch.Tensor, symbols) -> dict:
+        """Kernel kwargs for the symbols: v (B, Hkv, N, hd) or v_rel (Hkv, 2K+1, hd)."""
+        if symbols is None:
+            if self.symbol_retriever is None:
+                raise ValueError(
+                    "relational attention needs symbols: pass symbols=... or build it with "
+                    f"symbol_retrieval= one of {list_symbol_retrievers()}"
+                )
+            symbols = self.symbol_retriever(x)
+        relative = isinstance(symbols, RelativeSymbols)
+        if relative != self.use_relative_positional_symbols:
+            raise ValueError(
+                f"symbols are {'relative' if relative else 'absolute'} but "
+                f"use_relative_positional_symbols={self.use_relative_positional_symbols}"
+            )
+        if relative:
+            table = rearrange(self.wv(symbols.table), "c (h d) -> h c d", h=self.n_kv_heads)
+            return {"v_rel": table}
+        if symbols.shape[:2] != x.shape[:2]:
+            raise ValueError(
+                f"symbols {tuple(symbols.shape)} must be (B, N, d_model) like x {tuple(x.shape)}"
+            )
+        return {"v": rearrange(self.wv(symbols), "b n (h d) -> b h n d", h=self.n_kv_heads)}
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (B, N, d_model)
+        symbols: torch.Tensor | RelativeSymbols | None = None,  # (B, N, d_model) or relative
+        attn_mask: torch.Tensor | None = None,  # bool, broadcastable to (B, H, N, N)
+        is_causal: bool = False,
+        rope: Rotary | None = None,  # RoPE on the attention queries and keys
+    ) -> torch.Tensor:  # (B, N, n_heads * head_dim)
+        q = rearrange(self.wq_attn(x), "b n (h d) -> b h n d", h=self.n_heads)
+        k = rearrange(self.wk_attn(x), "b n (h d) -> b h n d", h=self.n_kv_heads)
+        if rope is not None:
+            q, k = rope.apply(q), rope.apply(k)
+        qr = rearrange(self.wq_rel(x), "b n (r d) -> b r n d", r=self.n_relations)
+        kr = rearrange(self.wk_rel(x), "b n (r d) -> b r n d", r=self.n_relations)
+        out = relational_attention(
+            q, k, qr, kr,
+            **self.symbol_values(x, symbols),
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            scale=self.head_dim**-0.5,
+            rel_scale=self.rel_proj_dim**-0.5,
+            rel_activation=self.rel_activation,
+            dropout_p=self.dropout if self.training else 0.0,
+            backend=self.backend,
+        )  # fmt: skip
+        sym, rel = out[..., : self.head_dim], out[..., self.head_dim :]
+        heads = sym + einsum(rel, self.wr, "b h n r, h e r -> b h n e")
+        return self.resid_dropout(self.wo(rearrange(heads, "b h n d -> b n (h d)")))
