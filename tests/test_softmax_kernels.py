@@ -26,8 +26,14 @@ def test_backends_agree_float64(problem):
     assert_backends_agree(problem, backends=GRAD_BACKENDS)
 
 
-@given(attention_problems(dtypes=(torch.float16, torch.bfloat16), max_len=40, max_width=8))
+@given(
+    attention_problems(
+        dtypes=(torch.float16, torch.bfloat16), max_len=40, max_width=8, scales=st.none()
+    )
+)
 def test_backends_agree_half_precision(problem):
+    """At the default scale 1/sqrt(width). With drawn scales up to 2 on widths of 1-2, torch
+    SDPA's own bfloat16 arithmetic exceeds the bfloat16 tolerance (seen: grad q off by 0.07)."""
     assert_backends_agree(problem, backends=GRAD_BACKENDS)
 
 

@@ -13,6 +13,7 @@ from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
 from attn_zoo.testing.problems import MASK_KINDS, AttentionProblem, RelationalProblem
 
 LENGTHS = (1, 2, 3, 7, 16, 31, 64, 100)
+SCALES = st.one_of(st.none(), st.floats(0.05, 2.0))
 
 
 def lengths(max_len: int = 100) -> st.SearchStrategy[int]:
@@ -34,8 +35,10 @@ def attention_problems(
     causal: tuple[bool, ...] = (False, True),
     same_lengths: bool = False,
     same_widths: bool = False,
+    scales: st.SearchStrategy[float | None] = SCALES,
 ) -> AttentionProblem:
-    """Draw an `AttentionProblem`; narrow it with the arguments (e.g. ``masks=("none",)``)."""
+    """Draw an `AttentionProblem`; narrow it with the arguments (e.g. ``masks=("none",)``;
+    ``scales=st.none()`` keeps the default scale 1/sqrt(key_dim))."""
     kv_heads = draw(st.integers(1, max_kv_heads))
     q_len = draw(lengths(max_len))
     key_dim = draw(st.integers(1, max_width))
@@ -49,7 +52,7 @@ def attention_problems(
         value_dim=key_dim if same_widths else draw(st.integers(1, max_width)),
         mask=draw(st.sampled_from(masks)),
         is_causal=draw(st.sampled_from(causal)),
-        scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))),
+        scale=draw(scales),
         dtype=draw(st.sampled_from(dtypes)),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
@@ -65,8 +68,10 @@ def relational_problems(
     masks: tuple[str, ...] = MASK_KINDS,
     causal: tuple[bool, ...] = (False, True),
     relative: tuple[bool, ...] = (False, True),
+    scales: st.SearchStrategy[float | None] = SCALES,
 ) -> RelationalProblem:
-    """Draw a `RelationalProblem`; narrow it with the arguments."""
+    """Draw a `RelationalProblem`; narrow it with the arguments (`scales` draws both the
+    attention and the relation scale; None is the default 1/sqrt(width))."""
     kv_heads = draw(st.integers(1, 2))
     q_len = draw(lengths(max_len))
     return RelationalProblem(
@@ -83,8 +88,8 @@ def relational_problems(
         rel_activation=draw(st.sampled_from(rel_activations)),
         mask=draw(st.sampled_from(masks)),
         is_causal=draw(st.sampled_from(causal)),
-        scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))),
-        rel_scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))),
+        scale=draw(scales),
+        rel_scale=draw(scales),
         dtype=draw(st.sampled_from(dtypes)),
         seed=draw(st.integers(0, 2**31 - 1)),
     )

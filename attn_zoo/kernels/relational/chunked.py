@@ -22,6 +22,7 @@ from attn_zoo.kernels.heads import group_queries
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
 from attn_zoo.kernels.relational.naive import relative_index
 from attn_zoo.kernels.softmax.chunked import BLOCK, Tiles
+from attn_zoo.kernels.softmax.naive import upcast_half
 
 
 class RelationTiles(Tiles):
@@ -202,11 +203,10 @@ def chunked(
 ) -> torch.Tensor:  # (B, H, N, hd + R)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     rel_scale = qr.shape[-1] ** -0.5 if rel_scale is None else rel_scale
-    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     seed = int(torch.randint(2**62, (1,))) if dropout_p > 0 else 0
     if attn_mask is not None:
         attn_mask = attn_mask.expand(attn_mask.shape[0], *q.shape[1:3], k.shape[2])
-    cast = [None if t is None else t.to(compute) for t in (q, k, qr, kr, v, v_rel)]
+    cast = [None if t is None else upcast_half(t) for t in (q, k, qr, kr, v, v_rel)]
     cast[0] = group_queries(cast[0], k.shape[1])
     out = ChunkedRelationalAttention.apply(
         *cast, attn_mask, is_causal, scale, rel_scale, rel_activation, dropout_p, seed, block

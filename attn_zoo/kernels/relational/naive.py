@@ -8,7 +8,8 @@ with no allowed key gives zeros):
     rel_i^{h,l} = sum_j a_ij^h r_ij^l
 
 and the kernel returns [sym | rel] on the last axis, (B, H, N, hd + R). The mechanism applies
-W_r (rel -> hd per head) and the output projection. Memory O(B (H + R) N M).
+W_r (rel -> hd per head) and the output projection. Memory O(B (H + R) N M). Half-precision
+inputs are computed in float32.
 """
 
 import torch
@@ -18,7 +19,7 @@ from einops import einsum
 from attn_zoo.kernels.heads import repeat_kv
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
 from attn_zoo.kernels.softmax.masks import allowed_keys
-from attn_zoo.kernels.softmax.naive import masked_softmax
+from attn_zoo.kernels.softmax.naive import masked_softmax, upcast_half
 
 
 def relative_index(n: int, m: int, max_rel_pos: int, device, offset: int = 0, key_offset: int = 0):
@@ -42,7 +43,9 @@ def naive(
     rel_activation: str = "identity",
     dropout_p: float = 0.0,
 ) -> torch.Tensor:  # (B, H, N, hd + R)
-    heads, n, m = q.shape[1], q.shape[2], k.shape[2]
+    heads, n, m, dtype = q.shape[1], q.shape[2], k.shape[2], q.dtype
+    q, k, qr, kr = (upcast_half(t) for t in (q, k, qr, kr))
+    v, v_rel = (None if t is None else upcast_half(t) for t in (v, v_rel))
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     rel_scale = qr.shape[-1] ** -0.5 if rel_scale is None else rel_scale
     scores = einsum(q, repeat_kv(k, heads), "b h n d, b h m d -> b h n m") * scale
@@ -58,4 +61,4 @@ def naive(
         values = table[:, relative_index(n, m, (v_rel.shape[1] - 1) // 2, q.device)]
         sym = einsum(attn, values, "b h n m, h n m d -> b h n d")
     rel = einsum(attn, relations, "b h n m, b r n m -> b h n r")
-    return torch.cat([sym, rel], dim=-1)
+    return torch.cat([sym, rel], dim=-1).to(dtype)

@@ -21,6 +21,7 @@ from einops import einsum, rearrange
 
 from attn_zoo.kernels.heads import group_queries
 from attn_zoo.kernels.softmax.masks import causal_mask
+from attn_zoo.kernels.softmax.naive import upcast_half
 
 BLOCK = 128
 
@@ -134,12 +135,11 @@ def chunked(
     block: int = BLOCK,
 ) -> torch.Tensor:  # (B, H, N, dv)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     seed = int(torch.randint(2**62, (1,))) if dropout_p > 0 else 0
     if attn_mask is not None:  # broadcast dims made explicit (a free view) so tiles slice
         attn_mask = attn_mask.expand(attn_mask.shape[0], *q.shape[1:3], k.shape[2])
-    grouped = group_queries(q.to(compute), k.shape[1])
+    grouped = group_queries(upcast_half(q), k.shape[1])
     out = ChunkedAttention.apply(
-        grouped, k.to(compute), v.to(compute), attn_mask, is_causal, scale, dropout_p, seed, block
+        grouped, upcast_half(k), upcast_half(v), attn_mask, is_causal, scale, dropout_p, seed, block
     )
     return rearrange(out, "b h g n d -> b (h g) n d").to(q.dtype)

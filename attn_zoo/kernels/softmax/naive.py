@@ -3,7 +3,8 @@
     out_i = sum_j p_ij v_j,   p_ij = exp(s_ij) / sum_j' exp(s_ij'),   s_ij = scale * <q_i, k_j>
 
 over allowed keys j only; a row with no allowed key gives zeros. Works in any float dtype,
-float64 included. Memory O(B H N M).
+float64 included; half-precision inputs are computed in float32 (a reference, not a
+half-precision kernel). Memory O(B H N M).
 """
 
 import torch
@@ -12,6 +13,11 @@ from einops import einsum
 
 from attn_zoo.kernels.heads import repeat_kv
 from attn_zoo.kernels.softmax.masks import allowed_keys
+
+
+def upcast_half(x: torch.Tensor) -> torch.Tensor:
+    """float16 / bfloat16 -> float32; other dtypes unchanged."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
@@ -35,10 +41,12 @@ def naive(
     dropout_p: float = 0.0,
 ) -> torch.Tensor:  # (B, H, N, dv)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    dtype = q.dtype
+    q, k, v = (upcast_half(t) for t in (q, k, v))
     k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
     scores = einsum(q, k, "b h n d, b h m d -> b h n m") * scale
     allowed = allowed_keys(attn_mask, is_causal, q.shape[2], k.shape[2], q.device)
     weights = masked_softmax(scores, allowed)
     if dropout_p > 0:
         weights = F.dropout(weights, dropout_p)
-    return einsum(weights, v, "b h n m, b h m d -> b h n d")
+    return einsum(weights, v, "b h n m, b h m d -> b h n d").to(dtype)

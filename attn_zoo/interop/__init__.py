@@ -1,0 +1,1 @@
+"""Interop with other attention packages: port their modules and checkpoints to ours."""
