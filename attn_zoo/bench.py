@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 
 import pandas as pd
 import torch
+from torch import nn
 
 from attn_zoo.kernels.dispatch import UnsupportedCallError, family
 from attn_zoo.kernels.softmax import softmax_attention
@@ -130,6 +131,36 @@ def softmax_workloads(
     return {b: workload(b) for b in backends}
 
 
+def module_workloads(
+    modules: dict[str, Callable[[], nn.Module]],
+    d_model: int,
+    batch: int = 1,
+    causal: bool = True,
+    symbols: bool = False,
+    device: str = "cpu",
+) -> dict[str, Workload]:
+    """One workload per module factory: module(x[, symbols], is_causal) on (batch, N, d_model)
+    inputs; a tuple output (the reference package's modules) is read at [0]."""
+
+    def workload(factory: Callable[[], nn.Module]) -> Workload:
+        def make(n: int, grad: bool) -> Run:
+            torch.manual_seed(0)
+            module = factory().to(device)
+            module.requires_grad_(grad)
+            x = torch.randn(batch, n, d_model, device=device, requires_grad=grad)
+            args = (x, torch.randn(batch, n, d_model, device=device)) if symbols else (x,)
+
+            def run():
+                out = module(*args, is_causal=causal)
+                return out[0] if isinstance(out, tuple) else out
+
+            return run
+
+        return make
+
+    return {name: workload(factory) for name, factory in modules.items()}
+
+
 def measure(
     workloads: dict[str, Workload],
     lengths: Sequence[int],
@@ -150,6 +181,7 @@ def measure(
                     run = make(n, False)
                     row["fwd_ms"] = median_ms(run, repeats, device)
                 step = forward_backward(make(n, True))
+                step()  # warm-up: one-time allocations are not the step's memory
                 row["train_peak_mb"] = peak_memory_mb(step, device)
                 row["fwd_bwd_ms"] = median_ms(step, repeats, device)
             except UnsupportedCallError as err:
@@ -179,3 +211,57 @@ def bench_softmax(
         backends = [b for b in fam.backends if fam.backends[b].available() is None]
         backends = [b for b in backends if fam.status(b, device)[0]]
     return measure(softmax_workloads(backends, device=device, **shape), lengths, repeats, device)
+
+
+def reference_package() -> str | None:
+    """None if the `dual_attention` reference package imports, else why not."""
+    try:
+        import dual_attention  # noqa: F401
+    except ImportError as err:
+        return f"dual-attention is not installed (pip install 'attn_zoo[test]'): {err}"
+    return None
+
+
+def relational_modules(suite: str, d_model: int, heads: int) -> dict[str, Callable[[], nn.Module]]:
+    """Module factories of the `relational` or `dual` suite: each of our backends, the
+    reference package's module and a standard attention layer with the same heads on SDPA.
+
+    relational: `heads` relational heads of width d_model / (2 heads), as the relational half
+    of dual attention with `heads` + `heads` heads; dual: that dual attention.
+    """
+    from attn_zoo.registry import build, list_backends
+
+    if suite == "relational":
+        kwargs = dict(d_model=d_model, n_heads=heads, total_n_heads=2 * heads)
+        standard = dict(d_model=d_model, n_heads=heads, total_n_heads=2 * heads)
+    else:
+        kwargs = dict(d_model=d_model, n_heads_sa=heads, n_heads_ra=heads)
+        standard = dict(d_model=d_model, n_heads=2 * heads)
+    modules = {b: (lambda b=b: build(suite, backend=b, **kwargs)) for b in list_backends(suite)}
+    if reference_package() is None:
+        if suite == "relational":
+            from dual_attention.relational_attention import RelationalAttention
+
+            modules["reference"] = lambda: RelationalAttention(**kwargs)
+        else:
+            from dual_attention.dual_attention import DualAttention
+
+            modules["reference"] = lambda: DualAttention(**kwargs, dropout=0.0)
+    modules["standard_sdpa"] = lambda: build("standard", backend="sdpa", **standard)
+    return modules
+
+
+def bench_relational(
+    suite: str = "relational",
+    lengths: Sequence[int] = (512, 1024, 2048, 4096),
+    repeats: int = 3,
+    d_model: int = 512,
+    heads: int = 4,
+    causal: bool = True,
+    device: str = "cpu",
+) -> pd.DataFrame:
+    """Our relational or dual attention on every backend beside the reference package and a
+    standard SDPA layer, ratios to both (time_vs_reference, time_vs_standard_sdpa, ...)."""
+    modules = relational_modules(suite, d_model, heads)
+    workloads = module_workloads(modules, d_model, causal=causal, symbols=True, device=device)
+    return measure(workloads, lengths, repeats, device, baselines=("reference", "standard_sdpa"))

@@ -1,12 +1,14 @@
-"""The benchmark's table: one row per (backend, N), in-run ratios, refusals noted."""
+"""The benchmark's tables: one row per (backend, N), in-run ratios, refusals noted."""
 
 import math
 
-from attn_zoo.bench import bench_softmax, machine, peak_memory_mb
+import torch
+
+from attn_zoo.bench import bench_relational, bench_softmax, machine, peak_memory_mb
 from attn_zoo.cli import main
 
 
-def test_table_has_every_backend_and_ratios_from_the_same_run():
+def test_softmax_table_has_every_backend_and_ratios_from_the_same_run():
     table = bench_softmax(lengths=[16, 33], repeats=1, heads=2, head_dim=8)
     assert set(table.backend) == {"naive", "chunked", "sdpa", "flex"}  # xformers: no CPU kernels
     assert sorted(set(table.N)) == [16, 33]
@@ -18,32 +20,22 @@ def test_table_has_every_backend_and_ratios_from_the_same_run():
     assert chunked.fwd_bwd_ms > 0 and chunked.time_vs_naive > 0
 
 
-def test_peak_memory_sees_a_large_temporary():
-    import torch
+def test_relational_suite_has_our_backends_the_reference_and_standard_attention():
+    table = bench_relational("dual", lengths=[8], repeats=1, d_model=16, heads=2)
+    assert set(table.backend) == {"naive", "chunked", "fused", "reference", "standard_sdpa"}
+    reference = table[table.backend == "reference"].iloc[0]
+    assert reference.time_vs_reference == 1 and reference.time_vs_standard_sdpa > 0
 
+
+def test_peak_memory_sees_a_large_temporary():
     mb = peak_memory_mb(lambda: torch.ones(64 * 2**20 // 4).sum(), "cpu")  # 64 MiB
     assert 60 < mb < 80
 
 
-def test_cli_prints_the_machine_and_table(capsys, tmp_path):
-    csv = tmp_path / "bench.csv"
-    assert (
-        main(
-            [
-                "bench",
-                "--lengths",
-                "8",
-                "--repeats",
-                "1",
-                "--backends",
-                "naive",
-                "sdpa",
-                "--csv",
-                str(csv),
-            ]
-        )
-        == 0
-    )
+def test_cli_prints_the_machine_and_tables(capsys, tmp_path):
+    argv = ["bench", "--lengths", "8", "--repeats", "1", "--backends", "naive", "sdpa"]
+    assert main([*argv, "--d-model", "16", "--ra-heads", "2", "--csv-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert machine() in out and "naive" in out and "time_vs_sdpa" in out
-    assert csv.read_text().startswith("backend,N,")
+    assert machine() in out and "time_vs_sdpa" in out and "time_vs_reference" in out
+    for suite in ("softmax", "relational", "dual"):
+        assert (tmp_path / f"bench_{suite}.csv").read_text().startswith("backend,N,")
