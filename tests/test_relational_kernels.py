@@ -112,3 +112,13 @@ def test_bad_inputs_are_named(change, match):
     x = RelationalProblem().inputs()
     with pytest.raises(ValueError, match=match):
         relational_attention(**{**x, **change})
+
+
+def test_auto_prefers_the_tiled_kernel_on_cpu_and_sdpa_augmentation_on_cuda():
+    from attn_zoo.kernels.dispatch import Call, family
+
+    plain = frozenset({"grad", "causal"})
+    assert family("relational").select("auto", Call("cpu", torch.float32, plain)).name == "chunked"
+    assert family("relational").select("auto", Call("cuda", torch.float32, plain)).name == "fused"
+    relu = plain | {"rel_activation"}
+    assert family("relational").select("auto", Call("cuda", torch.float32, relu)).name == "chunked"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import difflib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -101,12 +101,18 @@ class Backend:
     name: str
     fn: Callable
     tier: str
-    priority: int  # higher is preferred by ``auto``
+    priority: int | Mapping[str, int]  # higher is preferred by ``auto``; or per device type
     capabilities: Capabilities
     available: Callable[[], str | None] = lambda: None  # None, or why the software is missing
 
     def refusal(self, call: Call) -> str | None:
         return self.capabilities.refusal(call) or self.available()
+
+    def rank(self, device: str | None = None) -> int:
+        """Priority on `device` (None: the best over devices)."""
+        if isinstance(self.priority, int):
+            return self.priority
+        return self.priority[device] if device in self.priority else max(self.priority.values())
 
 
 class KernelFamily:
@@ -135,7 +141,7 @@ class KernelFamily:
 
     def names(self) -> list[str]:
         """Registered backend names plus the tier names they make usable, in priority order."""
-        ordered = sorted(self.backends.values(), key=lambda b: -b.priority)
+        ordered = sorted(self.backends.values(), key=lambda b: -b.rank())
         names = [b.name for b in ordered]
         names += [t for t in TIERS if t not in names and any(b.tier == t for b in ordered)]
         return names
@@ -144,18 +150,18 @@ class KernelFamily:
         if name != "auto" and name not in self.names():
             raise unknown_name_error(f"{self.name} backend", name, ["auto", *self.names()])
 
-    def candidates(self, name: str) -> list[Backend]:
-        """Backends `name` may resolve to, best first."""
+    def candidates(self, name: str, device: str) -> list[Backend]:
+        """Backends `name` may resolve to on `device`, best first."""
         self.check_name(name)
         if name in self.backends:
             return [self.backends[name]]
-        ordered = sorted(self.backends.values(), key=lambda b: -b.priority)
+        ordered = sorted(self.backends.values(), key=lambda b: -b.rank(device))
         return [b for b in ordered if name == "auto" or b.tier == name]
 
     def select(self, name: str, call: Call) -> Backend:
         """The backend that serves `call` under the name `name` (see module docstring)."""
         refused = []
-        for backend in self.candidates(name):
+        for backend in self.candidates(name, call.device):
             reason = backend.refusal(call)
             if reason is None:
                 return backend
@@ -197,7 +203,7 @@ def register_backend(
     name: str,
     *,
     tier: str,
-    priority: int,
+    priority: int | Mapping[str, int],
     capabilities: Capabilities,
     available: Callable[[], str | None] | None = None,
 ) -> Callable[[Callable], Callable]:

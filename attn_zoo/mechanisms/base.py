@@ -50,8 +50,12 @@ class AttentionMechanism(nn.Module):
 
     @backend.setter
     def backend(self, name: str) -> None:
+        """Set the backend; a composite mechanism passes the (tier) name on to its branches."""
         self.check_backend(name)
         self._backend = name
+        for child in self.children():
+            if isinstance(child, AttentionMechanism):
+                child.backend = name
 
     def extra_repr(self) -> str:
         return f"backend={self.backend!r}"

@@ -101,21 +101,6 @@ class DualAttention(AttentionMechanism):
             reasons.append(f"{branch.kernel_family}: {reason}")
         return True, "; ".join(reasons)
 
-    @property
-    def backend(self) -> str:
-        return self._backend
-
-    @backend.setter
-    def backend(self, name: str) -> None:
-        self.check_backend(name)
-        self._backend = name
-        for branch in (
-            getattr(self, "self_attention", None),
-            getattr(self, "relational_attention", None),
-        ):
-            if branch is not None:
-                branch.backend = name
-
     def forward(
         self,
         x: torch.Tensor,  # (B, N, d_model)

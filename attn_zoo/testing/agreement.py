@@ -64,6 +64,17 @@ def compare(name: str, got: torch.Tensor, want: torch.Tensor, atol: float, rtol:
     )
 
 
+def disagreements(want: Mapping, got: Mapping, dtype: torch.dtype) -> list[str]:
+    """One message per tensor of `got` outside the `dtype` tolerance of `want` (see module)."""
+    messages = []
+    for key, ref in want.items():
+        atol, rtol = (OUTPUT_TOLERANCE if key == "output" else GRAD_TOLERANCE)[dtype]
+        c = compare(key, got[key], ref, atol, rtol)
+        if not c.ok:
+            messages.append(c.message(atol, rtol))
+    return messages
+
+
 def cast_inputs(inputs: Mapping, dtype: torch.dtype, grads: bool) -> dict:
     """Fresh leaf copies of the float tensors in `inputs`, cast to `dtype`."""
     return {
@@ -132,13 +143,7 @@ def assert_backends_agree(
 
     for name, fn in to_check.items():
         got = outputs_and_grads(fn, cast_inputs(drawn, dtype, grads), cotangent)
-        failures = []
-        for key, ref in want.items():
-            atol, rtol = (OUTPUT_TOLERANCE if key == "output" else GRAD_TOLERANCE)[dtype]
-            c = compare(key, got[key], ref, atol, rtol)
-            if not c.ok:
-                failures.append(c.message(atol, rtol))
-        if failures:
+        if failures := disagreements(want, got, dtype):
             raise AssertionError(
                 f"{family_name} backend {name!r} disagrees with the float64 naive reference "
                 f"({dtype}):\n  " + "\n  ".join(failures) + f"\nProblem: {problem!r}"

@@ -13,7 +13,7 @@ import torch
 
 from attn_zoo.kernels.dispatch import UnsupportedCallError
 from attn_zoo.registry import build, list_backends
-from attn_zoo.testing.agreement import GRAD_TOLERANCE, OUTPUT_TOLERANCE, compare
+from attn_zoo.testing.agreement import disagreements
 
 
 def _outputs_and_grads(module, x, cotangent, **call) -> dict:
@@ -72,13 +72,7 @@ def assert_mechanism_backends_agree(
                 raise
             report[name] = f"skipped: {err}"
             continue
-        failures = []
-        for key, ref in want.items():
-            atol, rtol = (OUTPUT_TOLERANCE if key == "output" else GRAD_TOLERANCE)[dtype]
-            c = compare(key, got[key], ref, atol, rtol)
-            if not c.ok:
-                failures.append(c.message(atol, rtol))
-        if failures:
+        if failures := disagreements(want, got, dtype):
             raise AssertionError(
                 f"mechanism {mechanism!r} backend {name!r} disagrees with the float64 naive "
                 f"reference ({dtype}):\n  " + "\n  ".join(failures) + f"\nkwargs: {dict(kwargs)}, "

@@ -26,6 +26,13 @@ def make_mask(kind: str, b: int, h: int, n: int, m: int, gen: torch.Generator):
     return mask
 
 
+def check_fields(mask: str, heads: int, kv_heads: int) -> None:
+    if mask not in MASK_KINDS:
+        raise ValueError(f"mask={mask!r}: valid kinds are {MASK_KINDS}")
+    if heads % kv_heads:
+        raise ValueError(f"heads={heads} must be a multiple of kv_heads={kv_heads}")
+
+
 def leaves(tensors: dict, dtype: torch.dtype, device: str) -> dict:
     """Cast float64 tensors to `dtype` on `device`, as leaves requiring grad."""
     return {k: t.to(dtype).to(device).requires_grad_(True) for k, t in tensors.items()}
@@ -50,10 +57,7 @@ class AttentionProblem:
     seed: int = 0
 
     def __post_init__(self):
-        if self.mask not in MASK_KINDS:
-            raise ValueError(f"mask={self.mask!r}: valid kinds are {MASK_KINDS}")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads}")
+        check_fields(self.mask, self.heads, self.kv_heads)
 
     def attn_mask(self, gen: torch.Generator) -> torch.Tensor | None:
         return make_mask(self.mask, self.batch, self.heads, self.q_len, self.k_len, gen)
@@ -104,10 +108,7 @@ class RelationalProblem:
     seed: int = 0
 
     def __post_init__(self):
-        if self.mask not in MASK_KINDS:
-            raise ValueError(f"mask={self.mask!r}: valid kinds are {MASK_KINDS}")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads}")
+        check_fields(self.mask, self.heads, self.kv_heads)
 
     def inputs(self, dtype: torch.dtype | None = None, device: str = "cpu") -> dict:
         gen = torch.Generator().manual_seed(self.seed)

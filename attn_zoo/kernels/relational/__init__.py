@@ -27,8 +27,14 @@ RELATIONAL = family("relational")
 register_backend(
     "relational", "naive", tier="naive", priority=0, capabilities=Capabilities(FEATURES)
 )(naive)
+# On CPU the tiled kernel beats value augmentation at every N measured (512..4096, d_model 512,
+# 4 heads: 0.42x vs 0.59x the reference's time at N=2048); on CUDA the SDPA kernels should win.
 register_backend(
-    "relational", "chunked", tier="chunked", priority=10, capabilities=Capabilities(FEATURES)
+    "relational",
+    "chunked",
+    tier="chunked",
+    priority={"cpu": 40, "cuda": 10},
+    capabilities=Capabilities(FEATURES),
 )(chunked)
 register_backend(
     "relational",

@@ -20,7 +20,7 @@ from einops import einsum, rearrange
 
 from attn_zoo.kernels.heads import group_queries
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
-from attn_zoo.kernels.relational.naive import relative_index
+from attn_zoo.kernels.relational.naive import default_scales, relative_index
 from attn_zoo.kernels.softmax.chunked import BLOCK, Tiles
 from attn_zoo.kernels.softmax.naive import upcast_half
 
@@ -84,37 +84,20 @@ class ChunkedRelationalAttention(torch.autograd.Function):
         tiles = RelationTiles(q, k, attn_mask, is_causal, p_drop, seed, block, rel_scale, act)
         rel_lse = relation_lse(tiles, qr, kr) if act == "softmax" else None
         width = (v if v_rel is None else v_rel).shape[-1]
-        n_rel = qr.shape[1]
-        out = q.new_zeros(*q.shape[:-1], width + n_rel)
-        lse = q.new_full(q.shape[:-1], float("inf"))
-        for i0, i1 in tiles.query_blocks():
-            qi, qr_i = q[..., i0:i1, :], qr[:, :, i0:i1]
+
+        def values(p, i0, i1, j0, j1):  # [sum_j p_ij v_j | sum_j p_ij r_ij]
             rel_lse_i = None if rel_lse is None else rel_lse[..., i0:i1]
-            m = q.new_full(qi.shape[:-1], float("-inf"))
-            total = q.new_zeros(qi.shape[:-1])
-            acc = q.new_zeros(*qi.shape[:-1], width + n_rel)
-            for j0, j1 in tiles.key_blocks(i0, i1):
-                s = tiles.scores(qi, k[:, :, j0:j1], scale, i0, i1, j0, j1)
-                m_new = torch.maximum(m, s.amax(dim=-1))
-                m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)
-                p = torch.exp(s - m_safe[..., None])
-                rescale = torch.exp(m - m_safe)
-                total = total * rescale + p.sum(dim=-1)
-                if p_drop > 0:
-                    p = p * tiles.keep(i0, i1, j0, j1, p)
-                rel = tiles.relations(tiles.raw_relations(qr_i, kr[:, :, j0:j1]), rel_lse_i)
-                if v_rel is None:
-                    sym = einsum(p, v[:, :, j0:j1], "b h g n m, b h m d -> b h g n d")
-                else:
-                    index = tiles.bucket_index(i0, i1, j0, j1, (v_rel.shape[1] - 1) // 2, p)
-                    weights = tiles.buckets(p, index, v_rel.shape[1])
-                    sym = einsum(weights, v_rel, "b h g n c, h c d -> b h g n d")
-                agg = einsum(p, rel, "b h g n m, b r n m -> b h g n r")
-                acc = acc * rescale[..., None] + torch.cat([sym, agg], dim=-1)
-                m = m_new
-            seen = total > 0
-            out[..., i0:i1, :] = acc / torch.where(seen, total, 1.0)[..., None]
-            lse[..., i0:i1] = torch.where(seen, m + torch.log(total), float("inf"))
+            rel = tiles.relations(tiles.raw_relations(qr[:, :, i0:i1], kr[:, :, j0:j1]), rel_lse_i)
+            if v_rel is None:
+                sym = einsum(p, v[:, :, j0:j1], "b h g n m, b h m d -> b h g n d")
+            else:
+                index = tiles.bucket_index(i0, i1, j0, j1, (v_rel.shape[1] - 1) // 2, p)
+                weights = tiles.buckets(p, index, v_rel.shape[1])
+                sym = einsum(weights, v_rel, "b h g n c, h c d -> b h g n d")
+            agg = einsum(p, rel, "b h g n m, b r n m -> b h g n r")
+            return torch.cat([sym, agg], dim=-1)
+
+        out, lse = tiles.online_softmax(q, k, scale, width + qr.shape[1], values)
         ctx.save_for_backward(q, k, qr, kr, v, v_rel, out, lse, rel_lse)
         ctx.tiles, ctx.scale = tiles, scale
         return out
@@ -201,13 +184,13 @@ def chunked(
     dropout_p: float = 0.0,
     block: int = BLOCK,
 ) -> torch.Tensor:  # (B, H, N, hd + R)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    rel_scale = qr.shape[-1] ** -0.5 if rel_scale is None else rel_scale
+    scale, rel_scale = default_scales(q, qr, scale, rel_scale)
     seed = int(torch.randint(2**62, (1,))) if dropout_p > 0 else 0
     if attn_mask is not None:
         attn_mask = attn_mask.expand(attn_mask.shape[0], *q.shape[1:3], k.shape[2])
-    cast = [None if t is None else upcast_half(t) for t in (q, k, qr, kr, v, v_rel)]
-    cast[0] = group_queries(cast[0], k.shape[1])
+    # contiguous once: tiles of strided views would be copied again in every einsum
+    cast = [None if t is None else upcast_half(t).contiguous() for t in (q, k, qr, kr, v, v_rel)]
+    cast[0] = group_queries(cast[0], k.shape[1]).contiguous()
     out = ChunkedRelationalAttention.apply(
         *cast, attn_mask, is_causal, scale, rel_scale, rel_activation, dropout_p, seed, block
     )

@@ -15,6 +15,7 @@ Exact only for identity rel_activation and absolute symbols.
 import torch
 from einops import einsum, rearrange, repeat
 
+from attn_zoo.kernels.relational.naive import default_scales
 from attn_zoo.kernels.softmax.sdpa import sdpa
 
 
@@ -36,8 +37,9 @@ def fused(
         raise ValueError(
             "fused relational attention needs rel_activation='identity' and absolute symbols"
         )
-    rel_scale = qr.shape[-1] ** -0.5 if rel_scale is None else rel_scale
+    scale, rel_scale = default_scales(q, qr, scale, rel_scale)
     n_rel, hd = qr.shape[1], v.shape[-1]
+    q, k = q.contiguous(), k.contiguous()  # once, not in each of the SDPA calls below
     rel_keys = repeat(kr, "b r m d -> b h m (r d)", h=k.shape[1])
     values = torch.cat([v, rel_keys], dim=-1)  # (B, Hkv, M, hd + R dr)
     dk = q.shape[-1]

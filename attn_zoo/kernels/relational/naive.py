@@ -29,6 +29,14 @@ def relative_index(n: int, m: int, max_rel_pos: int, device, offset: int = 0, ke
     return (j - i).clamp(-max_rel_pos, max_rel_pos) + max_rel_pos
 
 
+def default_scales(q, qr, scale: float | None, rel_scale: float | None) -> tuple[float, float]:
+    """Attention scale 1/sqrt(dk) and relation scale 1/sqrt(dr) unless given."""
+    return (
+        q.shape[-1] ** -0.5 if scale is None else scale,
+        qr.shape[-1] ** -0.5 if rel_scale is None else rel_scale,
+    )
+
+
 def naive(
     q: torch.Tensor,  # (B, H, N, dk) attention queries
     k: torch.Tensor,  # (B, Hkv, M, dk) attention keys
@@ -46,8 +54,7 @@ def naive(
     heads, n, m, dtype = q.shape[1], q.shape[2], k.shape[2], q.dtype
     q, k, qr, kr = (upcast_half(t) for t in (q, k, qr, kr))
     v, v_rel = (None if t is None else upcast_half(t) for t in (v, v_rel))
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    rel_scale = qr.shape[-1] ** -0.5 if rel_scale is None else rel_scale
+    scale, rel_scale = default_scales(q, qr, scale, rel_scale)
     scores = einsum(q, repeat_kv(k, heads), "b h n d, b h m d -> b h n m") * scale
     attn = masked_softmax(scores, allowed_keys(attn_mask, is_causal, n, m, q.device))
     if dropout_p > 0:

@@ -63,6 +63,36 @@ class Tiles:
         draw = torch.rand(shape, generator=gen, device=like.device, dtype=like.dtype)
         return (draw >= self.dropout_p).to(like.dtype) / (1 - self.dropout_p)
 
+    def online_softmax(self, q, k, scale, width, values):
+        """Forward over all tiles: (out (B, Hkv, G, N, width), lse (B, Hkv, G, N)).
+
+        values(p, i0, i1, j0, j1) -> (B, Hkv, G, i1-i0, width) is sum_j p_ij V_ij of a tile,
+        for the tile's (dropped-out, unnormalised) weights p. Rows with no key: out 0, lse +inf
+        (so that p = exp(s - lse) = 0 in backward).
+        """
+        out = q.new_zeros(*q.shape[:-1], width)
+        lse = q.new_full(q.shape[:-1], float("inf"))
+        for i0, i1 in self.query_blocks():
+            qi = q[..., i0:i1, :]
+            m = q.new_full(qi.shape[:-1], float("-inf"))
+            total = q.new_zeros(qi.shape[:-1])
+            acc = q.new_zeros(*qi.shape[:-1], width)
+            for j0, j1 in self.key_blocks(i0, i1):
+                s = self.scores(qi, k[:, :, j0:j1], scale, i0, i1, j0, j1)
+                m_new = torch.maximum(m, s.amax(dim=-1))
+                m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)
+                p = torch.exp(s - m_safe[..., None])
+                rescale = torch.exp(m - m_safe)
+                total = total * rescale + p.sum(dim=-1)
+                if self.dropout_p > 0:
+                    p = p * self.keep(i0, i1, j0, j1, p)
+                acc = acc * rescale[..., None] + values(p, i0, i1, j0, j1)
+                m = m_new
+            seen = total > 0
+            out[..., i0:i1, :] = acc / torch.where(seen, total, 1.0)[..., None]
+            lse[..., i0:i1] = torch.where(seen, m + torch.log(total), float("inf"))
+        return out, lse
+
     def scores(self, qi, kj, scale, i0, i1, j0, j1):
         s = einsum(qi, kj, "b h g n d, b h m d -> b h g n m") * scale
         allowed = self.allowed(i0, i1, j0, j1, s.device)
@@ -73,29 +103,11 @@ class ChunkedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, attn_mask, is_causal, scale, dropout_p, seed, block):
         tiles = Tiles(q, k, attn_mask, is_causal, dropout_p, seed, block)
-        out = q.new_zeros(*q.shape[:-1], v.shape[-1])
-        lse = q.new_full(q.shape[:-1], float("inf"))  # +inf: rows with no key, p = 0 in backward
-        for i0, i1 in tiles.query_blocks():
-            qi = q[..., i0:i1, :]
-            m = q.new_full(qi.shape[:-1], float("-inf"))
-            total = q.new_zeros(qi.shape[:-1])
-            acc = q.new_zeros(*qi.shape[:-1], v.shape[-1])
-            for j0, j1 in tiles.key_blocks(i0, i1):
-                s = tiles.scores(qi, k[:, :, j0:j1], scale, i0, i1, j0, j1)
-                m_new = torch.maximum(m, s.amax(dim=-1))
-                m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)
-                p = torch.exp(s - m_safe[..., None])
-                rescale = torch.exp(m - m_safe)
-                total = total * rescale + p.sum(dim=-1)
-                if dropout_p > 0:
-                    p = p * tiles.keep(i0, i1, j0, j1, p)
-                acc = acc * rescale[..., None] + einsum(
-                    p, v[:, :, j0:j1], "b h g n m, b h m d -> b h g n d"
-                )
-                m = m_new
-            seen = total > 0
-            out[..., i0:i1, :] = acc / torch.where(seen, total, 1.0)[..., None]
-            lse[..., i0:i1] = torch.where(seen, m + torch.log(total), float("inf"))
+
+        def values(p, i0, i1, j0, j1):
+            return einsum(p, v[:, :, j0:j1], "b h g n m, b h m d -> b h g n d")
+
+        out, lse = tiles.online_softmax(q, k, scale, v.shape[-1], values)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.tiles, ctx.scale = tiles, scale
         return out
@@ -138,8 +150,8 @@ def chunked(
     seed = int(torch.randint(2**62, (1,))) if dropout_p > 0 else 0
     if attn_mask is not None:  # broadcast dims made explicit (a free view) so tiles slice
         attn_mask = attn_mask.expand(attn_mask.shape[0], *q.shape[1:3], k.shape[2])
-    grouped = group_queries(upcast_half(q), k.shape[1])
-    out = ChunkedAttention.apply(
-        grouped, upcast_half(k), upcast_half(v), attn_mask, is_causal, scale, dropout_p, seed, block
-    )
+    # contiguous once: tiles of strided views would be copied again in every einsum
+    grouped = group_queries(upcast_half(q), k.shape[1]).contiguous()
+    k, v = upcast_half(k).contiguous(), upcast_half(v).contiguous()
+    out = ChunkedAttention.apply(grouped, k, v, attn_mask, is_causal, scale, dropout_p, seed, block)
     return rearrange(out, "b h g n d -> b (h g) n d").to(q.dtype)
