@@ -4,16 +4,17 @@ Each workload maps (N, grad) to a zero-argument `run` that computes one forward 
 bench times `run` (forward, under no_grad) and `run` + backward (forward+backward) as the
 median of `repeats` after one warm-up, and measures the peak memory of one forward+backward:
 on CUDA with torch's allocator statistics, on CPU as the rise of the process's peak resident
-set (Linux: /proc/self/clear_refs resets it; glibc is told to map every block of 64 KiB or
-more on its own, so freed tensors leave the resident set and the peak is the live peak).
+set (Linux: /proc/self/clear_refs resets it; during that one step glibc maps every block of
+64 KiB or more on its own, so freed tensors leave the resident set and the peak is the live
+peak; timings run with ordinary heap reuse).
 Ratios to baseline backends are taken within
 the same run, on the same machine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-import functools
 import os
 import platform
 import statistics
@@ -51,15 +52,26 @@ def _rss_kib(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field))
 
 
-@functools.cache
-def _unmap_freed_blocks() -> None:
-    """glibc: serve allocations >= 64 KiB by mmap and trim at 64 KiB (no-op elsewhere)."""
+@contextlib.contextmanager
+def _freed_blocks_unmapped():
+    """glibc: while inside, free heap memory is returned first, then blocks >= 64 KiB are
+    served by mmap and trimmed at 64 KiB, so the resident set follows the live tensors;
+    after, thresholds of 32 MiB / 64 MiB (glibc's dynamic ceiling) so that timed code reuses
+    its heap as usual. No-op without glibc."""
     try:
         libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 1 << 16)  # M_TRIM_THRESHOLD
+        mallopt = libc.mallopt
     except (OSError, AttributeError):
-        pass
+        yield
+        return
+    mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD
+    mallopt(-1, 1 << 16)  # M_TRIM_THRESHOLD
+    libc.malloc_trim(0)  # give back what the heap kept from earlier (timed) runs
+    try:
+        yield
+    finally:
+        mallopt(-3, 32 << 20)
+        mallopt(-1, 64 << 20)
 
 
 def peak_memory_mb(fn: Callable[[], object], device: str) -> float:
@@ -71,13 +83,13 @@ def peak_memory_mb(fn: Callable[[], object], device: str) -> float:
         fn()
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - before) / 2**20
-    _unmap_freed_blocks()
     try:
-        before = _rss_kib("VmRSS")
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset the peak resident set (VmHWM) to the current one
-        fn()
-        return (_rss_kib("VmHWM") - before) / 1024
+        with _freed_blocks_unmapped():
+            before = _rss_kib("VmRSS")
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # reset the peak resident set (VmHWM) to the current one
+            fn()
+            return (_rss_kib("VmHWM") - before) / 1024
     except OSError:
         return float("nan")
 

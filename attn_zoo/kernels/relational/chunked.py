@@ -116,30 +116,33 @@ class ChunkedRelationalAttention(torch.autograd.Function):
         dv = None if v is None else torch.zeros_like(v)
         dv_rel = None if v_rel is None else torch.zeros_like(v_rel)
 
-        def relation_grads(i0, i1, j0, j1, d_rel):
+        def relation_tile(i0, i1, j0, j1):
+            """Raw relations and relations (B, R, bq, bk) of a tile."""
+            raw = tiles.raw_relations(qr[:, :, i0:i1], kr[:, :, j0:j1])
+            return raw, tiles.relations(raw, None if rel_lse is None else rel_lse[..., i0:i1])
+
+        def relation_grads(i0, i1, j0, j1, raw, rel, d_rel):
             """Push d_rel (B, R, bq, bk) through the activation into dqr and dkr."""
-            qr_i, kr_j = qr[:, :, i0:i1], kr[:, :, j0:j1]
-            raw = tiles.raw_relations(qr_i, kr_j)
-            if tiles.activation == "softmax":
-                rel = tiles.relations(raw, rel_lse[..., i0:i1])
+            if tiles.activation == "identity":
+                d_raw = d_rel
+            elif tiles.activation == "softmax":
                 d_raw = rel * (d_rel - row_term[..., i0:i1, None])
             else:
                 with torch.enable_grad():
                     raw = raw.detach().requires_grad_(True)
                     (d_raw,) = torch.autograd.grad(tiles.relations(raw, None), raw, d_rel)
-            dqr[:, :, i0:i1] += einsum(d_raw, kr_j, "b r n m, b r m d -> b r n d") * tiles.rel_scale
-            dkr[:, :, j0:j1] += einsum(d_raw, qr_i, "b r n m, b r n d -> b r m d") * tiles.rel_scale
+            d_raw = d_raw * tiles.rel_scale
+            dqr[:, :, i0:i1] += einsum(d_raw, kr[:, :, j0:j1], "b r n m, b r m d -> b r n d")
+            dkr[:, :, j0:j1] += einsum(d_raw, qr[:, :, i0:i1], "b r n m, b r n d -> b r m d")
 
         for i0, i1 in tiles.query_blocks():
             qi, dsym_i, drel_i = q[..., i0:i1, :], dsym[..., i0:i1, :], drel[..., i0:i1, :]
-            rel_lse_i = None if rel_lse is None else rel_lse[..., i0:i1]
             visited = tiles.key_blocks(i0, i1)
             for j0, j1 in visited:
                 kj = k[:, :, j0:j1]
                 s = tiles.scores(qi, kj, scale, i0, i1, j0, j1)
                 p = torch.exp(s - lse[..., i0:i1, None])
-                raw = tiles.raw_relations(qr[:, :, i0:i1], kr[:, :, j0:j1])
-                rel = tiles.relations(raw, rel_lse_i)
+                raw, rel = relation_tile(i0, i1, j0, j1)
                 dp = einsum(drel_i, rel, "b h g n r, b r n m -> b h g n m")
                 if v_rel is None:
                     dp = dp + einsum(dsym_i, v[:, :, j0:j1], "b h g n d, b h m d -> b h g n m")
@@ -156,16 +159,15 @@ class ChunkedRelationalAttention(torch.autograd.Function):
                 else:
                     weights = tiles.buckets(p_used, index, v_rel.shape[1])
                     dv_rel += einsum(weights, dsym_i, "b h g n c, b h g n d -> h c d")
-                relation_grads(
-                    i0, i1, j0, j1, einsum(p_used, drel_i, "b h g n m, b h g n r -> b r n m")
-                )
+                d_rel = einsum(p_used, drel_i, "b h g n m, b h g n r -> b r n m")
+                relation_grads(i0, i1, j0, j1, raw, rel, d_rel)
                 ds = p * (dp - delta[..., i0:i1, None])
                 dq[..., i0:i1, :] += einsum(ds, kj, "b h g n m, b h m d -> b h g n d") * scale
                 dk[:, :, j0:j1] += einsum(ds, qi, "b h g n m, b h g n d -> b h m d") * scale
             if tiles.activation == "softmax":  # skipped tiles: no attention, yet relation grads
                 for j0, j1 in tiles.all_key_blocks()[len(visited) :]:
-                    zeros = qr.new_zeros(qr.shape[0], qr.shape[1], i1 - i0, j1 - j0)
-                    relation_grads(i0, i1, j0, j1, zeros)
+                    raw, rel = relation_tile(i0, i1, j0, j1)
+                    relation_grads(i0, i1, j0, j1, raw, rel, torch.zeros_like(rel))
         return dq, dk, dqr, dkr, dv, dv_rel, *([None] * 8)
 
 
