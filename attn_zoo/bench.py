@@ -1,35 +1,37 @@
 """Speed and memory of attention backends, measured side by side in one run.
 
-Each workload maps (N, grad) to a zero-argument `run` that computes one forward pass; the
-bench times `run` (forward, under no_grad) and `run` + backward (forward+backward) as the
-median of `repeats` after one warm-up, and measures the peak memory of one forward+backward:
-on CUDA with torch's allocator statistics, on CPU as the rise of the process's peak resident
-set (Linux: /proc/self/clear_refs resets it; during that one step glibc maps every block of
-64 KiB or more on its own, so freed tensors leave the resident set and the peak is the live
-peak; timings run with ordinary heap reuse).
-Ratios to baseline backends are taken within
-the same run, on the same machine.
+A `Workload` is plain data naming what to run: a softmax kernel backend, one of our
+mechanisms on a backend, or a module of another package (the reference). For each sequence
+length N the bench times one forward pass (under no_grad) and one forward+backward, as the
+median of `repeats` after a warm-up, and measures the peak memory of one forward+backward
+after a warm-up step: on CUDA from torch's allocator statistics, on CPU in a fresh Python
+process (so earlier work cannot hide or inflate it) as the rise of the peak resident set
+(Linux /proc/self/clear_refs), with glibc told to map every block of 64 KiB or more on its own
+so that the peak resident set follows the live tensors. Ratios to the baselines are taken
+within the same run, on the same machine.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
+import importlib
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 import torch
-from torch import nn
 
 from attn_zoo.kernels.dispatch import UnsupportedCallError, family
 from attn_zoo.kernels.softmax import softmax_attention
 
 Run = Callable[[], torch.Tensor]
-Workload = Callable[[int, bool], Run]
 
 
 def machine() -> str:
@@ -47,51 +49,61 @@ def machine() -> str:
     )
 
 
-def _rss_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field))
+@dataclass(frozen=True)
+class Workload:
+    """What to run, as plain data (a fresh process rebuilds it to measure memory).
+
+    source "softmax": softmax_attention on (batch, heads, N, head_dim) tensors, `target` the
+    backend; "mechanism": attn_zoo.build(target, backend=backend, **kwargs) on (1, N, d_model)
+    inputs; "module": the class at dotted path `target` built with kwargs. Mechanisms and
+    modules get random symbols too when `symbols`; a tuple output is read at [0].
+    """
+
+    label: str
+    source: str
+    target: str
+    kwargs: dict = field(default_factory=dict)
+    backend: str = "auto"
+    causal: bool = True
+    symbols: bool = False
+
+    def make(self, n: int, grad: bool, device: str = "cpu") -> Run:
+        torch.manual_seed(0)
+        if self.source == "softmax":
+            shape = self.kwargs
+            dtype = getattr(torch, shape.get("dtype", "float32"))
+            q, k, v = (
+                torch.randn(shape["batch"], shape["heads"], n, shape["head_dim"], dtype=dtype,
+                            device=device, requires_grad=grad)
+                for _ in range(3)
+            )  # fmt: skip
+            return lambda: softmax_attention(q, k, v, is_causal=self.causal, backend=self.target)
+        module = self.module().to(device).requires_grad_(grad)
+        d_model = self.kwargs["d_model"]
+        x = torch.randn(1, n, d_model, device=device, requires_grad=grad)
+        args = (x, torch.randn(1, n, d_model, device=device)) if self.symbols else (x,)
+
+        def run():
+            out = module(*args, is_causal=self.causal)
+            return out[0] if isinstance(out, tuple) else out
+
+        return run
+
+    def module(self) -> torch.nn.Module:
+        if self.source == "mechanism":
+            from attn_zoo.registry import build
+
+            return build(self.target, backend=self.backend, **self.kwargs)
+        path, name = self.target.rsplit(".", 1)
+        return getattr(importlib.import_module(path), name)(**self.kwargs)
 
 
-@contextlib.contextmanager
-def _freed_blocks_unmapped():
-    """glibc: while inside, free heap memory is returned first, then blocks >= 64 KiB are
-    served by mmap and trimmed at 64 KiB, so the resident set follows the live tensors;
-    after, thresholds of 32 MiB / 64 MiB (glibc's dynamic ceiling) so that timed code reuses
-    its heap as usual. No-op without glibc."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        yield
-        return
-    mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD
-    mallopt(-1, 1 << 16)  # M_TRIM_THRESHOLD
-    libc.malloc_trim(0)  # give back what the heap kept from earlier (timed) runs
-    try:
-        yield
-    finally:
-        mallopt(-3, 32 << 20)
-        mallopt(-1, 64 << 20)
+def forward_backward(run: Run) -> Callable[[], None]:
+    def step():
+        out = run()
+        out.backward(torch.ones_like(out))
 
-
-def peak_memory_mb(fn: Callable[[], object], device: str) -> float:
-    """Peak memory fn() adds above what was in use before it, in MiB (NaN if unmeasurable)."""
-    if device == "cuda":
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        fn()
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - before) / 2**20
-    try:
-        with _freed_blocks_unmapped():
-            before = _rss_kib("VmRSS")
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # reset the peak resident set (VmHWM) to the current one
-            fn()
-            return (_rss_kib("VmHWM") - before) / 1024
-    except OSError:
-        return float("nan")
+    return step
 
 
 def median_ms(fn: Callable[[], object], repeats: int, device: str) -> float:
@@ -109,101 +121,104 @@ def median_ms(fn: Callable[[], object], repeats: int, device: str) -> float:
     return statistics.median(times)
 
 
-def forward_backward(run: Run) -> Callable[[], None]:
-    def step():
-        out = run()
-        out.backward(torch.ones_like(out))
-
-    return step
+def _status_kib(name: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(name))
 
 
-def softmax_workloads(
-    backends: Sequence[str],
-    batch: int = 1,
-    heads: int = 8,
-    head_dim: int = 64,
-    causal: bool = True,
-    dtype: torch.dtype = torch.float32,
-    device: str = "cpu",
-) -> dict[str, Workload]:
-    """One workload per softmax backend: attention of (batch, heads, N, head_dim) inputs."""
+def peak_memory_mb(fn: Callable[[], object], device: str = "cpu") -> float:
+    """Peak memory fn() adds above what was in use before it, in MiB (NaN if unmeasurable).
 
-    def workload(backend: str) -> Workload:
-        def make(n: int, grad: bool) -> Run:
-            q, k, v = (
-                torch.randn(
-                    batch, heads, n, head_dim, dtype=dtype, device=device, requires_grad=grad
-                )
-                for _ in range(3)
-            )
-            return lambda: softmax_attention(q, k, v, is_causal=causal, backend=backend)
-
-        return make
-
-    return {b: workload(b) for b in backends}
+    CPU: rise of this process's peak resident set; call it in a fresh process (see
+    `isolated_peak_memory_mb`) for numbers independent of earlier work.
+    """
+    if device == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
+    try:
+        before = _status_kib("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak resident set (VmHWM) to the current one
+        fn()
+        return (_status_kib("VmHWM") - before) / 1024
+    except (OSError, StopIteration):
+        return float("nan")
 
 
-def module_workloads(
-    modules: dict[str, Callable[[], nn.Module]],
-    d_model: int,
-    batch: int = 1,
-    causal: bool = True,
-    symbols: bool = False,
-    device: str = "cpu",
-) -> dict[str, Workload]:
-    """One workload per module factory: module(x[, symbols], is_causal) on (batch, N, d_model)
-    inputs; a tuple output (the reference package's modules) is read at [0]."""
+def _map_large_blocks() -> None:
+    """glibc: serve blocks >= 64 KiB by mmap and trim at 64 KiB (no-op without glibc)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 1 << 16)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
 
-    def workload(factory: Callable[[], nn.Module]) -> Workload:
-        def make(n: int, grad: bool) -> Run:
-            torch.manual_seed(0)
-            module = factory().to(device)
-            module.requires_grad_(grad)
-            x = torch.randn(batch, n, d_model, device=device, requires_grad=grad)
-            args = (x, torch.randn(batch, n, d_model, device=device)) if symbols else (x,)
 
-            def run():
-                out = module(*args, is_causal=causal)
-                return out[0] if isinstance(out, tuple) else out
+def _memory_child() -> None:
+    """Entry point of the fresh process: read a request on stdin, print the peak in MiB."""
+    _map_large_blocks()
+    request = json.loads(sys.stdin.read())
+    torch.set_num_threads(request["threads"])
+    step = forward_backward(Workload(**request["workload"]).make(request["n"], True))
+    step()  # warm-up: one-time allocations are not the step's memory
+    print(json.dumps(peak_memory_mb(step)))
 
-            return run
 
-        return make
-
-    return {name: workload(factory) for name, factory in modules.items()}
+def isolated_peak_memory_mb(workload: Workload, n: int) -> float:
+    """Training peak memory of one forward+backward of `workload` at N=n, measured on CPU in
+    a fresh Python process; raises RuntimeError with the child's error if it fails."""
+    request = {"workload": asdict(workload), "n": n, "threads": torch.get_num_threads()}
+    child = subprocess.run(
+        [sys.executable, "-c", "from attn_zoo.bench import _memory_child; _memory_child()"],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if child.returncode:
+        raise RuntimeError(
+            f"memory measurement of {workload.label} at N={n} failed:\n{child.stderr}"
+        )
+    return float(json.loads(child.stdout.strip().splitlines()[-1]))
 
 
 def measure(
-    workloads: dict[str, Workload],
+    workloads: Sequence[Workload],
     lengths: Sequence[int],
     repeats: int = 5,
     device: str = "cpu",
     baselines: Sequence[str] = ("naive", "sdpa"),
 ) -> pd.DataFrame:
     """A row per (workload, N): fwd_ms, fwd_bwd_ms, train_peak_mb, ratios to each baseline
-    measured in this run (fwd_vs_, time_vs_ for fwd+bwd, mem_vs_ for training peak memory),
-    and a note when a workload could not run."""
+    label measured in this run (fwd_vs_, time_vs_ for fwd+bwd, mem_vs_ for training peak
+    memory), and a note when a workload could not run."""
     rows = []
     for n in lengths:
-        for name, make in workloads.items():
-            row = {"backend": name, "N": n, "fwd_ms": float("nan"), "fwd_bwd_ms": float("nan"),
+        for w in workloads:
+            row = {"backend": w.label, "N": n, "fwd_ms": float("nan"), "fwd_bwd_ms": float("nan"),
                    "train_peak_mb": float("nan"), "note": ""}  # fmt: skip
             try:
                 with torch.no_grad():
-                    run = make(n, False)
-                    row["fwd_ms"] = median_ms(run, repeats, device)
-                step = forward_backward(make(n, True))
-                step()  # warm-up: one-time allocations are not the step's memory
-                row["train_peak_mb"] = peak_memory_mb(step, device)
+                    row["fwd_ms"] = median_ms(w.make(n, False, device), repeats, device)
+                step = forward_backward(w.make(n, True, device))
                 row["fwd_bwd_ms"] = median_ms(step, repeats, device)
+                if device == "cuda":
+                    row["train_peak_mb"] = peak_memory_mb(step, device)
+                else:
+                    row["train_peak_mb"] = isolated_peak_memory_mb(w, n)
             except UnsupportedCallError as err:
                 row["note"] = "; ".join(err.reasons.values())
             rows.append(row)
     table = pd.DataFrame(rows)
     for base in baselines:
-        if base not in workloads:
-            continue
         ref = table[table.backend == base].set_index("N")
+        if ref.empty:
+            continue
         table[f"fwd_vs_{base}"] = table.fwd_ms / table.N.map(ref.fwd_ms)
         table[f"time_vs_{base}"] = table.fwd_bwd_ms / table.N.map(ref.fwd_bwd_ms)
         table[f"mem_vs_{base}"] = table.train_peak_mb / table.N.map(ref.train_peak_mb)
@@ -215,14 +230,19 @@ def bench_softmax(
     backends: Sequence[str] | None = None,
     repeats: int = 5,
     device: str = "cpu",
-    **shape,
+    batch: int = 1,
+    heads: int = 8,
+    head_dim: int = 64,
+    causal: bool = True,
+    dtype: str = "float32",
 ) -> pd.DataFrame:
     """Every softmax backend usable on `device` (or `backends`), over `lengths`."""
     if backends is None:
         fam = family("softmax")
-        backends = [b for b in fam.backends if fam.backends[b].available() is None]
-        backends = [b for b in backends if fam.status(b, device)[0]]
-    return measure(softmax_workloads(backends, device=device, **shape), lengths, repeats, device)
+        backends = [b for b in fam.backends if fam.status(b, device)[0]]
+    shape = dict(batch=batch, heads=heads, head_dim=head_dim, dtype=dtype)
+    workloads = [Workload(b, "softmax", b, shape, causal=causal) for b in backends]
+    return measure(workloads, lengths, repeats, device)
 
 
 def reference_package() -> str | None:
@@ -234,33 +254,43 @@ def reference_package() -> str | None:
     return None
 
 
-def relational_modules(suite: str, d_model: int, heads: int) -> dict[str, Callable[[], nn.Module]]:
-    """Module factories of the `relational` or `dual` suite: each of our backends, the
-    reference package's module and a standard attention layer with the same heads on SDPA.
+REFERENCE_CLASSES = {
+    "relational": "dual_attention.relational_attention.RelationalAttention",
+    "dual": "dual_attention.dual_attention.DualAttention",
+}
 
-    relational: `heads` relational heads of width d_model / (2 heads), as the relational half
-    of dual attention with `heads` + `heads` heads; dual: that dual attention.
+
+def relational_workloads(suite: str, d_model: int, heads: int, causal: bool) -> list[Workload]:
+    """The `relational` or `dual` suite: each of our backends, the reference package's module
+    and a standard attention layer with the same heads on SDPA.
+
+    relational: `heads` relational heads of width d_model / (2 heads), the relational half of
+    dual attention with `heads` + `heads` heads; dual: that dual attention.
     """
-    from attn_zoo.registry import build, list_backends
+    from attn_zoo.registry import list_backends
 
     if suite == "relational":
         kwargs = dict(d_model=d_model, n_heads=heads, total_n_heads=2 * heads)
-        standard = dict(d_model=d_model, n_heads=heads, total_n_heads=2 * heads)
+        standard = dict(kwargs)
+        reference = dict(kwargs)
     else:
         kwargs = dict(d_model=d_model, n_heads_sa=heads, n_heads_ra=heads)
         standard = dict(d_model=d_model, n_heads=2 * heads)
-    modules = {b: (lambda b=b: build(suite, backend=b, **kwargs)) for b in list_backends(suite)}
+        reference = dict(kwargs, dropout=0.0)
+    ours = [Workload(b, "mechanism", suite, kwargs, b, causal, True) for b in list_backends(suite)]
     if reference_package() is None:
-        if suite == "relational":
-            from dual_attention.relational_attention import RelationalAttention
-
-            modules["reference"] = lambda: RelationalAttention(**kwargs)
-        else:
-            from dual_attention.dual_attention import DualAttention
-
-            modules["reference"] = lambda: DualAttention(**kwargs, dropout=0.0)
-    modules["standard_sdpa"] = lambda: build("standard", backend="sdpa", **standard)
-    return modules
+        ours.append(
+            Workload(
+                "reference",
+                "module",
+                REFERENCE_CLASSES[suite],
+                reference,
+                causal=causal,
+                symbols=True,
+            )
+        )
+    ours.append(Workload("standard_sdpa", "mechanism", "standard", standard, "sdpa", causal))
+    return ours
 
 
 def bench_relational(
@@ -274,6 +304,5 @@ def bench_relational(
 ) -> pd.DataFrame:
     """Our relational or dual attention on every backend beside the reference package and a
     standard SDPA layer, ratios to both (time_vs_reference, time_vs_standard_sdpa, ...)."""
-    modules = relational_modules(suite, d_model, heads)
-    workloads = module_workloads(modules, d_model, causal=causal, symbols=True, device=device)
+    workloads = relational_workloads(suite, d_model, heads, causal)
     return measure(workloads, lengths, repeats, device, baselines=("reference", "standard_sdpa"))

@@ -4,7 +4,14 @@ import math
 
 import torch
 
-from attn_zoo.bench import bench_relational, bench_softmax, machine, peak_memory_mb
+from attn_zoo.bench import (
+    Workload,
+    bench_relational,
+    bench_softmax,
+    isolated_peak_memory_mb,
+    machine,
+    peak_memory_mb,
+)
 from attn_zoo.cli import main
 
 
@@ -30,6 +37,18 @@ def test_relational_suite_has_our_backends_the_reference_and_standard_attention(
 def test_peak_memory_sees_a_large_temporary():
     mb = peak_memory_mb(lambda: torch.ones(64 * 2**20 // 4).sum(), "cpu")  # 64 MiB
     assert 60 < mb < 80
+
+
+def test_isolated_memory_grows_quadratically_for_naive_and_linearly_for_chunked():
+    def peak(backend, n):
+        shape = dict(batch=1, heads=4, head_dim=16)
+        return isolated_peak_memory_mb(Workload(backend, "softmax", backend, shape), n)
+
+    naive, chunked = (
+        peak("naive", 2048) / peak("naive", 1024),
+        peak("chunked", 2048) / peak("chunked", 1024),
+    )
+    assert 3 < naive < 5 and chunked < 2.5, (naive, chunked)  # chunked: O(N), tiles constant
 
 
 def test_cli_prints_the_machine_and_tables(capsys, tmp_path):
