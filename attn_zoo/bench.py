@@ -277,7 +277,8 @@ def relational_workloads(suite: str, d_model: int, heads: int, causal: bool) -> 
         kwargs = dict(d_model=d_model, n_heads_sa=heads, n_heads_ra=heads)
         standard = dict(d_model=d_model, n_heads=2 * heads)
         reference = dict(kwargs, dropout=0.0)
-    ours = [Workload(b, "mechanism", suite, kwargs, b, causal, True) for b in list_backends(suite)]
+    backends = ["auto", *list_backends(suite)]  # auto: the best backend for each branch
+    ours = [Workload(b, "mechanism", suite, kwargs, b, causal, True) for b in backends]
     if reference_package() is None:
         ours.append(
             Workload(

@@ -29,7 +29,7 @@ def test_softmax_table_has_every_backend_and_ratios_from_the_same_run():
 
 def test_relational_suite_has_our_backends_the_reference_and_standard_attention():
     table = bench_relational("dual", lengths=[8], repeats=1, d_model=16, heads=2)
-    assert set(table.backend) == {"naive", "chunked", "fused", "reference", "standard_sdpa"}
+    assert set(table.backend) == {"auto", "naive", "chunked", "fused", "reference", "standard_sdpa"}
     reference = table[table.backend == "reference"].iloc[0]
     assert reference.time_vs_reference == 1 and reference.time_vs_standard_sdpa > 0
 
