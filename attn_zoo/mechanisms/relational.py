@@ -108,11 +108,11 @@ class RelationalAttention(AttentionMechanism):
                     f"symbol_retrieval= one of {list_symbol_retrievers()}"
                 )
             symbols = self.symbol_retriever(x)
-        relative = isinstance(symbols, RelativeSymbols)
-        if relative != self.use_relative_positional_symbols:
+        relative = isinstance(symbols, RelativeSymbols)  # the type says it; the flag is a check
+        if self.use_relative_positional_symbols and not relative:
             raise ValueError(
-                f"symbols are {'relative' if relative else 'absolute'} but "
-                f"use_relative_positional_symbols={self.use_relative_positional_symbols}"
+                "symbols are absolute but use_relative_positional_symbols=True: pass the "
+                "RelativeSymbols of a position_relative retriever"
             )
         if relative:
             table = rearrange(self.wv(symbols.table), "c (h d) -> h c d", h=self.n_kv_heads)

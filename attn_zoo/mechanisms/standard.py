@@ -71,12 +71,14 @@ class StandardAttention(AttentionMechanism):
         attn_mask: torch.Tensor | None = None,  # bool, broadcastable to (B, H, N, N)
         is_causal: bool = False,
         rope: Rotary | None = None,  # RoPE on queries and keys
+        context: torch.Tensor | None = None,  # (B, M, d_model): cross-attention keys/values
     ) -> torch.Tensor:  # (B, N, n_heads * head_dim)
+        source = x if context is None else context
         q = rearrange(self.wq(x), "b n (h d) -> b h n d", h=self.n_heads)
-        k = rearrange(self.wk(x), "b n (h d) -> b h n d", h=self.n_kv_heads)
+        k = rearrange(self.wk(source), "b n (h d) -> b h n d", h=self.n_kv_heads)
         if rope is not None:
             q, k = rope.apply(q), rope.apply(k)
-        v = rearrange(self.wv(x), "b n (h d) -> b h n d", h=self.n_kv_heads)
+        v = rearrange(self.wv(source), "b n (h d) -> b h n d", h=self.n_kv_heads)
         out = softmax_attention(
             q,
             k,

@@ -1,0 +1,91 @@
+"""A ViT-style image classifier on the generic block, with any attention mechanism.
+
+    patches: (B, C, H, W) -> (B, (H/ph)(W/pw), ph pw C) -> LayerNorm -> Linear -> LayerNorm
+    h = [cls; patches] + pos_embedding;  h = block_l(h, symbols_l(h));  pool (cls or mean)
+    logits = final_out([norm] pooled)
+
+The patch embedding, cls token and positional embedding follow the `dual-attention`
+reference's vision models (mean pooling includes the cls token there, and here).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops.layers.torch import Rearrange
+from torch import nn
+
+from attn_zoo.models.common import make_blocks, run_blocks, symbol_retrievers
+from attn_zoo.nn.norms import create_norm
+
+
+class VisionClassifier(nn.Module):
+    def __init__(
+        self,
+        image_shape: tuple[int, int, int],
+        patch_size: int | tuple[int, int],
+        num_classes: int,
+        d_model: int,
+        n_layers: int,
+        attention: str = "standard",
+        attention_kwargs: dict | None = None,
+        dff: int | None = None,
+        activation: str = "gelu",
+        dropout: float = 0.0,
+        norm_first: bool = True,
+        norm_type: str = "layernorm",
+        pool: str = "cls",
+        final_norm: bool = True,
+        bias: bool = True,
+        symbol_retrieval: str | None = None,
+        symbol_retrieval_kwargs: dict | None = None,
+        shared_symbol_retriever: bool = True,
+        backend: str = "auto",
+    ):
+        """image_shape (channels, height, width); patch_size (height, width) or one int."""
+        super().__init__()
+        channels, height, width = image_shape
+        ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else patch_size
+        if height % ph or width % pw:
+            raise ValueError(f"image {height}x{width} is not divisible into {ph}x{pw} patches")
+        if pool not in ("cls", "mean"):
+            raise ValueError(f"pool={pool!r}: valid are 'cls', 'mean'")
+        self.image_shape, self.pool = tuple(image_shape), pool
+        n_patches, patch_dim = (height // ph) * (width // pw), ph * pw * channels
+        self.patch_embedding = nn.Sequential(
+            Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=ph, p2=pw),
+            nn.LayerNorm(patch_dim),
+            nn.Linear(patch_dim, d_model),
+            nn.LayerNorm(d_model),
+        )
+        self.pos_embedding = nn.Parameter(torch.randn(1, n_patches + 1, d_model))
+        self.cls_token = nn.Parameter(torch.randn(1, 1, d_model))
+        self.dropout = nn.Dropout(dropout)
+        self.symbol_retriever = symbol_retrievers(
+            symbol_retrieval, symbol_retrieval_kwargs, d_model, n_layers, shared_symbol_retriever
+        )
+        self.blocks = make_blocks(
+            n_layers, d_model=d_model, attention=attention, attention_kwargs=attention_kwargs,
+            dff=dff, activation=activation, dropout=dropout, norm_first=norm_first,
+            norm_type=norm_type, causal=False, bias=bias, backend=backend,
+        )  # fmt: skip
+        self.norm = create_norm(d_model, norm_type if final_norm else "none")
+        self.final_out = nn.Linear(d_model, num_classes)
+
+    def forward(
+        self, images: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """images (B, C, H, W) -> logits (B, num_classes) and the mean cross-entropy loss."""
+        if images.dim() != 4 or tuple(images.shape[1:]) != self.image_shape:
+            raise ValueError(
+                f"images must be (B, C, H, W) = (B, {', '.join(map(str, self.image_shape))}), "
+                f"got {tuple(images.shape)}"
+            )
+        patches = self.patch_embedding(images)
+        h = torch.cat([self.cls_token.expand(images.shape[0], -1, -1), patches], dim=1)
+        h = self.dropout(h + self.pos_embedding)
+        h = run_blocks(self.blocks, self.symbol_retriever, h)
+        pooled = h[:, 0] if self.pool == "cls" else h.mean(dim=1)
+        logits = self.final_out(self.norm(pooled))
+        loss = None if targets is None else F.cross_entropy(logits, targets)
+        return logits, loss
