@@ -5,8 +5,12 @@
     ours.load_state_dict(convert_state_dict(reference_checkpoint))
 
 Ported classes: Attention, RelationalAttention, DualAttention, SymbolicAttention,
-PositionalSymbolRetriever, PositionRelativeSymbolRetriever. Parameter names are the same, so
-a checkpoint converts by dropping torch.compile's ``_orig_mod.`` prefix.
+PositionalSymbolRetriever, PositionRelativeSymbolRetriever (same parameter names); the
+blocks EncoderBlock, DecoderBlock, DualAttnEncoderBlock, DualAttnDecoderBlock; the models
+TransformerLM, DualAttnTransformerLM (and their _HFHub subclasses), Seq2SeqTransformer,
+Seq2SeqDualAttnTransformer, VisionTransformer, VisionDualAttnTransformer, built by the
+reference-compatible constructors of `dual_attention_models` (which reproduce the reference's
+output-changing bugs, listed there). Checkpoints convert by renaming keys.
 
 Calling convention: the reference's RelationalAttention takes position-relative symbols as an
 (N, N, d) tensor; ours takes the `RelativeSymbols` our PositionRelativeSymbolRetriever returns
@@ -21,11 +25,13 @@ reference is in dual_attention_reference.md beside this file.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
 
+from attn_zoo.interop import dual_attention_models as builders
 from attn_zoo.kernels.dispatch import unknown_name_error
 from attn_zoo.mechanisms import (
     AttentionMechanism,
@@ -79,6 +85,170 @@ def _dual(m) -> nn.Module:
     return DualAttention(**kwargs, sa_kwargs=dict(m.sa_kwargs), ra_kwargs=dict(m.ra_kwargs))
 
 
+RETRIEVERS = {  # reference class -> (our registry name, constructor attributes)
+    "SymbolicAttention": (
+        "symbolic_attention",
+        ["n_heads", "n_symbols", "dropout", "scale", "trainable_symbols"],
+    ),
+    "PositionalSymbolRetriever": ("positional_symbols", ["max_length", "sinusoidal"]),
+    "PositionRelativeSymbolRetriever": ("position_relative", ["max_rel_pos"]),
+}
+
+
+def _retriever_settings(retriever: nn.Module) -> tuple[str, dict]:
+    name = type(retriever).__name__
+    if name not in RETRIEVERS:
+        raise ValueError(f"symbol retriever {name} is not available in attn_zoo")
+    ours, names = RETRIEVERS[name]
+    return ours, _attributes(retriever, names)
+
+
+def _cross_kwargs(attention: nn.Module) -> dict:
+    return _attributes(attention, ["key_dim", "n_kv_heads", "add_bias_kv", "add_bias_out"])
+
+
+BLOCK = [
+    "d_model",
+    "dff",
+    "dropout_rate",
+    "activation",
+    "norm_first",
+    "norm_type",
+    "bias",
+    "causal",
+]
+DUAL = ["n_heads_sa", "n_heads_ra", "ra_type", "share_attn_params"]
+
+
+def _encoder_block(m):
+    return builders.EncoderBlock(
+        n_heads=m.n_heads, attn_kwargs=m.attn_kwargs, **_attributes(m, BLOCK)
+    )
+
+
+def _decoder_block(m):
+    return builders.DecoderBlock(
+        n_heads=m.n_heads, n_heads_cross=m.n_heads_cross, **_attributes(m, BLOCK)
+    )
+
+
+def _dual_branches(dual) -> dict:
+    return dict(sa_kwargs=dict(dual.sa_kwargs), ra_kwargs=dict(dual.ra_kwargs))
+
+
+def _dual_encoder_block(m):
+    return builders.DualAttnEncoderBlock(
+        **_attributes(m, BLOCK + DUAL), **_dual_branches(m.dual_attn)
+    )
+
+
+def _dual_decoder_block(m):
+    return builders.DualAttnDecoderBlock(
+        n_heads_cross=m.n_heads_cross,
+        cross_kwargs=_cross_kwargs(m.cross_attn),
+        **_attributes(m, BLOCK + DUAL),
+        **_dual_branches(m.dual_attn),
+    )
+
+
+LM = [
+    "vocab_size",
+    "d_model",
+    "n_layers",
+    "dff",
+    "dropout_rate",
+    "activation",
+    "norm_first",
+    "norm_type",
+    "bias",
+    "pos_enc_type",
+]
+
+
+def _transformer_lm(m):
+    return builders.TransformerLM(
+        n_heads=m.n_heads,
+        max_block_size=m.block_size,
+        block_kwargs=m.block_kwargs,
+        **_attributes(m, LM),
+    )
+
+
+def _dual_lm(m):
+    name, kwargs = _retriever_settings(m.layers.symbol_retrievers[0])
+    return builders.DualAttnTransformerLM(
+        n_heads_sa=m.n_heads_sa,
+        n_heads_ra=m.n_heads_ra,
+        symbol_retrieval_kwargs=kwargs,
+        max_block_size=m.block_size,
+        ra_type=m.ra_type,
+        share_attn_params=m.share_attn_params,
+        symbol_retrieval=name,
+        symbol_retriever_config=dict(m.symbol_retriever_config),
+        **_dual_branches(m.layers.blocks[0].dual_attn),
+        **_attributes(m, LM),
+    )
+
+
+SEQ2SEQ = [
+    "input_spec", "output_spec", "d_model", "out_dim", "n_layers_enc", "n_layers_dec",
+    "encoder_kwargs", "decoder_kwargs", "in_block_size", "out_block_size", "loss_ignore_idx",
+]  # fmt: skip
+
+
+def _seq2seq(m):
+    return builders.Seq2SeqTransformer(**_attributes(m, SEQ2SEQ))
+
+
+def _dual_seq2seq(m):
+    name, kwargs = _retriever_settings(m.layers.symbol_retriever)
+    return builders.Seq2SeqDualAttnTransformer(
+        symbol_retrieval=name, symbol_retrieval_kwargs=kwargs, **_attributes(m, SEQ2SEQ)
+    )
+
+
+VISION = [
+    "num_classes",
+    "d_model",
+    "n_layers",
+    "dff",
+    "dropout_rate",
+    "activation",
+    "norm_first",
+    "norm_type",
+    "bias",
+    "pool",
+]
+
+
+def _vision_shapes(m) -> dict:
+    return dict(
+        image_shape=(m.img_channels, m.img_width, m.img_height),
+        patch_size=(m.patch_width, m.patch_height),
+    )
+
+
+def _vit(m):
+    return builders.VisionTransformer(
+        n_heads=m.n_heads, **_vision_shapes(m), **_attributes(m, VISION)
+    )
+
+
+def _dual_vit(m):
+    name, kwargs = _retriever_settings(m.symbol_retriever)
+    return builders.VisionDualAttnTransformer(
+        n_heads_sa=m.n_heads_sa,
+        n_heads_ra=m.n_heads_ra,
+        symbol_retrieval=name,
+        symbol_retrieval_kwargs=kwargs,
+        ra_type=m.ra_type,
+        ra_kwargs=dict(m.ra_kwargs),
+        sa_kwargs=dict(m.sa_kwargs),
+        **_vision_shapes(m),
+        **_attributes(m, VISION),
+    )
+
+
 PORTERS: dict[str, Callable[[nn.Module], nn.Module]] = {
     "Attention": _standard,
     "RelationalAttention": _relational,
@@ -94,12 +264,75 @@ PORTERS: dict[str, Callable[[nn.Module], nn.Module]] = {
     "PositionRelativeSymbolRetriever": lambda m: PositionRelativeSymbolRetriever(
         **_attributes(m, ["symbol_dim", "max_rel_pos"])
     ),
+    "EncoderBlock": _encoder_block,
+    "DecoderBlock": _decoder_block,
+    "DualAttnEncoderBlock": _dual_encoder_block,
+    "DualAttnDecoderBlock": _dual_decoder_block,
+    "TransformerLM": _transformer_lm,
+    "DualAttnTransformerLM": _dual_lm,
+    "Seq2SeqTransformer": _seq2seq,
+    "Seq2SeqDualAttnTransformer": _dual_seq2seq,
+    "VisionTransformer": _vit,
+    "VisionDualAttnTransformer": _dual_vit,
 }
+for _hub in ("TransformerLM", "DualAttnTransformerLM"):  # the hub-mixin subclasses of hf.py
+    PORTERS[f"{_hub}_HFHub"] = PORTERS[_hub]
+
+RENAMES = [  # reference key pattern -> ours, applied in order
+    (r"^_orig_mod\.", ""),
+    (r"^layers\.", ""),
+    (r"(^|\.)(self_attn|dual_attn)\.", r"\1attn."),
+    (r"^positional_embedder\.weight$", "pos_enc.embedding.weight"),
+    (r"^to_patch_embedding\.", "patch_embedding."),
+    (r"^source_pos_embedder\.", "source_pos."),
+    (r"^target_pos_embedder\.", "target_pos."),
+]
 
 
-def convert_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A reference checkpoint's state dict in our names (torch.compile's prefix dropped)."""
-    return {key.replace("_orig_mod.", ""): value for key, value in state_dict.items()}
+def convert_state_dict(
+    state_dict: Mapping[str, torch.Tensor], like: nn.Module | None = None
+) -> dict[str, torch.Tensor]:
+    """A reference checkpoint's state dict in our names.
+
+    Accepts torch.compile's ``_orig_mod.`` prefix and de-duplicated state dicts such as
+    safetensors writes for the hub mixin (a tied embedding or a shared retriever stored once).
+    `like`: the target model, to tell a shared symbol retriever from per-layer ones; without
+    it, per-layer retrievers stored once or as one storage count as shared.
+    """
+    out = {}
+    for key, value in state_dict.items():
+        for pattern, repl in RENAMES:
+            key = re.sub(pattern, repl, key)
+        if not key.startswith("target_embedder.weights."):  # reference: alias of final_out
+            out[key] = value
+    if "cls_token" in out:  # vision models: the reference's encoder_blocks are our blocks
+        out = {re.sub(r"^encoder_blocks\.", "blocks.", k): v for k, v in out.items()}
+    out = _merge_retrievers(out, like)
+    tied = ("token_embedder.weight", "final_out.weight")
+    if "token_embedder.weight" in out or "final_out.weight" in out:
+        for a, b in (tied, tied[::-1]):
+            if a not in out and b in out and (like is None or a in like.state_dict()):
+                out[a] = out[b]  # a tied embedding saved once
+    return out
+
+
+def _merge_retrievers(sd: dict, like: nn.Module | None) -> dict:
+    """symbol_retrievers.{i}.* -> symbol_retriever.* (shared) or symbol_retriever.{i}.*."""
+    per_layer = {k: v for k, v in sd.items() if k.startswith("symbol_retrievers.")}
+    if not per_layer:
+        return sd
+    rest = {k: v for k, v in sd.items() if k not in per_layer}
+    split = [re.match(r"symbol_retrievers\.(\d+)\.(.*)", k).groups() for k in per_layer]
+    if like is not None:
+        shared = not isinstance(getattr(like, "symbol_retriever", None), nn.ModuleList)
+    else:
+        storages: dict[str, set] = {name: set() for _, name in split}
+        for (_, name), value in zip(split, per_layer.values(), strict=True):
+            storages[name].add(value.untyped_storage().data_ptr())
+        shared = all(len(s) == 1 for s in storages.values())
+    for (index, name), value in zip(split, per_layer.values(), strict=True):
+        rest[f"symbol_retriever.{name}" if shared else f"symbol_retriever.{index}.{name}"] = value
+    return rest
 
 
 def port(module: nn.Module, backend: str = "auto") -> nn.Module:
@@ -111,7 +344,7 @@ def port(module: nn.Module, backend: str = "auto") -> nn.Module:
     ours = PORTERS[name](module)
     reference = next(iter(module.state_dict().values()))
     ours.to(dtype=reference.dtype, device=reference.device)
-    ours.load_state_dict(convert_state_dict(module.state_dict()))
+    ours.load_state_dict(convert_state_dict(module.state_dict(), like=ours))
     if isinstance(ours, AttentionMechanism):
         ours.backend = backend
     return ours.train(module.training)

@@ -45,12 +45,17 @@ class Seq2Seq(nn.Module):
         bias: bool = True,
         out_bias: bool = True,
         loss_ignore_idx: int = -1,
+        out_dim: int | None = None,
+        encoder_block_kwargs: dict | None = None,
+        decoder_block_kwargs: dict | None = None,
         symbol_retrieval: str | None = None,
         symbol_retrieval_kwargs: dict | None = None,
         backend: str = "auto",
     ):
         """cross_attention_kwargs: the decoder's standard cross-attention (default: n_heads
-        of the decoder attention, or 1). One symbol retriever serves every layer."""
+        of the decoder attention, or 1). out_dim: logits width (default tgt_vocab_size).
+        encoder_block_kwargs / decoder_block_kwargs: `Block` kwargs for one stack only (e.g.
+        a different dff, or causal=False). One symbol retriever serves every layer."""
         super().__init__()
         self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         self.in_block_size, self.out_block_size = in_block_size, out_block_size
@@ -71,16 +76,17 @@ class Seq2Seq(nn.Module):
             n_layers_enc,
             attention=encoder_attention,
             attention_kwargs=encoder_attention_kwargs,
-            **common,
+            **{**common, **(encoder_block_kwargs or {})},
         )
         if cross_attention_kwargs is None:
             cross_attention_kwargs = {"n_heads": (decoder_attention_kwargs or {}).get("n_heads", 1)}
         self.decoder_blocks = make_blocks(
             n_layers_dec, attention=decoder_attention, attention_kwargs=decoder_attention_kwargs,
-            causal=True, cross_attention=cross_attention_kwargs, **common,
+            **{**common, "causal": True, "cross_attention": cross_attention_kwargs,
+               **(decoder_block_kwargs or {})},
         )  # fmt: skip
         self.norm = create_norm(d_model, norm_type if final_norm else "none")
-        self.final_out = nn.Linear(d_model, tgt_vocab_size, bias=out_bias)
+        self.final_out = nn.Linear(d_model, out_dim or tgt_vocab_size, bias=out_bias)
 
     def encode(self, src: torch.Tensor) -> torch.Tensor:
         """src (B, S) token ids -> encoder states (B, S, d_model)."""
