@@ -1,0 +1,217 @@
+"""The block and the model family with every registered mechanism: training, round trips,
+torch.compile, clear errors."""
+
+import pytest
+import torch
+
+import attn_zoo as az
+from attn_zoo.models import LanguageModel, Seq2Seq, VisionClassifier
+from attn_zoo.nn.block import Block
+from attn_zoo.nn.positional import POSITIONAL, build_positional
+from attn_zoo.nn.rotary import Rotary, rotary_tables
+
+D = 16
+SYMBOLS = dict(
+    symbol_retrieval="symbolic_attention", symbol_retrieval_kwargs=dict(n_symbols=4, n_heads=2)
+)
+MECHANISMS = {  # name -> (attention kwargs, model kwargs); every registered name must be here
+    "standard": (dict(n_heads=2), {}),
+    "relational": (dict(n_heads=2, n_relations=3), SYMBOLS),
+    "dual": (dict(n_heads_sa=1, n_heads_ra=1), SYMBOLS),
+}
+
+
+def test_every_registered_mechanism_is_covered():
+    assert set(az.list_mechanisms()) <= set(MECHANISMS) | set(NOT_SEQUENCE), az.list_mechanisms()
+
+
+NOT_SEQUENCE: dict[str, str] = {}
+
+
+def train(model, batch, steps=15):
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(steps):
+        _, loss = model(*batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert min(losses[-3:]) < losses[0], losses
+    return losses
+
+
+@pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
+def test_language_model_trains_and_round_trips(mechanism, tmp_path):
+    attention, extra = MECHANISMS[mechanism]
+    torch.manual_seed(0)
+    model = LanguageModel(
+        20, D, 2, mechanism, attention, max_block_size=12, pos_enc="rope", **extra
+    )
+    idx = torch.randint(0, 20, (4, 12), generator=torch.Generator().manual_seed(0))
+    train(model, (idx[:, :-1], idx[:, 1:]))
+    torch.save(model.state_dict(), tmp_path / "lm.pt")
+    again = LanguageModel(
+        20, D, 2, mechanism, attention, max_block_size=12, pos_enc="rope", **extra
+    )
+    again.load_state_dict(torch.load(tmp_path / "lm.pt", weights_only=True))
+    model.eval(), again.eval()
+    torch.testing.assert_close(again(idx)[0], model(idx)[0])
+    assert model.generate(idx[:, :3], 5, temperature=0.8, top_k=4).shape == (4, 8)
+
+
+@pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
+def test_seq2seq_trains(mechanism):
+    attention, extra = MECHANISMS[mechanism]
+    torch.manual_seed(0)
+    model = Seq2Seq(
+        10, 12, D, 1, 1, mechanism, attention, mechanism, attention, dict(n_heads=2), **extra
+    )
+    src = torch.randint(0, 10, (4, 7), generator=torch.Generator().manual_seed(1))
+    tgt = torch.randint(0, 12, (4, 6), generator=torch.Generator().manual_seed(2))
+    train(model, (src, tgt[:, :-1], tgt[:, 1:]))
+    assert model.greedy_decode(src, 0, 4).shape == (4, 5)
+
+
+@pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+def test_vision_classifier_trains(mechanism, pool):
+    attention, extra = MECHANISMS[mechanism]
+    torch.manual_seed(0)
+    model = VisionClassifier((3, 8, 8), 4, 3, D, 1, mechanism, attention, pool=pool, **extra)
+    images = torch.randn(6, 3, 8, 8, generator=torch.Generator().manual_seed(3))
+    train(model, (images, torch.arange(6) % 3))
+
+
+def test_language_model_is_causal_and_backends_agree():
+    torch.manual_seed(0)
+    model = LanguageModel(
+        20, D, 2, "dual", dict(n_heads_sa=1, n_heads_ra=1), max_block_size=12, **SYMBOLS
+    ).eval()
+    idx = torch.randint(0, 20, (2, 10))
+    changed = idx.clone()
+    changed[:, 7:] = (idx[:, 7:] + 1) % 20
+    torch.testing.assert_close(model(idx)[0][:, :7], model(changed)[0][:, :7])
+    reference = model(idx)[0]
+    for backend in ("naive", "chunked", "fused"):
+        az.set_backend(model, backend)
+        torch.testing.assert_close(model(idx)[0], reference, atol=1e-5, rtol=1e-4)
+
+
+def test_per_layer_retrievers_and_untied_embeddings():
+    model = LanguageModel(
+        20,
+        D,
+        3,
+        "relational",
+        dict(n_heads=2),
+        shared_symbol_retriever=False,
+        tie_weights=False,
+        **SYMBOLS,
+    )
+    assert len(model.symbol_retriever) == 3
+    assert model.token_embedder.weight is not model.final_out.weight
+    shared = LanguageModel(20, D, 3, "relational", dict(n_heads=2), **SYMBOLS)
+    assert shared.token_embedder.weight is shared.final_out.weight
+
+
+def test_torch_compile_smoke():
+    torch.manual_seed(0)
+    model = LanguageModel(
+        20, D, 1, "standard", dict(n_heads=2), max_block_size=8, backend="sdpa"
+    ).eval()
+    idx = torch.randint(0, 20, (2, 8))
+    compiled = torch.compile(model)
+    torch.testing.assert_close(compiled(idx)[0], model(idx)[0], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda m: m(torch.randint(0, 20, (2, 13))), "length 13 > max_block_size=12"),
+        (lambda m: m(torch.tensor([[1, 25]])), r"token ids in \[1, 25\]; valid ids are 0..19"),
+        (lambda m: m(torch.rand(2, 5)), "integer token ids"),
+        (
+            lambda m: m(torch.ones(2, 5, dtype=torch.long), torch.ones(2, 4, dtype=torch.long)),
+            "targets",
+        ),
+    ],
+)
+def test_language_model_input_errors(call, match):
+    model = LanguageModel(20, D, 1, "standard", dict(n_heads=2), max_block_size=12)
+    with pytest.raises(ValueError, match=match):
+        call(model)
+
+
+def test_vision_and_config_errors():
+    model = VisionClassifier((3, 8, 8), 4, 3, D, 1, "standard", dict(n_heads=2))
+    with pytest.raises(ValueError, match=r"\(B, 3, 8, 8\), got \(2, 3, 8, 9\)"):
+        model(torch.randn(2, 3, 8, 9))
+    with pytest.raises(ValueError, match="not divisible into 3x3 patches"):
+        VisionClassifier((3, 8, 8), 3, 3, D, 1)
+    with pytest.raises(ValueError, match="pool='max'"):
+        VisionClassifier((3, 8, 8), 4, 3, D, 1, pool="max")
+    with pytest.raises(ValueError, match="Did you mean 'rmsnorm'"):
+        Block(D, attention_kwargs=dict(n_heads=2), norm_type="rms")
+    with pytest.raises(ValueError, match="Did you mean 'swiglu'"):
+        Block(D, attention_kwargs=dict(n_heads=2), activation="swiglo")
+    with pytest.raises(ValueError, match="positional encoding: 'rotary'"):
+        LanguageModel(20, D, 1, "standard", dict(n_heads=2), pos_enc="rotary")
+    with pytest.raises(ValueError, match="context must be given exactly when"):
+        Block(D, attention_kwargs=dict(n_heads=2))(
+            torch.randn(1, 3, D), context=torch.randn(1, 2, D)
+        )
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+@pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm", "none"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu"])
+def test_block_variants_take_a_module_or_a_name(norm_first, norm_type, activation):
+    torch.manual_seed(0)
+    by_name = Block(
+        D, "standard", dict(n_heads=2), None, activation, 0.0, norm_first, norm_type, causal=True
+    )
+    by_module = Block(
+        D,
+        az.build("standard", d_model=D, n_heads=2),
+        None,
+        None,
+        activation,
+        0.0,
+        norm_first,
+        norm_type,
+        causal=True,
+    )
+    by_module.load_state_dict(by_name.state_dict())
+    x = torch.randn(2, 5, D)
+    torch.testing.assert_close(by_module(x), by_name(x))
+    if activation == "swiglu":
+        assert by_name.ff_block.linear1.out_features == int(2 / 3 * 4 * D)
+
+
+def test_positional_encodings_by_name():
+    assert set(POSITIONAL) == {"none", "learned", "sinusoidal", "rope", "rope_half"}
+    x = torch.randn(2, 5, D)
+    assert torch.equal(build_positional("none", D, 8)(x), x)
+    assert not torch.equal(build_positional("learned", D, 8)(x), x)
+    sinusoidal = build_positional("sinusoidal", D, 8, scale=True)
+    torch.testing.assert_close(sinusoidal(x), x * D**0.5 + sinusoidal.pe[:5])
+    with pytest.raises(ValueError, match="length 9 exceeds"):
+        build_positional("learned", D, 8)(torch.randn(1, 9, D))
+
+
+def test_rope_half_split_is_interleaved_on_permuted_features():
+    cos, sin = rotary_tables(8, 6)
+    x = torch.randn(1, 2, 6, 8)
+    perm = torch.tensor([0, 2, 4, 6, 1, 3, 5, 7])  # interleaved pair i = (2i, 2i+1) -> (i, i+4)
+    interleaved = Rotary(cos, sin, interleaved=True).apply(x)
+    half = Rotary(cos, sin, interleaved=False).apply(x[..., perm])
+    torch.testing.assert_close(half, interleaved[..., perm])
+    # relative positions: <R_m q, R_n k> depends on m - n only
+    q, k = torch.randn(8), torch.randn(8)
+    rot = Rotary(cos, sin)
+    a = rot.apply(q.expand(1, 1, 6, 8).contiguous())[0, 0]
+    b = rot.apply(k.expand(1, 1, 6, 8).contiguous())[0, 0]
+    torch.testing.assert_close(a[3] @ b[1], a[4] @ b[2])
