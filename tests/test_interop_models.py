@@ -214,34 +214,8 @@ def test_decoder_blocks():
     assert_same(port(ref)(x, s, context=ctx), ref(x, ctx, s))
 
 
-def small_dual_lm(shared=True):
-    torch.manual_seed(5)
-    return (
-        language_models.DualAttnTransformerLM(
-            vocab_size=11,
-            d_model=8,
-            n_layers=3,
-            n_heads_sa=1,
-            n_heads_ra=1,
-            symbol_retrieval_kwargs=dict(d_model=8, n_heads=2, n_symbols=4),
-            dff=16,
-            dropout_rate=0.0,
-            activation="relu",
-            norm_first=True,
-            max_block_size=8,
-            symbol_retriever_config=dict(shared_symbol_retriever=shared),
-        )
-        .double()
-        .eval()
-    )
-
-
-@pytest.mark.parametrize("shared", [True, False])
-def test_checkpoints_in_every_shape(shared, tmp_path):
-    ref = small_dual_lm(shared)
-    idx = torch.randint(0, 11, (2, 8))
-    want = ref(idx)[0]
-    kwargs = dict(
+def small_dual_lm_kwargs(shared: bool) -> dict:
+    return dict(
         vocab_size=11,
         d_model=8,
         n_layers=3,
@@ -255,6 +229,16 @@ def test_checkpoints_in_every_shape(shared, tmp_path):
         max_block_size=8,
         symbol_retriever_config=dict(shared_symbol_retriever=shared),
     )
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_checkpoints_in_every_shape(shared, tmp_path):
+    """The same kwargs build the reference and ours; its checkpoints load into ours."""
+    torch.manual_seed(5)
+    ref = language_models.DualAttnTransformerLM(**small_dual_lm_kwargs(shared)).double().eval()
+    idx = torch.randint(0, 11, (2, 8))
+    want = ref(idx)[0]
+    kwargs = small_dual_lm_kwargs(shared)
     torch.save({f"_orig_mod.{k}": v for k, v in ref.state_dict().items()}, tmp_path / "ckpt.pt")
     compiled = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     deduplicated = {
