@@ -248,5 +248,7 @@ def test_convert_state_dict_drops_the_compile_prefix():
 
 
 def test_port_refuses_other_modules():
-    with pytest.raises(ValueError, match="unknown dual_attention class .*Valid: Attention, DecoderBlock"):
+    with pytest.raises(
+        ValueError, match="unknown dual_attention class .*Valid: Attention, DecoderBlock"
+    ):
         port(torch.nn.Linear(2, 2))

@@ -1,8 +1,22 @@
 """Attention mechanisms: nn.Modules that own parameters and call a kernel family."""
 
+from attn_zoo.mechanisms.additive import AdditiveAttention
+from attn_zoo.mechanisms.axial import AxialAttention
 from attn_zoo.mechanisms.base import AttentionMechanism
 from attn_zoo.mechanisms.dual import DualAttention
+from attn_zoo.mechanisms.linear import LinearAttention
+from attn_zoo.mechanisms.msa import MSAColumnAttention, MSARowAttention
 from attn_zoo.mechanisms.relational import RelationalAttention
 from attn_zoo.mechanisms.standard import StandardAttention
 
-__all__ = ["AttentionMechanism", "DualAttention", "RelationalAttention", "StandardAttention"]
+__all__ = [
+    "AdditiveAttention",
+    "AttentionMechanism",
+    "AxialAttention",
+    "DualAttention",
+    "LinearAttention",
+    "MSAColumnAttention",
+    "MSARowAttention",
+    "RelationalAttention",
+    "StandardAttention",
+]

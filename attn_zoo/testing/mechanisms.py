@@ -40,9 +40,14 @@ def assert_mechanism_backends_agree(
     dtype: torch.dtype = torch.float32,
     backends: Sequence[str] | None = None,
     seed: int = 0,
+    shape: Sequence[int] | None = None,
 ) -> dict[str, str]:
     """Build `mechanism` with `kwargs`, run each backend on one random input (batch, length,
     d_model) and check output and gradients against the float64 ``naive`` backend.
+
+    shape: the input's shape instead of (batch, length, d_model), for mechanisms whose input
+    has another rank or layout (axial attention, MSA attention); `batch` and `length` are then
+    unused.
 
     backends: names to check, each must serve the call (else UnsupportedCallError); default:
     every name `list_backends(mechanism)` gives, those that cannot serve reported as skipped.
@@ -51,15 +56,16 @@ def assert_mechanism_backends_agree(
     torch.manual_seed(seed)
     module = build(mechanism, backend="naive", **kwargs).eval().to(dtype)
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, length, kwargs["d_model"], generator=gen, dtype=torch.float64).to(dtype)
+    shape = (batch, length, kwargs["d_model"]) if shape is None else tuple(shape)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
     call = {"attn_mask": attn_mask, "is_causal": is_causal}
     if symbols is not None:
         call["symbols"] = symbols.to(dtype)
     reference = copy.deepcopy(module).double()
     ref_call = {**call, "symbols": call["symbols"].double()} if symbols is not None else call
     with torch.no_grad():
-        shape = reference(x.double(), **ref_call).shape
-    cotangent = torch.randn(shape, generator=gen, dtype=torch.float64)
+        out_shape = reference(x.double(), **ref_call).shape
+    cotangent = torch.randn(out_shape, generator=gen, dtype=torch.float64)
     want = _outputs_and_grads(reference, x.double(), cotangent, **ref_call)
 
     report = {}
@@ -76,7 +82,7 @@ def assert_mechanism_backends_agree(
             raise AssertionError(
                 f"mechanism {mechanism!r} backend {name!r} disagrees with the float64 naive "
                 f"reference ({dtype}):\n  " + "\n  ".join(failures) + f"\nkwargs: {dict(kwargs)}, "
-                f"batch {batch}, length {length}, causal {is_causal}, "
+                f"input {tuple(x.shape)}, causal {is_causal}, "
                 f"mask {None if attn_mask is None else tuple(attn_mask.shape)}, seed {seed}"
             )
         report[name] = "ok"

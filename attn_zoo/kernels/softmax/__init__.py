@@ -58,7 +58,7 @@ register_backend(
 )(xformers)
 
 
-def _check_inputs(q, k, v, attn_mask, dropout_p) -> torch.Tensor | None:
+def check_qkv(q, k, v, attn_mask, dropout_p) -> torch.Tensor | None:
     """Validate shapes and options; returns the mask viewed as 4-D (or None)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
@@ -121,7 +121,7 @@ def softmax_attention(
     backend: str = "auto",
 ) -> torch.Tensor:
     """Softmax attention by the named backend (see module docstring); (B, H, N, dv)."""
-    mask = _check_inputs(q, k, v, attn_mask, dropout_p)
+    mask = check_qkv(q, k, v, attn_mask, dropout_p)
     chosen = SOFTMAX.select(backend, describe_call(q, k, v, mask, is_causal, scale, dropout_p))
     return chosen.fn(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p)
 

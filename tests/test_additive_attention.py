@@ -1,0 +1,224 @@
+"""Additive attention (Fastformer): the scan backend and the mechanism against the float64
+naive reference, outputs and gradients; numerical stability; causal form; clear errors."""
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+from einops import einsum
+from hypothesis import given
+from hypothesis import strategies as st
+
+import attn_zoo as az
+from attn_zoo.kernels import UnsupportedCallError
+from attn_zoo.kernels.additive import additive_attention
+from attn_zoo.kernels.additive.scan import scan
+from attn_zoo.nn.rotary import Rotary, rotary_tables
+from attn_zoo.testing import (
+    AttentionProblem,
+    assert_backends_agree,
+    assert_mechanism_backends_agree,
+    attention_problems,
+    lengths,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdditiveProblem(AttentionProblem):
+    """An AttentionProblem (self-attention: q, k, v of one shape) plus the per-head scoring
+    vectors wq, wk (heads, key_dim) of the additive family; `score_scale` stretches them."""
+
+    score_scale: float = 1.0
+
+    def inputs(self, dtype=None, device="cpu"):
+        inputs = super().inputs(dtype, device)
+        gen = torch.Generator().manual_seed(self.seed + 1)
+        for name in ("wq", "wk"):
+            w = torch.randn(self.heads, self.key_dim, generator=gen, dtype=torch.float64)
+            w = (w * self.score_scale).to(inputs["q"].dtype).to(device)
+            inputs[name] = w.requires_grad_(True)
+        return inputs
+
+
+def additive_problems(**kwargs):
+    kwargs.update(same_lengths=True, same_widths=True, max_groups=1)
+    return attention_problems(**kwargs).map(
+        lambda p: AdditiveProblem(**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)})
+    )
+
+
+KEY_MASKS = ("none", "key_padding")  # masks the scan serves
+
+
+@given(additive_problems(masks=KEY_MASKS))
+def test_scan_agrees_float32(problem):
+    assert assert_backends_agree(problem, "additive", backends=["scan"]) == {"scan": "ok"}
+
+
+@given(
+    additive_problems(dtypes=(torch.float64,), max_len=40, masks=KEY_MASKS, causal=(True,)),
+    st.sampled_from([1, 4, 7]),
+)
+def test_scan_multi_block_float64(problem, block):
+    """Small blocks: the scan over block states carries most of each prefix."""
+    assert_backends_agree(
+        problem, "additive", backends=[], kernels={"scan": functools.partial(scan, block=block)}
+    )
+
+
+@given(additive_problems(dtypes=(torch.float16, torch.bfloat16), max_len=24, masks=KEY_MASKS))
+def test_half_precision(problem):
+    assert_backends_agree(problem, "additive", backends=["scan"])
+
+
+@pytest.mark.parametrize("block", [4, 64])
+def test_scan_is_stable_when_scores_span_more_than_exp_can_hold(block):
+    """Scores spread over thousands: e^(a - c) for any one constant c overflows or underflows
+    (float32 range about +-88, float64 +-709), yet the running-max scan stays finite and exact.
+    float32 compares outputs only: at scores this large the gradients are ill-conditioned
+    (float32 rounding of the scores times scoring vectors of size ~600) in every backend."""
+    problem = AdditiveProblem(q_len=150, k_len=150, is_causal=True, seed=5, score_scale=600.0)
+    x = problem.inputs(torch.float64)
+    spread = einsum(x["q"], x["wq"], "b h n d, h d -> b h n").detach() * 0.5
+    assert float(spread.amax(-1).amin() - spread.amin(-1).amax()) > 2000
+    kernels = {"scan": functools.partial(scan, block=block)}
+    assert_backends_agree(problem, "additive", backends=[], kernels=kernels, grads=False)
+    problem = dataclasses.replace(problem, dtype=torch.float64)
+    assert_backends_agree(problem, "additive", backends=[], kernels=kernels)
+
+
+def test_non_causal_is_the_papers_global_form():
+    """One global query and key per sequence, written independently of the backends."""
+    x = AdditiveProblem(q_len=9, k_len=9, key_dim=5, value_dim=5, dtype=torch.float64).inputs()
+    q, k, v, wq, wk = (x[n] for n in ("q", "k", "v", "wq", "wk"))
+    s = 5**-0.5
+    alpha = (einsum(q, wq, "b h n d, h d -> b h n") * s).softmax(-1)
+    gq = einsum(alpha, q, "b h n, b h n d -> b h d")
+    p = gq[:, :, None] * k
+    beta = (einsum(p, wk, "b h n d, h d -> b h n") * s).softmax(-1)
+    want = einsum(beta, p, "b h n, b h n d -> b h d")[:, :, None] * v
+    for backend in ("naive", "scan"):
+        got = additive_attention(q, k, v, wq, wk, backend=backend)
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+
+
+def test_query_dependent_masks_are_served_by_naive_only():
+    problem = AdditiveProblem(mask="random", q_len=6, k_len=6, seed=2)
+    report = assert_backends_agree(problem, "additive")
+    assert report["naive"] == "ok" and "depend on the query" in report["scan"]
+    with pytest.raises(UnsupportedCallError, match="'scan'.*depend on the query.*can: naive"):
+        additive_attention(**problem.inputs(), backend="scan")
+
+
+@pytest.mark.parametrize("backend", ["naive", "scan"])
+def test_row_with_no_key_gives_zeros_and_finite_grads(backend):
+    x = AdditiveProblem(q_len=5, k_len=5, mask="key_padding", is_causal=True, seed=1).inputs()
+    x["attn_mask"] = torch.arange(5).view(1, 1, 1, 5) >= 2  # causal rows 0, 1 see no key
+    out = additive_attention(**x, backend=backend)
+    assert torch.equal(out[:, :, :2], torch.zeros_like(out[:, :, :2]))
+    grads = torch.autograd.grad(out.square().sum(), [x[n] for n in ("q", "k", "v", "wq", "wk")])
+    assert all(g.isfinite().all() for g in grads)
+
+
+@given(
+    st.integers(1, 3),
+    lengths(20),
+    st.booleans(),
+    st.sampled_from(["none", "padding", "per_query"]),
+    st.integers(0, 999),
+)
+def test_mechanism_backends_agree(n_heads, length, is_causal, mask_kind, seed):
+    gen = torch.Generator().manual_seed(seed)
+    mask = {
+        "none": None,
+        "padding": torch.rand(2, 1, 1, length, generator=gen) < 0.7,
+        "per_query": torch.rand(2, 1, length, length, generator=gen) < 0.7,
+    }[mask_kind]
+    report = assert_mechanism_backends_agree(
+        "additive",
+        dict(d_model=4 * n_heads, n_heads=n_heads),
+        length=length,
+        attn_mask=mask,
+        is_causal=is_causal,
+        seed=seed,
+    )
+    assert report["naive"] == "ok"
+    per_query = mask_kind == "per_query" and length > 1
+    assert (report["scan"] == "ok") != per_query
+    assert (report["chunked"] == "ok") == (report["scan"] == "ok")  # the chunked tier is scan
+
+
+@pytest.mark.parametrize("backend", ["naive", "scan"])
+def test_causal_output_ignores_future_tokens(backend):
+    torch.manual_seed(0)
+    m = az.build("additive", backend=backend, d_model=12, n_heads=3)
+    x = torch.randn(2, 11, 12)
+    changed = x.clone()
+    changed[:, 7:] = torch.randn(2, 4, 12)
+    torch.testing.assert_close(m(x, is_causal=True)[:, :7], m(changed, is_causal=True)[:, :7])
+    assert not torch.allclose(m(x)[:, :7], m(changed)[:, :7])  # non-causal: it does see them
+
+
+def test_causal_language_model_form_trains_a_few_steps():
+    torch.manual_seed(0)
+    m = az.build("additive", d_model=16, n_heads=2)
+    x, target = torch.randn(8, 10, 16), torch.randn(8, 10, 16)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(20):
+        loss = (m(x, is_causal=True) - target).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.9 * losses[0]
+
+
+def test_state_dict_and_backends():
+    m = az.build("additive", d_model=8, n_heads=2, bias=False)
+    assert {k: tuple(v.shape) for k, v in m.state_dict().items()} == {
+        "wq.weight": (8, 8), "wk.weight": (8, 8), "wv.weight": (8, 8),
+        "query_score": (2, 4), "key_score": (2, 4), "wr.weight": (8, 8), "wo.weight": (8, 8),
+    }  # fmt: skip
+    assert az.list_backends("additive") == ["scan", "naive", "chunked"]
+    ok, reason = az.backend_status("additive", "chunked")
+    assert ok and "scan" in reason
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: az.build("additive", d_model=10, n_heads=4), "d_model=10 must be divisible"),
+        (lambda: az.build("additive", backend="fused", d_model=8, n_heads=2), "Valid: auto"),
+        (
+            lambda: az.build("additive", d_model=8, n_heads=2)(torch.randn(1, 3, 8), torch.ones(1)),
+            "reads no symbols",
+        ),
+        (
+            lambda: additive_attention(
+                torch.randn(1, 2, 3, 4),
+                torch.randn(1, 2, 5, 4),
+                torch.randn(1, 2, 3, 4),
+                torch.randn(2, 4),
+                torch.randn(2, 4),
+            ),
+            r"k \(1, 2, 5, 4\): q, k and v must all be",
+        ),
+        (
+            lambda: additive_attention(
+                *(torch.randn(1, 2, 3, 4) for _ in range(3)), torch.randn(4), torch.randn(2, 4)
+            ),
+            r"wq \(4,\) must be \(H, d\)",
+        ),
+        (
+            lambda: az.build("additive", d_model=8, n_heads=2)(
+                torch.randn(1, 3, 8), rope=Rotary(*rotary_tables(4, 3))
+            ),
+            "additive attention does not support rope",
+        ),
+    ],
+)
+def test_errors_name_the_option_and_what_is_valid(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

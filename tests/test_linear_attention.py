@@ -1,0 +1,180 @@
+"""Linear attention (Katharopoulos et al. 2020): kernel backends and the mechanism against the
+float64 naive reference, outputs and gradients; the contract's edge cases; clear errors."""
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+from einops import einsum
+from hypothesis import given
+from hypothesis import strategies as st
+
+import attn_zoo as az
+from attn_zoo.kernels import UnsupportedCallError
+from attn_zoo.kernels.linear import elu_feature_map, linear_attention
+from attn_zoo.kernels.linear.chunked import chunked
+from attn_zoo.nn.rotary import Rotary, rotary_tables
+from attn_zoo.testing import (
+    AttentionProblem,
+    assert_backends_agree,
+    assert_mechanism_backends_agree,
+    attention_problems,
+    lengths,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearProblem(AttentionProblem):
+    """An AttentionProblem for the linear family, whose kernels take no scale."""
+
+    def inputs(self, dtype=None, device="cpu"):
+        inputs = super().inputs(dtype, device)
+        del inputs["scale"]
+        return inputs
+
+
+def linear_problems(**kwargs):
+    """The kit's attention problems (GQA, dv != dk, lengths 1 and odd ...), as LinearProblems."""
+    kwargs.setdefault("scales", st.none())
+    return attention_problems(**kwargs).map(
+        lambda p: LinearProblem(**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)})
+    )
+
+
+KEY_MASKS = ("none", "key_padding")  # masks the chunked backend serves
+
+
+@given(linear_problems(masks=KEY_MASKS))
+def test_chunked_agrees_float32(problem):
+    assert assert_backends_agree(problem, "linear", backends=["chunked"]) == {"chunked": "ok"}
+
+
+@given(linear_problems(dtypes=(torch.float64,), max_len=40), st.sampled_from([1, 3, 8]))
+def test_chunked_multi_chunk_float64(problem, chunk):
+    """Small chunks: many chunks, the recurrent state carries most of the sum."""
+    if problem.mask not in KEY_MASKS:
+        problem = dataclasses.replace(problem, mask="key_padding")
+    assert_backends_agree(
+        problem, "linear", backends=[], kernels={"chunked": functools.partial(chunked, chunk=chunk)}
+    )
+
+
+@given(linear_problems(dtypes=(torch.float16, torch.bfloat16), max_len=24, masks=KEY_MASKS))
+def test_half_precision(problem):
+    assert_backends_agree(problem, "linear", backends=["chunked"])
+
+
+def test_query_dependent_masks_are_served_by_naive_only():
+    problem = LinearProblem(mask="empty_rows", is_causal=True, q_len=6, k_len=6, seed=2)
+    report = assert_backends_agree(problem, "linear")
+    assert report["naive"] == "ok" and "depend on the query" in report["chunked"]
+    with pytest.raises(UnsupportedCallError, match="'chunked'.*depend on the query.*can: naive"):
+        linear_attention(**problem.inputs(), backend="chunked")
+
+
+def test_non_causal_is_the_papers_factorised_form():
+    """phi(Q) (phi(K)^T V) / phi(Q) sum_j phi(k_j), written independently of the backends."""
+    x = LinearProblem(q_len=7, k_len=5, key_dim=3, value_dim=6, dtype=torch.float64).inputs()
+    fq, fk = elu_feature_map(x["q"]), elu_feature_map(x["k"])
+    kv = einsum(fk, x["v"], "b h m d, b h m e -> b h d e")
+    want = einsum(fq, kv, "b h n d, b h d e -> b h n e") / einsum(
+        fq, fk.sum(2), "b h n d, b h d -> b h n"
+    ).unsqueeze(-1)
+    for backend in ("naive", "chunked"):
+        torch.testing.assert_close(
+            linear_attention(x["q"], x["k"], x["v"], backend=backend), want, atol=1e-12, rtol=0
+        )
+
+
+@pytest.mark.parametrize("backend", ["naive", "chunked"])
+def test_row_with_no_key_gives_zeros_and_finite_grads(backend):
+    x = LinearProblem(q_len=5, k_len=5, mask="key_padding", seed=1).inputs()
+    x["attn_mask"] = torch.zeros_like(x["attn_mask"])
+    x["attn_mask"][0, ..., 3:] = True  # batch 0 sees keys 3, 4; causal rows 0..2 see none
+    out = linear_attention(**{**x, "is_causal": True}, backend=backend)
+    assert torch.equal(out[0, :, :3], torch.zeros_like(out[0, :, :3]))
+    assert bool(out[0, :, 3:].abs().sum() > 0)
+    grads = torch.autograd.grad(out.square().sum(), [x["q"], x["k"], x["v"]])
+    assert all(g.isfinite().all() for g in grads)
+
+
+@given(
+    st.integers(1, 3).flatmap(lambda h: st.tuples(st.just(h), st.sampled_from([1, h]))),
+    st.sampled_from([None, 3]),
+    lengths(20),
+    st.booleans(),
+    st.sampled_from(["none", "padding", "per_query"]),
+    st.integers(0, 999),
+)
+def test_mechanism_backends_agree(heads, key_dim, length, is_causal, mask_kind, seed):
+    n_heads, n_kv_heads = heads
+    gen = torch.Generator().manual_seed(seed)
+    mask = {
+        "none": None,
+        "padding": torch.rand(2, 1, 1, length, generator=gen) < 0.7,
+        "per_query": torch.rand(2, 1, length, length, generator=gen) < 0.7,
+    }[mask_kind]
+    kwargs = dict(d_model=4 * n_heads, n_heads=n_heads, n_kv_heads=n_kv_heads, key_dim=key_dim)
+    report = assert_mechanism_backends_agree(
+        "linear", kwargs, length=length, attn_mask=mask, is_causal=is_causal, seed=seed
+    )
+    assert report["naive"] == "ok"
+    per_query = mask_kind == "per_query" and length > 1
+    assert (report["chunked"] == "ok") != per_query
+
+
+@pytest.mark.parametrize("backend", ["naive", "chunked"])
+def test_causal_output_ignores_future_tokens(backend):
+    torch.manual_seed(0)
+    m = az.build("linear", backend=backend, d_model=12, n_heads=3)
+    x = torch.randn(2, 11, 12)
+    changed = x.clone()
+    changed[:, 7:] = torch.randn(2, 4, 12)
+    torch.testing.assert_close(m(x, is_causal=True)[:, :7], m(changed, is_causal=True)[:, :7])
+    assert not torch.allclose(m(x)[:, :7], m(changed)[:, :7])  # non-causal: it does see them
+
+
+def test_state_dict_and_backends():
+    m = az.build("linear", d_model=8, n_heads=2, n_kv_heads=1, key_dim=3)
+    assert {k: tuple(v.shape) for k, v in m.state_dict().items()} == {
+        "wq.weight": (6, 8), "wq.bias": (6,), "wk.weight": (3, 8), "wk.bias": (3,),
+        "wv.weight": (4, 8), "wv.bias": (4,), "wo.weight": (8, 8), "wo.bias": (8,),
+    }  # fmt: skip
+    assert az.list_backends("linear") == ["chunked", "naive"]
+    with pytest.raises(ValueError, match="Valid: auto, chunked, naive"):
+        m.backend = "fused"
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: az.build("linear", d_model=10, n_heads=4), "d_model=10 must be divisible"),
+        (lambda: az.build("linear", d_model=8, n_heads=2, key_dim=0), "key_dim=0"),
+        (
+            lambda: az.build("linear", d_model=8, n_heads=2)(torch.randn(1, 3, 8), torch.randn(1)),
+            "reads no symbols",
+        ),
+        (
+            lambda: az.build("linear", d_model=8, n_heads=2)(
+                torch.randn(1, 3, 8), attn_mask=torch.ones(1, 1, 3, 3)
+            ),
+            "attn_mask must be boolean",
+        ),
+        (
+            lambda: az.build("linear", backend="chunked", d_model=8, n_heads=2)(
+                torch.randn(1, 3, 8), attn_mask=torch.eye(3, dtype=torch.bool)
+            ),
+            "linear backend 'chunked' cannot serve.*depend on the query",
+        ),
+        (
+            lambda: az.build("linear", d_model=8, n_heads=2)(
+                torch.randn(1, 3, 8), rope=Rotary(*rotary_tables(4, 3))
+            ),
+            "linear attention does not support rope",
+        ),
+    ],
+)
+def test_errors_name_the_option_and_what_is_valid(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
