@@ -193,10 +193,11 @@ def measure(
     repeats: int = 5,
     device: str = "cpu",
     baselines: Sequence[str] = ("naive", "sdpa"),
+    memory: bool = True,
 ) -> pd.DataFrame:
     """A row per (workload, N): fwd_ms, fwd_bwd_ms, train_peak_mb, ratios to each baseline
     label measured in this run (fwd_vs_, time_vs_ for fwd+bwd, mem_vs_ for training peak
-    memory), and a note when a workload could not run."""
+    memory; memory=False skips measuring it), and a note when a workload could not run."""
     rows = []
     for n in lengths:
         for w in workloads:
@@ -207,7 +208,9 @@ def measure(
                     row["fwd_ms"] = median_ms(w.make(n, False, device), repeats, device)
                 step = forward_backward(w.make(n, True, device))
                 row["fwd_bwd_ms"] = median_ms(step, repeats, device)
-                if device == "cuda":
+                if not memory:
+                    pass
+                elif device == "cuda":
                     row["train_peak_mb"] = peak_memory_mb(step, device)
                 else:
                     row["train_peak_mb"] = isolated_peak_memory_mb(w, n)
@@ -235,6 +238,7 @@ def bench_softmax(
     head_dim: int = 64,
     causal: bool = True,
     dtype: str = "float32",
+    memory: bool = True,
 ) -> pd.DataFrame:
     """Every softmax backend usable on `device` (or `backends`), over `lengths`."""
     if backends is None:
@@ -242,7 +246,7 @@ def bench_softmax(
         backends = [b for b in fam.backends if fam.status(b, device)[0]]
     shape = dict(batch=batch, heads=heads, head_dim=head_dim, dtype=dtype)
     workloads = [Workload(b, "softmax", b, shape, causal=causal) for b in backends]
-    return measure(workloads, lengths, repeats, device)
+    return measure(workloads, lengths, repeats, device, memory=memory)
 
 
 def reference_package() -> str | None:
@@ -302,8 +306,47 @@ def bench_relational(
     heads: int = 4,
     causal: bool = True,
     device: str = "cpu",
+    memory: bool = True,
 ) -> pd.DataFrame:
     """Our relational or dual attention on every backend beside the reference package and a
     standard SDPA layer, ratios to both (time_vs_reference, time_vs_standard_sdpa, ...)."""
     workloads = relational_workloads(suite, d_model, heads, causal)
-    return measure(workloads, lengths, repeats, device, baselines=("reference", "standard_sdpa"))
+    baselines = ("reference", "standard_sdpa")
+    return measure(workloads, lengths, repeats, device, baselines, memory)
+
+
+SEQUENCE_MECHANISMS = {  # name -> kwargs beside d_model, for the `mechanisms` suite
+    "standard": lambda heads: dict(n_heads=heads),
+    "linear": lambda heads: dict(n_heads=heads),
+    "additive": lambda heads: dict(n_heads=heads),
+    "axial": lambda heads: dict(n_heads=heads, n_axes=1),
+}
+
+
+def bench_mechanisms(
+    lengths: Sequence[int] = (512, 1024, 2048, 4096),
+    repeats: int = 3,
+    d_model: int = 512,
+    heads: int = 8,
+    causal: bool = True,
+    device: str = "cpu",
+    memory: bool = True,
+) -> pd.DataFrame:
+    """Sequence mechanisms other than the relational family, each on every backend it has,
+    as layers on (1, N, d_model); ratios to standard attention on SDPA (standard:sdpa)."""
+    from attn_zoo.registry import list_backends
+
+    workloads = [
+        Workload(
+            f"{name}:{backend}",
+            "mechanism",
+            name,
+            dict(d_model=d_model, **kwargs(heads)),
+            backend,
+            causal,
+        )
+        for name, kwargs in SEQUENCE_MECHANISMS.items()
+        for backend in list_backends(name)
+        if backend not in ("flex", "xformers")  # no CPU backward / no CPU kernels
+    ]
+    return measure(workloads, lengths, repeats, device, ("standard:sdpa",), memory)

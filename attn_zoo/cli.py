@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 DTYPES = ("bfloat16", "float16", "float32")
-SUITES = ("softmax", "relational", "dual")
+SUITES = ("softmax", "relational", "dual", "mechanisms")
 DEFAULT_LENGTHS = {"softmax": [256, 512, 1024, 2048, 4096], "relational": [512, 1024, 2048, 4096]}
 
 
@@ -21,6 +21,11 @@ def _title(suite: str, args: argparse.Namespace) -> str:
             f"softmax attention kernel: batch {args.batch}, {args.heads} heads of width "
             f"{args.head_dim}, {causal}, {args.dtype}"
         )
+    if suite == "mechanisms":
+        return (
+            f"attention layers: d_model {args.d_model}, {args.heads} heads, batch 1, {causal}, "
+            "float32; ratios to standard attention on SDPA"
+        )
     heads = args.ra_heads if suite == "relational" else f"{args.ra_heads}+{args.ra_heads}"
     return (
         f"{suite} attention layer: d_model {args.d_model}, {heads} heads, batch 1, {causal}, "
@@ -29,7 +34,7 @@ def _title(suite: str, args: argparse.Namespace) -> str:
 
 
 def _bench(args: argparse.Namespace) -> None:
-    from attn_zoo.bench import bench_relational, bench_softmax, machine
+    from attn_zoo.bench import bench_mechanisms, bench_relational, bench_softmax, machine
 
     print(f"machine: {machine()}")
     for suite in args.suite:
@@ -38,12 +43,19 @@ def _bench(args: argparse.Namespace) -> None:
             table = bench_softmax(
                 lengths=lengths, backends=args.backends, repeats=args.repeats, device=args.device,
                 batch=args.batch, heads=args.heads, head_dim=args.head_dim,
-                causal=not args.no_causal, dtype=args.dtype,
+                causal=not args.no_causal, dtype=args.dtype, memory=not args.no_memory,
+            )  # fmt: skip
+        elif suite == "mechanisms":
+            table = bench_mechanisms(
+                lengths=lengths, repeats=args.repeats, d_model=args.d_model,
+                heads=args.heads, causal=not args.no_causal, device=args.device,
+                memory=not args.no_memory,
             )  # fmt: skip
         else:
             table = bench_relational(
                 suite, lengths=lengths, repeats=args.repeats, d_model=args.d_model,
                 heads=args.ra_heads, causal=not args.no_causal, device=args.device,
+                memory=not args.no_memory,
             )  # fmt: skip
         title = _title(suite, args)
         print(f"\n{title}, median of {args.repeats}")
@@ -64,6 +76,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=5)
     b.add_argument("--no-causal", action="store_true")
     b.add_argument("--device", default="cpu")
+    b.add_argument("--no-memory", action="store_true", help="skip the peak memory measurement")
     b.add_argument("--csv-dir", default=None, help="also write bench_<suite>.csv files here")
     k = b.add_argument_group("softmax suite")
     k.add_argument("--backends", nargs="+", default=None, help="default: all usable here")

@@ -6,6 +6,7 @@ import torch
 
 from attn_zoo.bench import (
     Workload,
+    bench_mechanisms,
     bench_relational,
     bench_softmax,
     isolated_peak_memory_mb,
@@ -16,7 +17,7 @@ from attn_zoo.cli import main
 
 
 def test_softmax_table_has_every_backend_and_ratios_from_the_same_run():
-    table = bench_softmax(lengths=[16, 33], repeats=1, heads=2, head_dim=8)
+    table = bench_softmax(lengths=[16, 33], repeats=1, heads=2, head_dim=8, memory=False)
     assert set(table.backend) == {"naive", "chunked", "sdpa", "flex"}  # xformers: no CPU kernels
     assert sorted(set(table.N)) == [16, 33]
     sdpa = table[table.backend == "sdpa"]
@@ -53,8 +54,21 @@ def test_isolated_memory_grows_quadratically_for_naive_and_linearly_for_chunked(
 
 def test_cli_prints_the_machine_and_tables(capsys, tmp_path):
     argv = ["bench", "--lengths", "8", "--repeats", "1", "--backends", "naive", "sdpa"]
-    assert main([*argv, "--d-model", "16", "--ra-heads", "2", "--csv-dir", str(tmp_path)]) == 0
+    assert (
+        main(
+            [*argv, "--d-model", "16", "--ra-heads", "2", "--no-memory", "--csv-dir", str(tmp_path)]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert machine() in out and "time_vs_sdpa" in out and "time_vs_reference" in out
-    for suite in ("softmax", "relational", "dual"):
+    for suite in ("softmax", "relational", "dual", "mechanisms"):
         assert (tmp_path / f"bench_{suite}.csv").read_text().startswith("backend,N,")
+
+
+def test_mechanisms_suite_covers_each_sequence_mechanism_backend():
+    table = bench_mechanisms(lengths=[8], repeats=1, d_model=16, heads=2, memory=False)
+    assert {"standard:sdpa", "linear:chunked", "additive:scan", "axial:chunked"} <= set(
+        table.backend
+    )
+    assert (table[table.backend == "standard:sdpa"]["time_vs_standard:sdpa"] == 1).all()
