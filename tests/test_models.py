@@ -219,3 +219,28 @@ def test_rope_half_split_is_interleaved_on_permuted_features():
     a = rot.apply(q.expand(1, 1, 6, 8).contiguous())[0, 0]
     b = rot.apply(k.expand(1, 1, 6, 8).contiguous())[0, 0]
     torch.testing.assert_close(a[3] @ b[1], a[4] @ b[2])
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "kwargs"),
+    [
+        ("msa_row", dict(n_heads=2)),
+        ("msa_row", dict(n_heads=2, tied=True)),
+        ("msa_column", dict(n_heads=2)),
+    ],
+)
+def test_msa_mechanisms_train_in_a_block_stack(mechanism, kwargs):
+    """MSA attention is not for token sequences; it runs in the generic block on (B, R, C, D)."""
+    assert mechanism in NOT_SEQUENCE
+    torch.manual_seed(0)
+    stack = torch.nn.Sequential(*(Block(D, mechanism, kwargs) for _ in range(2)))
+    msa, target = torch.randn(3, 4, 6, D), torch.randn(3, 4, 6, D)
+    opt = torch.optim.AdamW(stack.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(15):
+        loss = (stack(msa) - target).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
