@@ -97,6 +97,15 @@ def grads(out, x, symbols, module):
     return named
 
 
+def run_ported(module, x, symbols, kw, relative, reference_output):
+    """Output and grads (x, absolute symbols, parameters); reference modules return tuples."""
+    x_ = x.clone().requires_grad_(True)
+    s_ = symbols if relative else symbols.detach().clone().requires_grad_(True)
+    out = module(x_, s_, **kw)
+    out = out[0] if reference_output else out
+    return {"output": out, **grads(out, x_, s_, module)}
+
+
 def assert_ported_agrees(reference, ours, run_ref, run_ours, backends):
     """Outputs and grads of ours on each backend vs the reference; returns backends run."""
     want = run_ref(reference)
@@ -131,21 +140,11 @@ def test_relational_attention_matches_reference(config, call):
     x, ref_kw, our_kw = make_inputs(call, d_model, reference.key_dim)
     ref_s, our_s = symbols_pair(call, d_model, x)
 
-    def run(module, symbols, kw, first):
-        x_ = x.clone().requires_grad_(True)
-        s_ = (
-            symbols.detach().clone().requires_grad_(True)
-            if call["max_rel_pos"] is None
-            else symbols
-        )
-        out = module(x_, s_, **kw)
-        out = out[0] if first else out
-        return {"output": out, **grads(out, x_, s_, module)}
-
+    relative = call["max_rel_pos"] is not None
     assert_ported_agrees(
         reference, ours,
-        lambda m: run(m, ref_s, ref_kw, True),
-        lambda m: run(m, our_s, our_kw, False),
+        lambda m: run_ported(m, x, ref_s, ref_kw, relative, reference_output=True),
+        lambda m: run_ported(m, x, our_s, our_kw, relative, reference_output=False),
         ["naive", "chunked", "fused"],
     )  # fmt: skip
 
@@ -173,21 +172,11 @@ def test_dual_attention_matches_reference(n_sa, n_ra, share, data, call):
     x, ref_kw, our_kw = make_inputs(call, d_model, d_model // (n_sa + n_ra))
     ref_s, our_s = symbols_pair(call, d_model, x)
 
-    def run(module, symbols, kw, first):
-        x_ = x.clone().requires_grad_(True)
-        s_ = (
-            symbols.detach().clone().requires_grad_(True)
-            if call["max_rel_pos"] is None
-            else symbols
-        )
-        out = module(x_, s_, **kw)
-        out = out[0] if first else out
-        return {"output": out, **grads(out, x_, s_, module)}
-
+    relative = call["max_rel_pos"] is not None
     assert_ported_agrees(
         reference, ours,
-        lambda m: run(m, ref_s, ref_kw, True),
-        lambda m: run(m, our_s, our_kw, False),
+        lambda m: run_ported(m, x, ref_s, ref_kw, relative, reference_output=True),
+        lambda m: run_ported(m, x, our_s, our_kw, relative, reference_output=False),
         ["naive", "chunked", "fused"],
     )  # fmt: skip
 
