@@ -1,0 +1,34 @@
+"""Offline synthetic tasks for the ablation runner: `build_task(name, ...).splits(seed)`.
+
+Importing this package registers every task below; see `registry` for the API.
+"""
+
+from . import contains_set, copying, count_compare, match_pattern, mqar, same_pair, sorting
+from .registry import (
+    IGNORE_INDEX,
+    KINDS,
+    Split,
+    Task,
+    build_task,
+    list_tasks,
+    register_task,
+    task_arguments,
+)
+
+__all__ = [
+    "IGNORE_INDEX",
+    "KINDS",
+    "Split",
+    "Task",
+    "build_task",
+    "contains_set",
+    "copying",
+    "count_compare",
+    "list_tasks",
+    "match_pattern",
+    "mqar",
+    "register_task",
+    "same_pair",
+    "sorting",
+    "task_arguments",
+]

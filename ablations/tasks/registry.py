@@ -1,0 +1,132 @@
+"""The task registry and the small API every synthetic task follows.
+
+A task is a frozen dataclass registered under a name::
+
+    @register_task("same_pair")
+    @dataclass(frozen=True)
+    class SamePair(Task):
+        kind: ClassVar[str] = "classification"
+        ...
+        def generate(self, n, generator): ...  # -> (inputs, targets)
+
+    task = build_task("same_pair", vocab_size=32, n_train=1000)
+    data = task.splits(seed=0)  # {"train": Split, "validation": Split, "test": Split}
+
+A task exposes `kind` (one of `KINDS`), `vocab_size`, `seq_len` (the input length; image tasks
+give `image_shape` instead), `num_classes` where relevant, and `splits(seed)`. Everything is
+generated offline by vectorised torch code from one `torch.Generator` seeded with `seed`, so the
+same seed gives the same tensors on every machine and run.
+
+Targets: classification tasks give one class id per example, shape ``(n,)``; language-model
+tasks give one next-token target per input position, shape ``(n, seq_len)``, with
+`IGNORE_INDEX` (-1) where a position is not scored (use ``cross_entropy(ignore_index=-1)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar, TypeVar
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from attn_zoo.kernels.dispatch import unknown_name_error
+
+KINDS = ("classification", "language_model", "seq2seq", "image_classification")
+IGNORE_INDEX = -1
+
+
+@dataclass(frozen=True)
+class Split(Dataset):
+    """One split: `inputs[i]` and `targets[i]` form example i."""
+
+    inputs: Tensor
+    targets: Tensor
+
+    def __post_init__(self) -> None:
+        if len(self.inputs) != len(self.targets):
+            raise ValueError(f"{len(self.inputs)} inputs but {len(self.targets)} targets")
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        return self.inputs[i], self.targets[i]
+
+
+@dataclass(frozen=True)
+class Task:
+    """Base of every task: split sizes, `splits(seed)`, and the contract `generate` fulfils."""
+
+    kind: ClassVar[str]
+    num_classes: ClassVar[int | None] = None
+    n_train: int = 2000
+    n_validation: int = 500
+    n_test: int = 500
+
+    def __post_init__(self) -> None:
+        for f in ("n_train", "n_validation", "n_test"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
+
+    def generate(self, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """`n` examples drawn with `generator`: ``(inputs, targets)``."""
+        raise NotImplementedError
+
+    def splits(self, seed: int) -> dict[str, Split]:
+        """Train, validation and test splits, deterministic in `seed`."""
+        generator = torch.Generator().manual_seed(seed)
+        sizes = {"train": self.n_train, "validation": self.n_validation, "test": self.n_test}
+        return {name: Split(*self.generate(n, generator)) for name, n in sizes.items()}
+
+
+def balanced_labels(n: int, num_classes: int, generator: torch.Generator) -> Tensor:
+    """`n` class ids in random order, each class appearing n // num_classes times (+1 for some)."""
+    return (torch.arange(n) % num_classes)[torch.randperm(n, generator=generator)]
+
+
+def distinct_tokens(n: int, k: int, vocab_size: int, generator: torch.Generator) -> Tensor:
+    """`(n, k)` token ids, distinct within each row, uniform over ``[0, vocab_size)``."""
+    return torch.rand(n, vocab_size, generator=generator).argsort(dim=1)[:, :k]
+
+
+T = TypeVar("T", bound=type[Task])
+_TASKS: dict[str, type[Task]] = {}
+
+
+def register_task(name: str) -> Callable[[T], T]:
+    """Class decorator: make a `Task` dataclass buildable as `build_task(name, ...)`."""
+
+    def decorate(cls: T) -> T:
+        if name in _TASKS:
+            raise ValueError(f"task {name!r} is already registered ({_TASKS[name].__name__})")
+        if cls.kind not in KINDS:
+            raise ValueError(f"task {name!r} has kind {cls.kind!r}; valid: {', '.join(KINDS)}")
+        _TASKS[name] = cls
+        return cls
+
+    return decorate
+
+
+def list_tasks() -> list[str]:
+    """Names of the registered tasks, sorted."""
+    return sorted(_TASKS)
+
+
+def task_arguments(name: str) -> list[str]:
+    """The keyword arguments `build_task(name, ...)` accepts."""
+    if name not in _TASKS:
+        raise unknown_name_error("task", name, _TASKS)
+    return [f.name for f in dataclasses.fields(_TASKS[name]) if f.init]
+
+
+def build_task(name: str, **kwargs: object) -> Task:
+    """The task `name` with `kwargs` overriding its defaults; ValueError on a bad name or kwarg."""
+    valid = task_arguments(name)
+    for key in kwargs:
+        if key not in valid:
+            raise unknown_name_error(f"argument of task {name!r}", key, valid)
+    return _TASKS[name](**kwargs)
