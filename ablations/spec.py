@@ -58,7 +58,6 @@ TRAINING_DEFAULTS = {
     "schedule": "cosine",
     "grad_clip": 1.0,
     "eval_every": 50,
-    "early_stop_metric": "",
     "early_stop_target": 0.0,
 }
 SCHEDULES = ("cosine", "constant")

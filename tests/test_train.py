@@ -1,0 +1,100 @@
+"""Training one cell: deterministic on CPU, early stop, divergence, both task kinds."""
+
+import dataclasses
+
+import pytest
+
+from ablations.spec import TRAINING_DEFAULTS, Cell
+from ablations.train import lr_factor, train_cell
+
+
+def cell(**changes):
+    base = Cell(
+        grid="t",
+        task="same_pair",
+        task_kwargs=dict(n_train=256, n_validation=64, n_test=64),
+        size=dict(label="s", d_model=16, n_layers=1),
+        mechanism="std",
+        mechanism_name="standard",
+        mechanism_kwargs=dict(n_heads=2),
+        training=dict(TRAINING_DEFAULTS, steps=30, eval_every=10, batch_size=16),
+        seed=0,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def test_same_seed_same_metrics_and_curve():
+    a, b = train_cell(cell()), train_cell(cell())
+    assert a.status == "done" and a.curve == b.curve
+    assert a.metrics["test_acc"] == b.metrics["test_acc"] and a.metrics["steps"] == 30
+    assert [row[0] for row in a.curve] == [10, 20, 30]
+    assert train_cell(cell(seed=1)).curve != a.curve
+
+
+def test_early_stop_at_the_target():
+    result = train_cell(
+        cell(
+            training=dict(
+                TRAINING_DEFAULTS,
+                steps=30,
+                eval_every=10,
+                batch_size=16,
+                early_stop_target=0.01,
+            )
+        )
+    )
+    assert result.metrics["steps"] == 10 and len(result.curve) == 1
+
+
+def test_divergence_is_recorded_at_its_step():
+    wild = dict(
+        TRAINING_DEFAULTS,
+        steps=30,
+        eval_every=10,
+        batch_size=16,
+        lr=1e30,
+        warmup_steps=1,
+        grad_clip=1e30,
+    )
+    result = train_cell(cell(training=wild))
+    assert result.status == "diverged" and 1 < result.metrics["diverged_at"] <= 30
+    assert "test_acc" not in result.metrics
+
+
+@pytest.mark.parametrize(
+    ("task", "kwargs", "mechanism", "mech_kwargs"),
+    [
+        (
+            "mqar",
+            dict(
+                vocab_size=32, seq_len=16, num_kv_pairs=2, n_train=128, n_validation=32, n_test=32
+            ),
+            "standard",
+            dict(n_heads=2),
+        ),
+        (
+            "match_pattern",
+            dict(n_train=128, n_validation=32, n_test=32),
+            "dual",
+            dict(
+                n_heads_sa=1,
+                n_heads_ra=1,
+                symbol_retrieval="positional_symbols",
+                symbol_retrieval_kwargs=dict(max_length=8),
+            ),
+        ),
+    ],
+)
+def test_both_task_kinds_and_symbolic_mechanisms(task, kwargs, mechanism, mech_kwargs):
+    result = train_cell(
+        cell(task=task, task_kwargs=kwargs, mechanism_name=mechanism, mechanism_kwargs=mech_kwargs)
+    )
+    assert result.status == "done" and 0 <= result.metrics["test_acc"] <= 1
+    assert result.metrics["params"] > 0 and result.environment["torch"]
+
+
+def test_schedule_warms_up_then_decays():
+    t = dict(TRAINING_DEFAULTS, steps=100, warmup_steps=10)
+    assert lr_factor(0, t) == 0.1 and lr_factor(9, t) == 1.0
+    assert lr_factor(55, t) == pytest.approx(0.5) and lr_factor(100, t) == pytest.approx(0.0)
+    assert lr_factor(60, dict(t, schedule="constant")) == 1.0
