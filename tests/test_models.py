@@ -244,3 +244,16 @@ def test_msa_mechanisms_train_in_a_block_stack(mechanism, kwargs):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
+def test_sequence_classifier_trains(mechanism):
+    from attn_zoo.models import SequenceClassifier
+
+    attention, extra, _ = MECHANISMS[mechanism]
+    torch.manual_seed(0)
+    model = SequenceClassifier(20, 3, D, 1, mechanism, attention, max_len=8, **extra)
+    idx = torch.randint(0, 20, (6, 8), generator=torch.Generator().manual_seed(4))
+    train(model, (idx, torch.arange(6) % 3))
+    with pytest.raises(ValueError, match="pool='max'"):
+        SequenceClassifier(20, 3, D, 1, pool="max")
