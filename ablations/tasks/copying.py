@@ -30,9 +30,11 @@ def separated_lm_example(source: Tensor, answer: Tensor, sep: int) -> tuple[Tens
     return x[:, :-1], targets
 
 
-@register_task("copy")
 @dataclass(frozen=True)
-class Copy(Task):
+class SourceToAnswer(Task):
+    """``source SEP answer(source)``: random source tokens in [0, vocab_size - 1), SEP the last
+    token id; subclasses define `answer`."""
+
     kind: ClassVar[str] = "language_model"
     vocab_size: int = 16
     length: int = 16
@@ -52,6 +54,16 @@ class Copy(Task):
     def seq_len(self) -> int:
         return 2 * self.length
 
+    def answer(self, source: Tensor) -> Tensor:
+        raise NotImplementedError
+
     def generate(self, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         source = torch.randint(self.vocab_size - 1, (n, self.length), generator=generator)
-        return separated_lm_example(source, source, self.sep)
+        return separated_lm_example(source, self.answer(source), self.sep)
+
+
+@register_task("copy")
+@dataclass(frozen=True)
+class Copy(SourceToAnswer):
+    def answer(self, source: Tensor) -> Tensor:
+        return source

@@ -13,37 +13,15 @@ Literal example (vocab_size=10, length=3; SEP=9)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
-import torch
 from torch import Tensor
 
-from .copying import separated_lm_example
-from .registry import Task, register_task
+from .copying import SourceToAnswer
+from .registry import register_task
 
 
 @register_task("sort")
 @dataclass(frozen=True)
-class Sort(Task):
-    kind: ClassVar[str] = "language_model"
-    vocab_size: int = 16
-    length: int = 16
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.vocab_size < 2 or self.length < 1:
-            raise ValueError(
-                f"need vocab_size >= 2, length >= 1, got {self.vocab_size}, {self.length}"
-            )
-
-    @property
-    def sep(self) -> int:
-        return self.vocab_size - 1
-
-    @property
-    def seq_len(self) -> int:
-        return 2 * self.length
-
-    def generate(self, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        source = torch.randint(self.vocab_size - 1, (n, self.length), generator=generator)
-        return separated_lm_example(source, source.sort(dim=1).values, self.sep)
+class Sort(SourceToAnswer):
+    def answer(self, source: Tensor) -> Tensor:
+        return source.sort(dim=1).values

@@ -16,12 +16,11 @@ from torch import nn
 from attn_zoo.models.common import (
     check_tokens,
     make_blocks,
-    rope_width,
     run_blocks,
+    sequence_positions,
     symbol_retrievers,
 )
 from attn_zoo.nn.norms import create_norm
-from attn_zoo.nn.positional import build_positional
 
 
 class SequenceClassifier(nn.Module):
@@ -60,8 +59,7 @@ class SequenceClassifier(nn.Module):
             dff=dff, activation=activation, dropout=dropout, norm_first=norm_first,
             norm_type=norm_type, causal=False, backend=backend,
         )  # fmt: skip
-        rope = {"rope_dim": rope_width(self.blocks[0].attn)} if pos_enc.startswith("rope") else {}
-        self.pos_enc = build_positional(pos_enc, d_model, max_len, **rope)
+        self.pos_enc = sequence_positions(pos_enc, d_model, max_len, self.blocks)
         self.norm = create_norm(d_model, norm_type)
         self.final_out = nn.Linear(d_model, num_classes)
 

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from attn_zoo.nn.block import Block
+from attn_zoo.nn.positional import build_positional
 from attn_zoo.symbols import build_symbol_retriever
 
 
@@ -15,6 +16,14 @@ def rope_width(module: nn.Module) -> int:
         if hasattr(sub, "key_dim"):
             return sub.key_dim
     raise ValueError(f"RoPE needs an attention with a key width; {type(module).__name__} has none")
+
+
+def sequence_positions(
+    pos_enc: str, d_model: int, max_len: int, blocks: nn.ModuleList
+) -> nn.Module:
+    """Positional encoding `pos_enc`; RoPE takes the key width of blocks[0]'s attention."""
+    rope = {"rope_dim": rope_width(blocks[0].attn)} if pos_enc.startswith("rope") else {}
+    return build_positional(pos_enc, d_model, max_len, **rope)
 
 
 def symbol_retrievers(
