@@ -8,6 +8,8 @@ validated whole before anything runs, and expanded into cells.
     [[tasks]]
     name = "match_pattern"
     kwargs = { n_train = 2000 }
+    label = "match_pattern"                     # optional (default: name); a task may appear
+                                                # several times under different labels
 
     [[sizes]]                                   # model sizes (one is fine)
     label = "small"
@@ -75,7 +77,8 @@ class Cell:
     """One training run of the grid, fully resolved."""
 
     grid: str
-    task: str
+    task: str  # its label
+    task_name: str
     task_kwargs: dict
     size: dict
     mechanism: str  # its label
@@ -91,6 +94,7 @@ class Cell:
 
 @dataclass
 class GridSpec:
+    path: Path
     name: str
     seeds: list[int]
     store: Path
@@ -108,7 +112,7 @@ class GridSpec:
             self.tasks, self.sizes, self.mechanisms, self.seeds
         ):
             labels = {
-                "task": task["name"],
+                "task": task["label"],
                 "size": size["label"],
                 "mechanism": mech["label"],
                 "seed": seed,
@@ -117,7 +121,7 @@ class GridSpec:
                 continue
             cells.append(self._cell(task, size, mech, seed))
         by = {
-            "task": {t["name"]: t for t in self.tasks},
+            "task": {t["label"]: t for t in self.tasks},
             "size": {s["label"]: s for s in self.sizes},
             "mechanism": {m["label"]: m for m in self.mechanisms},
         }
@@ -135,6 +139,7 @@ class GridSpec:
     def _cell(self, task, size, mech, seed) -> Cell:
         return Cell(
             self.name,
+            task["label"],
             task["name"],
             dict(task.get("kwargs", {})),
             dict(size),
@@ -208,9 +213,10 @@ def load_grid(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
 
     tasks = raw["tasks"]
     for i, task in enumerate(tasks):
-        _check_keys(path, f"tasks[{i}].", task, ("name", "kwargs"))
+        _check_keys(path, f"tasks[{i}].", task, ("name", "label", "kwargs"))
         if task.get("name") not in list_tasks():
             raise _fail(path, f"tasks[{i}].name", task.get("name"), list_tasks())
+        task.setdefault("label", task["name"])
         _check_keys(
             path, f"tasks[{i}].kwargs.", task.get("kwargs", {}), task_arguments(task["name"])
         )
@@ -231,7 +237,7 @@ def load_grid(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
         valid = [k for k in mechanism_kwargs(mech["name"]) if k not in ("d_model", "backend")]
         _check_keys(path, f"mechanisms[{i}].kwargs.", mech.get("kwargs", {}), valid)
     for kind, items, label in (
-        ("tasks", tasks, "name"),
+        ("tasks", tasks, "label"),
         ("sizes", raw["sizes"], "label"),
         ("mechanisms", raw["mechanisms"], "label"),
     ):
@@ -250,7 +256,7 @@ def load_grid(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
     grid = raw.get("grid", {})
     _check_keys(path, "grid.", grid, ("exclude", "include"))
     valid_values = {
-        "task": [t["name"] for t in tasks],
+        "task": [t["label"] for t in tasks],
         "size": [s["label"] for s in raw["sizes"]],
         "mechanism": [m["label"] for m in raw["mechanisms"]],
         "seed": seeds,
@@ -269,6 +275,7 @@ def load_grid(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
                     raise _fail(path, f"grid.{kind}[{i}].{axis}", value, valid_values[axis])
     store = Path(raw.get("store", f"results/{raw['name']}.sqlite"))
     return GridSpec(
+        path,
         raw["name"],
         seeds,
         store,

@@ -99,10 +99,12 @@ class ResultsStore:
             ).fetchone()
         return None if row is None else row[0]
 
-    def finished_keys(self) -> set[str]:
+    def finished_keys(self, statuses: tuple[str, ...] = FINISHED) -> set[str]:
+        """Keys of the cells whose status is one of `statuses` (default: any finished one)."""
+        marks = ", ".join("?" * len(statuses))
         with self._connect() as db:
-            rows = db.execute(f"SELECT key FROM cells WHERE status IN {FINISHED}").fetchall()
-        return {key for (key,) in rows}
+            rows = db.execute(f"SELECT key FROM cells WHERE status IN ({marks})", statuses)
+            return {key for (key,) in rows.fetchall()}
 
     def rows(self) -> Iterator[dict]:
         with self._connect() as db:

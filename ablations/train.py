@@ -3,8 +3,9 @@
 AdamW with linear warmup then cosine decay (or constant), gradient-norm clipping, evaluation
 on the validation split every `eval_every` steps (and at the end), early stop once the
 validation metric reaches `early_stop_target`. The metric is accuracy: per example for
-classification, per scored position for language-model tasks. A NaN or inf loss ends the cell
-as `diverged` at its step. The same seed gives the same metrics on CPU.
+classification (sequences or images), per scored position for language-model and seq2seq
+tasks, which also get `exact` (the share of examples with every scored position right). A NaN
+or inf loss ends the cell as `diverged` at its step. The same seed gives the same metrics on CPU.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ablations.spec import Cell
 from ablations.tasks import IGNORE_INDEX, build_task
-from attn_zoo.models import LanguageModel, SequenceClassifier
+from attn_zoo.models import LanguageModel, Seq2Seq, SequenceClassifier, VisionClassifier
 
 
 @dataclass
@@ -58,7 +59,37 @@ def build_model(cell: Cell, task) -> nn.Module:
         return SequenceClassifier(task.vocab_size, task.num_classes, max_len=task.seq_len, **common)
     if task.kind == "language_model":
         return LanguageModel(task.vocab_size, max_block_size=task.seq_len, **common)
-    raise ValueError(f"task {cell.task!r} has kind {task.kind!r}: not yet trainable by the runner")
+    if task.kind == "image_classification":
+        return VisionClassifier(task.image_shape, task.patch_size, task.num_classes, **common)
+    mechanism = dict(attention=common.pop("attention"), kwargs=common.pop("attention_kwargs"))
+    n_layers = common.pop("n_layers")
+    return Seq2Seq(
+        task.vocab_size, task.vocab_size, n_layers_enc=n_layers, n_layers_dec=n_layers,
+        encoder_attention=mechanism["attention"], encoder_attention_kwargs=mechanism["kwargs"],
+        decoder_attention=mechanism["attention"], decoder_attention_kwargs=mechanism["kwargs"],
+        in_block_size=task.seq_len, out_block_size=task.target_len, **common,
+    )  # fmt: skip
+
+
+def forward(model: nn.Module, task, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(logits, loss, scored targets) of one batch. Seq2seq is teacher-forced: the decoder
+    reads ``y[:, :-1]`` (padding as the task's pad token) and is scored on ``y[:, 1:]``."""
+    if task.kind == "seq2seq":
+        decoder_in = y[:, :-1].masked_fill(y[:, :-1] == IGNORE_INDEX, task.pad_token)
+        logits, loss = model(x, decoder_in, y[:, 1:])
+        return logits, loss, y[:, 1:]
+    logits, loss = model(x, y)
+    return logits, loss, y
+
+
+def smoke_test(cell: Cell) -> None:
+    """Build the cell's task and model and run one forward and backward pass on two fresh
+    examples: a mechanism, size or task setting that cannot train fails here, in seconds."""
+    torch.manual_seed(cell.seed)
+    task = build_task(cell.task_name, **cell.task_kwargs)
+    x, y = task.generate(2, torch.Generator().manual_seed(cell.seed))
+    _, loss, _ = forward(build_model(cell, task), task, x, y)
+    loss.backward()
 
 
 def lr_factor(step: int, training: dict) -> float:
@@ -73,27 +104,34 @@ def lr_factor(step: int, training: dict) -> float:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, split, batch_size: int = 512) -> tuple[float, float]:
-    """(mean loss, accuracy) over a split."""
+def evaluate(model: nn.Module, task, split, batch_size: int = 512) -> dict[str, float]:
+    """Over a split: mean loss per scored target, accuracy, and for sequence targets `exact`
+    (the share of examples with every scored position right)."""
     model.eval()
-    loss_sum, correct, count = 0.0, 0, 0
+    loss_sum, correct, count, exact = 0.0, 0, 0, 0
     for i in range(0, len(split.inputs), batch_size):
-        x, y = split.inputs[i : i + batch_size], split.targets[i : i + batch_size]
-        logits, loss = model(x, y)
+        logits, loss, y = forward(
+            model, task, split.inputs[i : i + batch_size], split.targets[i : i + batch_size]
+        )
         scored = y != IGNORE_INDEX
+        right = (logits.argmax(-1) == y) | ~scored
         n = int(scored.sum())
         loss_sum += float(loss) * n
-        correct += int((logits.argmax(-1) == y)[scored].sum())
+        correct += int(right[scored].sum())
         count += n
+        exact += int(right.flatten(1).all(1).sum()) if y.dim() > 1 else 0
     model.train()
-    return loss_sum / max(count, 1), correct / max(count, 1)
+    metrics = {"loss": loss_sum / max(count, 1), "acc": correct / max(count, 1)}
+    if split.targets.dim() > 1:
+        metrics["exact"] = exact / len(split.targets)
+    return metrics
 
 
 def train_cell(cell: Cell, on_progress=None) -> CellResult:
     """Train and evaluate `cell`; `on_progress(step, loss)` is called at each evaluation.
     Exceptions propagate (the runner records them as failed cells with the traceback)."""
     torch.manual_seed(cell.seed)
-    task = build_task(cell.task, **cell.task_kwargs)
+    task = build_task(cell.task_name, **cell.task_kwargs)
     splits = task.splits(cell.seed)
     model = build_model(cell, task)
     t = cell.training
@@ -105,7 +143,7 @@ def train_cell(cell: Cell, on_progress=None) -> CellResult:
     val_loss = val_metric = float("nan")
     for step in range(1, t["steps"] + 1):
         batch = torch.randint(len(train.inputs), (t["batch_size"],), generator=gen)
-        _, loss = model(train.inputs[batch], train.targets[batch])
+        _, loss, _ = forward(model, task, train.inputs[batch], train.targets[batch])
         if not torch.isfinite(loss):
             status = "diverged"
             break
@@ -115,7 +153,8 @@ def train_cell(cell: Cell, on_progress=None) -> CellResult:
         opt.step()
         schedule.step()
         if step % t["eval_every"] == 0 or step == t["steps"]:
-            val_loss, val_metric = evaluate(model, splits["validation"])
+            val = evaluate(model, task, splits["validation"])
+            val_loss, val_metric = val["loss"], val["acc"]
             curve.append([step, loss.item(), val_loss, val_metric])
             if on_progress is not None:
                 on_progress(step, loss.item())
@@ -132,7 +171,7 @@ def train_cell(cell: Cell, on_progress=None) -> CellResult:
         "val_acc": val_metric,
     }
     if status == "done":
-        metrics["test_loss"], metrics["test_acc"] = evaluate(model, splits["test"])
+        metrics.update({f"test_{k}": v for k, v in evaluate(model, task, splits["test"]).items()})
     else:
         metrics["diverged_at"] = step
     return CellResult(status, metrics, curve, environment())

@@ -1,6 +1,10 @@
 """The ``attn-zoo`` command.
 
 attn-zoo bench [--suite softmax relational dual] [--lengths ...] [--csv-dir DIR]
+attn-zoo ablate run GRID [--executor local|ray] [--address ADDR] [--workers N] [--set k=v]
+                         [--dry-run] [--retry-failed]
+attn-zoo ablate status GRID [--set k=v]
+attn-zoo report GRID_OR_STORE [--out DIR] [--target T]
 """
 
 from __future__ import annotations
@@ -8,6 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DTYPES = ("bfloat16", "float16", "float32")
 SUITES = ("softmax", "relational", "dual", "mechanisms")
@@ -67,6 +75,89 @@ def _bench(args: argparse.Namespace) -> None:
             print(f"wrote {path}")
 
 
+def _load_grid(args: argparse.Namespace):
+    from ablations.spec import SpecError, load_grid
+
+    try:
+        return load_grid(args.grid, args.set)
+    except SpecError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+def _cell_table(spec) -> pd.DataFrame:
+    """One row per cell of `spec`: its labels, status in the store and main metrics."""
+    import pandas as pd
+
+    from ablations.store import ResultsStore, config_key
+
+    rows = {row["key"]: row for row in ResultsStore(spec.store).rows()}
+    records = []
+    for cell in spec.cells():
+        row = rows.get(config_key(cell.config()), {})
+        metrics = row.get("metrics") or {}
+        records.append(
+            {
+                "task": cell.task,
+                "size": cell.size["label"],
+                "mechanism": cell.mechanism,
+                "seed": cell.seed,
+                "status": row.get("status", "todo"),
+                "steps": metrics.get("steps"),
+                "test_acc": metrics.get("test_acc"),
+            }
+        )
+    return pd.DataFrame(records).astype({"steps": "Int64"})
+
+
+def _ablate_run(args: argparse.Namespace) -> int:
+    from ablations.runner import check_cells, run_grid
+    from ablations.spec import SpecError
+
+    spec = _load_grid(args)
+    try:
+        if args.dry_run:
+            check_cells(spec)
+            table = _cell_table(spec)
+            print(table.to_string(index=False, na_rep="-"))
+            print(f"\n{len(table)} cells; store {spec.store}; by status:")
+            print(table["status"].value_counts().to_string())
+            return 0
+        counts = run_grid(
+            spec, executor=args.executor, workers=args.workers, address=args.address,
+            retry_failed=args.retry_failed, interval=args.interval,
+        )  # fmt: skip
+    except SpecError as err:
+        raise SystemExit(f"error: {err}") from None
+    return 1 if counts["failed"] else 0
+
+
+def _ablate_status(args: argparse.Namespace) -> int:
+    spec = _load_grid(args)
+    table = _cell_table(spec)
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}", na_rep="-"))
+    counts = table["status"].value_counts()
+    print(f"\ngrid {spec.name!r}, store {spec.store}: " + ", ".join(
+        f"{n} {status}" for status, n in counts.items()
+    ))  # fmt: skip
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from ablations.report import write_report
+
+    source = Path(args.source)
+    if source.suffix == ".toml":
+        args.grid = args.source
+        spec = _load_grid(args)
+        store, name = spec.store, spec.name
+    else:
+        store, name = source, source.stem
+    out = Path(args.out or Path("reports") / name)
+    write_report(store, out, title=args.title, target=args.target)
+    print(f"wrote {out}/report.md, {out}/index.html and the CSVs and plots beside them")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attn-zoo", description="attn_zoo command line")
     sub = p.add_subparsers(dest="command", required=True)
@@ -90,13 +181,39 @@ def parser() -> argparse.ArgumentParser:
         "--ra-heads", type=int, default=4, help="relational heads (dual: and as many standard)"
     )
     b.set_defaults(func=_bench)
+
+    a = sub.add_parser("ablate", help="run grids of mechanism x size x task x seed")
+    asub = a.add_subparsers(dest="action", required=True)
+    run = asub.add_parser("run", help="train every unfinished cell of a grid (resumable)")
+    status = asub.add_parser("status", help="the status and metrics of every cell of a grid")
+    for q in (run, status):
+        q.add_argument("grid", help="a grid spec (TOML), e.g. ablations/grids/demo.toml")
+        q.add_argument(
+            "--set", action="append", default=[], metavar="KEY=VALUE",
+            help="override a spec value, e.g. --set training.steps=50 (repeatable)",
+        )  # fmt: skip
+    run.add_argument("--executor", choices=("local", "ray"), default="local")
+    run.add_argument("--address", default=None, help="Ray cluster address (default: local Ray)")
+    run.add_argument("--workers", type=int, default=None, help="parallel cells (default: cores)")
+    run.add_argument("--dry-run", action="store_true", help="list the cells, train nothing")
+    run.add_argument("--retry-failed", action="store_true", help="run failed cells again")
+    run.add_argument("--interval", type=float, default=10.0, help="seconds between status lines")
+    run.set_defaults(func=_ablate_run)
+    status.set_defaults(func=_ablate_status)
+
+    r = sub.add_parser("report", help="tables, plots, markdown and HTML of a grid's results")
+    r.add_argument("source", help="a grid spec (.toml) or its results store (.sqlite)")
+    r.add_argument("--out", default=None, help="folder to write (default: reports/<grid name>)")
+    r.add_argument("--target", type=float, default=None, help="metric for steps-to-target")
+    r.add_argument("--title", default=None)
+    r.add_argument("--set", action="append", default=[], help="overrides of a grid spec")
+    r.set_defaults(func=_report, grid=None)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    args.func(args)
-    return 0
+    return args.func(args) or 0
 
 
 if __name__ == "__main__":

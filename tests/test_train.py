@@ -12,6 +12,7 @@ def cell(**changes):
     base = Cell(
         grid="t",
         task="same_pair",
+        task_name="same_pair",
         task_kwargs=dict(n_train=256, n_validation=64, n_test=64),
         size=dict(label="s", d_model=16, n_layers=1),
         mechanism="std",
@@ -87,7 +88,13 @@ def test_divergence_is_recorded_at_its_step():
 )
 def test_both_task_kinds_and_symbolic_mechanisms(task, kwargs, mechanism, mech_kwargs):
     result = train_cell(
-        cell(task=task, task_kwargs=kwargs, mechanism_name=mechanism, mechanism_kwargs=mech_kwargs)
+        cell(
+            task=task,
+            task_name=task,
+            task_kwargs=kwargs,
+            mechanism_name=mechanism,
+            mechanism_kwargs=mech_kwargs,
+        )
     )
     assert result.status == "done" and 0 <= result.metrics["test_acc"] <= 1
     assert result.metrics["params"] > 0 and result.environment["torch"]

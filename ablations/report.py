@@ -1,0 +1,448 @@
+"""Reports of a grid's results store: tables, plots, markdown and a self-contained HTML page.
+
+`write_report(store, out_dir)` writes, under stable names:
+
+    report.md            markdown for a code host: tables, links to the PNGs beside it
+    index.html           one self-contained page: the same, PNGs embedded as base64 data URIs
+    summary.csv          the main table, one row per (task, size, mechanism)
+    cells.csv            one row per cell, config and metrics flattened to dotted columns
+    curves_<task>.png    validation accuracy vs step, per mechanism (and size): mean, min-max band
+    vs_params_<task>.png test accuracy vs parameters, one point per mechanism and size
+    vs_train_size_<task name>.png  test accuracy vs n_train, where a task's n_train varies
+
+A task is grouped by its label (`config["task"]`); the training-set size plot groups the labels
+of one registered task (`config["task_name"]`) by `task_kwargs["n_train"]`. Failed, diverged
+and unfinished cells are listed in their own section, never dropped.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from datetime import datetime
+from pathlib import Path
+
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from ablations.store import ResultsStore
+
+SUMMARY_COLUMNS = [
+    "task",
+    "size",
+    "mechanism",
+    "cells",
+    "seeds",
+    "test_acc_mean",
+    "test_acc_std",
+    "target",
+    "reached",
+    "steps_to_target",
+    "samples_to_target",
+    "params",
+    "step_ms",
+]
+LINESTYLES = ["-", "--", ":", "-."]
+MARKERS = ["o", "s", "^", "D", "v"]
+
+
+FIELDS = {  # tidy column of a cell: its column in the flattened store frame
+    "size": "config.size.label",
+    "mechanism": "config.mechanism",
+    "seed": "config.seed",
+    "status": "status",
+    "n_train": "config.task_kwargs.n_train",
+    "batch_size": "config.training.batch_size",
+    "early_stop_target": "config.training.early_stop_target",
+    "test_acc": "metrics.test_acc",
+    "params": "metrics.params",
+    "step_ms": "metrics.step_ms",
+    "diverged_at": "metrics.diverged_at",
+    "error": "error",
+    "curve": "curve",
+}
+
+
+def _cells(df: pd.DataFrame) -> pd.DataFrame:
+    """One tidy row per cell: task label and name, other labels, status and the numbers the
+    report uses."""
+    flat = pd.json_normalize(df.to_dict("records"), sep=".")
+    missing = pd.Series(float("nan"), index=flat.index)
+    cells = {"task": flat.get("config.task", missing), "task_name": flat.get("config.task_name")}
+    cells.update({column: flat.get(field, missing) for column, field in FIELDS.items()})
+    return pd.DataFrame(cells)
+
+
+def _first_step(curve: list | None, target: float) -> int | None:
+    """The first evaluated step whose validation metric reaches `target`, or None."""
+    for step, _train_loss, _val_loss, val_metric in curve or []:
+        if val_metric >= target:
+            return step
+    return None
+
+
+def summary_table(df: pd.DataFrame, target: float | None = None) -> pd.DataFrame:
+    """The main table from `ResultsStore.to_dataframe()`: per task,
+    size and mechanism, over the seeds that finished (`seeds`, of `cells` in all), test accuracy
+    mean and std; the target validation accuracy (`target`, else the cells' nonzero
+    training.early_stop_target, else none), how many seeds `reached` it and their mean steps and
+    samples (steps x batch size) to first reach it; mean parameters and ms per step.
+    Rows follow the order the cells started in."""
+    cells = _cells(df)
+    rows = []
+    for (task, size, mechanism), group in cells.groupby(
+        ["task", "size", "mechanism"], sort=False, dropna=False
+    ):
+        done = group[group.status == "done"]
+        goal = target if target is not None else group.early_stop_target.iloc[0]
+        goal = goal if goal and pd.notna(goal) else float("nan")
+        steps, samples = [], []
+        if pd.notna(goal):
+            for curve, batch_size in zip(done.curve, done.batch_size, strict=True):
+                step = _first_step(curve, goal)
+                if step is not None:
+                    steps.append(step)
+                    samples.append(step * batch_size)
+        rows.append(
+            {
+                "task": task,
+                "size": size,
+                "mechanism": mechanism,
+                "cells": len(group),
+                "seeds": len(done),
+                "test_acc_mean": done.test_acc.mean(),
+                "test_acc_std": done.test_acc.std(),
+                "target": goal,
+                "reached": len(steps),
+                "steps_to_target": pd.Series(steps, dtype=float).mean(),
+                "samples_to_target": pd.Series(samples, dtype=float).mean(),
+                "params": done.params.mean(),
+                "step_ms": done.step_ms.mean(),
+            }
+        )
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def _best(table: pd.DataFrame) -> dict[str, pd.Series]:
+    """Per metric column, the rows holding the best value: highest accuracy; fewest steps and
+    samples among the rows where the most seeds reached the target; fewest parameters and ms."""
+    best = {}
+    for column, higher in (("test_acc_mean", True), ("params", False), ("step_ms", False)):
+        values = table[column]
+        best[column] = values == (values.max() if higher else values.min())
+    share = table.reached / table.seeds
+    most = (share == share.max()) & (share > 0)
+    for column in ("steps_to_target", "samples_to_target"):
+        values = table[column].where(most)
+        best[column] = values == values.min()
+    return best
+
+
+def _task_table(table: pd.DataFrame) -> tuple[list[str], list[list[tuple[str, bool]]]]:
+    """Header and rows of one task's table; each cell is (text, is the task's best)."""
+    best = _best(table)
+    target = table.target.dropna()
+    header = ["size", "mechanism", "seeds", "test acc"]
+    if len(target):
+        header += [f"steps to val acc ≥ {target.iloc[0]:g}", "samples to target"]
+    header += ["params", "ms/step"]
+    rows = []
+    for i, row in table.iterrows():
+        seeds = f"{row.seeds}" if row.seeds == row.cells else f"{row.seeds} of {row.cells}"
+        acc = "-" if pd.isna(row.test_acc_mean) else f"{row.test_acc_mean:.3f}"
+        if pd.notna(row.test_acc_std):
+            acc += f" ± {row.test_acc_std:.3f}"
+        cells = [(row["size"], False), (row.mechanism, False), (seeds, False)]
+        cells.append((acc, bool(best["test_acc_mean"][i])))
+        if len(target):
+            reached = f" ({row.reached}/{row.seeds})"
+            for column in ("steps_to_target", "samples_to_target"):
+                value = row[column]
+                text = "-" if pd.isna(value) else f"{value:,.0f}"
+                cells.append((text + reached, bool(best[column][i])))
+        params = "-" if pd.isna(row.params) else f"{row.params:,.0f}"
+        step_ms = "-" if pd.isna(row.step_ms) else f"{row.step_ms:.1f}"
+        cells += [(params, bool(best["params"][i])), (step_ms, bool(best["step_ms"][i]))]
+        rows.append(cells)
+    return header, rows
+
+
+def _detail(cell: pd.Series) -> str:
+    """Why a cell is not in the tables: the traceback's last line, or its divergence step."""
+    if cell.status == "failed":
+        lines = [line for line in str(cell.error or "").splitlines() if line.strip()]
+        return lines[-1].strip() if lines else "no traceback recorded"
+    if cell.status == "diverged":
+        step = cell.diverged_at
+        return "loss diverged" if pd.isna(step) else f"loss diverged at step {step:.0f}"
+    return "unfinished: still running, or its run was interrupted"
+
+
+def _colours(mechanisms) -> dict[str, tuple]:
+    """A fixed colour per mechanism label: sorted labels take the tab10 colours in turn."""
+    tab10 = colormaps["tab10"]
+    return {label: tab10(i % 10) for i, label in enumerate(sorted(set(mechanisms)))}
+
+
+def _figure() -> tuple[Figure, Axes]:
+    figure = Figure(figsize=(6.4, 4.2), layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure, figure.add_subplot()
+
+
+def _plot_curves(task: str, done: pd.DataFrame, colours: dict) -> Figure | None:
+    """Validation accuracy vs step per mechanism (and size): mean line and min-max band over
+    seeds; a seed that stopped early holds its last value."""
+    figure, ax = _figure()
+    sizes = list(dict.fromkeys(done["size"]))
+    for (size, mechanism), group in done.groupby(["size", "mechanism"], sort=False):
+        runs = [pd.Series({p[0]: p[3] for p in curve}) for curve in group.curve if curve]
+        if not runs:
+            continue
+        frame = pd.concat(runs, axis=1).sort_index().ffill()
+        label = mechanism if len(sizes) == 1 else f"{mechanism} ({size})"
+        style = LINESTYLES[sizes.index(size) % len(LINESTYLES)]
+        colour = colours[mechanism]
+        ax.plot(frame.index, frame.mean(axis=1), style, color=colour, label=label)
+        ax.fill_between(frame.index, frame.min(axis=1), frame.max(axis=1), color=colour, alpha=0.2)
+    if not ax.lines:
+        return None
+    ax.set(xlabel="step", ylabel="validation accuracy", title=f"{task}: learning curves")
+    ax.legend(fontsize="small")
+    return figure
+
+
+def _plot_vs_params(task: str, table: pd.DataFrame, colours: dict) -> Figure | None:
+    """Test accuracy vs parameters, one point per mechanism and size, error bars = std."""
+    table = table[table.seeds > 0]
+    if table.empty:
+        return None
+    figure, ax = _figure()
+    sizes = list(dict.fromkeys(table["size"]))
+    for _, row in table.iterrows():
+        label = row.mechanism if len(sizes) == 1 else f"{row.mechanism} ({row['size']})"
+        marker = MARKERS[sizes.index(row["size"]) % len(MARKERS)]
+        error = 0.0 if pd.isna(row.test_acc_std) else row.test_acc_std
+        ax.errorbar(
+            row.params, row.test_acc_mean, yerr=error, fmt=marker, capsize=3,
+            color=colours[row.mechanism], label=label,
+        )  # fmt: skip
+    ax.set_xscale("log")
+    ax.set(xlabel="parameters", ylabel="test accuracy", title=f"{task}: accuracy vs parameters")
+    ax.legend(fontsize="small")
+    return figure
+
+
+def _plot_vs_train_size(task_name: str, done: pd.DataFrame, colours: dict) -> Figure:
+    """Test accuracy (mean, error bars = std over seeds) vs n_train, per mechanism and size."""
+    figure, ax = _figure()
+    sizes = list(dict.fromkeys(done["size"]))
+    for (size, mechanism), group in done.groupby(["size", "mechanism"], sort=False):
+        stats = group.groupby("n_train").test_acc.agg(["mean", "std"]).fillna({"std": 0.0})
+        label = mechanism if len(sizes) == 1 else f"{mechanism} ({size})"
+        style = LINESTYLES[sizes.index(size) % len(LINESTYLES)]
+        ax.errorbar(
+            stats.index, stats["mean"], yerr=stats["std"], fmt="o" + style, capsize=3,
+            color=colours[mechanism], label=label,
+        )  # fmt: skip
+    n_train = sorted(done.n_train.unique())
+    ax.set_xscale("log")
+    ax.set_xticks(n_train, labels=[f"{n:.0f}" for n in n_train])
+    ax.minorticks_off()
+    ax.set(xlabel="training examples (n_train)", ylabel="test accuracy")
+    ax.set_title(f"{task_name}: accuracy vs training-set size")
+    ax.legend(fontsize="small")
+    return figure
+
+
+def _file_name(kind: str, name: str) -> str:
+    return f"{kind}_{re.sub(r'[^A-Za-z0-9_-]', '_', str(name))}.png"
+
+
+def _environment(store: ResultsStore) -> str:
+    """The distinct (torch, machine, threads) the cells ran with."""
+    seen = []
+    for row in store.rows():
+        env = row["environment"] or {}
+        text = ", ".join(f"{k} {env[k]}" for k in ("torch", "machine", "threads") if k in env)
+        if text and text not in seen:
+            seen.append(text)
+    return "; ".join(seen) or "not recorded"
+
+
+def _markdown_cell(text: str) -> str:
+    return html.escape(str(text), quote=False).replace("|", "\\|")
+
+
+def _markdown(blocks: list[tuple]) -> str:
+    parts = []
+    for kind, *content in blocks:
+        if kind in ("h1", "h2"):
+            parts.append("#" * int(kind[1]) + " " + content[0])
+        elif kind == "p":
+            parts.append(content[0])
+        elif kind == "ul":
+            parts.append("\n".join(f"- {item}" for item in content[0]))
+        elif kind == "img":
+            parts.append(f"![{content[1]}]({content[0]})")
+        elif kind == "table":
+            header, rows = content
+            lines = ["| " + " | ".join(map(_markdown_cell, header)) + " |"]
+            lines.append("|" + "---|" * len(header))
+            for row in rows:
+                cells = [f"**{_markdown_cell(t)}**" if b else _markdown_cell(t) for t, b in row]
+                lines.append("| " + " | ".join(cells) + " |")
+            parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+STYLE = (
+    "body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
+    "table{border-collapse:collapse;margin:1em 0}"
+    "th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left}th{background:#f3f3f3}"
+    "img{max-width:100%}"
+)
+PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{title}</title>
+<style>{style}</style>
+</head>
+<body>
+{body}
+</body>
+</html>
+"""
+
+
+def _html(blocks: list[tuple], folder: Path) -> str:
+    esc = html.escape
+    parts = []
+    for kind, *content in blocks:
+        if kind in ("h1", "h2"):
+            parts.append(f"<{kind}>{esc(content[0])}</{kind}>")
+        elif kind == "p":
+            parts.append(f"<p>{esc(content[0])}</p>")
+        elif kind == "ul":
+            parts.append("<ul>" + "".join(f"<li>{esc(i)}</li>" for i in content[0]) + "</ul>")
+        elif kind == "img":
+            data = base64.b64encode((folder / content[0]).read_bytes()).decode()
+            parts.append(f'<p><img src="data:image/png;base64,{data}" alt="{esc(content[1])}"></p>')
+        elif kind == "table":
+            header, rows = content
+            lines = ["<table>", "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"]
+            for row in rows:
+                cells = [f"<b>{esc(t)}</b>" if b else esc(t) for t, b in row]
+                lines.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+            parts.append("\n".join(lines + ["</table>"]))
+    return PAGE.format(title=esc(blocks[0][1]), style=STYLE, body="\n".join(parts))
+
+
+def _cells_csv(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell, config and metrics flattened to sorted dotted columns, no curve."""
+    flat = pd.json_normalize(frame.to_dict("records"), sep=".")
+    flat = flat.drop(columns="curve", errors="ignore")
+    first = [c for c in ("key", "status") if c in flat]
+    last = [c for c in ("error", "started", "finished") if c in flat]
+    return flat[first + sorted(c for c in flat if c not in first + last) + last]
+
+
+def _header(
+    store: ResultsStore, frame: pd.DataFrame, cells: pd.DataFrame, title: str | None
+) -> list[tuple]:
+    """Title, grid names, cells by status, environment, date, and how to read the tables."""
+    grids = sorted(set(frame.get("config.grid", [])))
+    counts = cells.status.value_counts()
+    statuses = ", ".join(
+        f"{counts.get(s, 0)} {s}" for s in ("done", "failed", "diverged", "running")
+    )
+    return [
+        ("h1", title or "Ablation report: " + (", ".join(grids) or "empty store")),
+        (
+            "ul",
+            [
+                f"Grid: {', '.join(grids) or '-'} (store {store.path})",
+                f"Cells: {len(cells)} ({statuses})",
+                f"Environment: {_environment(store)}",
+                f"Generated: {datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+            ],
+        ),
+        (
+            "p",
+            "Test accuracy: mean ± std over the seeds that finished (seeds: finished, of all). "
+            "Steps to target: the first evaluated step whose validation accuracy reaches the "
+            "target, mean over the seeds that reached it (reached/finished); samples = steps × "
+            "batch size. Bold: best in the task (highest accuracy; fewest steps and samples "
+            "among the rows where most seeds reached the target; fewest parameters; lowest "
+            "ms/step). Learning curves: mean line and min-max band over seeds (a seed that "
+            "stopped early holds its last value). Data: summary.csv, cells.csv.",
+        ),
+    ]
+
+
+def write_report(
+    store: str | Path | ResultsStore,
+    out_dir: str | Path,
+    title: str | None = None,
+    target: float | None = None,
+) -> Path:
+    """Write the report of `store` (a ResultsStore or the path of its SQLite file) into
+    `out_dir` (created if missing): report.md, index.html, summary.csv, cells.csv and the PNG
+    plots. `target` is the validation accuracy for steps-to-target (default: the cells'
+    training.early_stop_target when nonzero). Returns `out_dir`."""
+    if not isinstance(store, ResultsStore):
+        if not Path(store).is_file():
+            raise FileNotFoundError(f"no results store at {store}")
+        store = ResultsStore(store)
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    frame = store.to_dataframe()
+    cells = _cells(frame)
+    summary = summary_table(frame, target)
+
+    _cells_csv(frame).to_csv(folder / "cells.csv", index=False)
+    summary.to_csv(folder / "summary.csv", index=False)
+    blocks = _header(store, frame, cells, title)
+
+    colours = _colours(cells.mechanism.dropna())
+    done = cells[cells.status == "done"]
+    for task, table in summary.groupby("task", sort=False):
+        blocks += [("h2", f"Task: {task}"), ("table", *_task_table(table.reset_index(drop=True)))]
+        figures = [
+            ("curves", _plot_curves(task, done[done.task == task], colours), "learning curves"),
+            ("vs_params", _plot_vs_params(task, table, colours), "accuracy vs parameters"),
+        ]
+        for kind, figure, alt in figures:
+            if figure is not None:
+                figure.savefig(folder / _file_name(kind, task), dpi=100)
+                blocks.append(("img", _file_name(kind, task), f"{task}: {alt}"))
+
+    for task_name, group in done.dropna(subset=["n_train"]).groupby("task_name", sort=False):
+        if group.n_train.nunique() > 1:
+            name = _file_name("vs_train_size", task_name)
+            _plot_vs_train_size(task_name, group, colours).savefig(folder / name, dpi=100)
+            blocks += [
+                ("h2", f"Training-set size: {task_name}"),
+                ("img", name, f"{task_name}: accuracy vs training-set size"),
+            ]
+
+    unfinished = cells[cells.status != "done"]
+    blocks.append(("h2", "Cells not in the tables"))
+    if unfinished.empty:
+        blocks.append(("p", "None: every cell finished."))
+    else:
+        header = ["task", "size", "mechanism", "seed", "status", "detail"]
+        rows = [
+            [(str(c[k]), False) for k in header[:-1]] + [(_detail(c), False)]
+            for _, c in unfinished.iterrows()
+        ]
+        blocks.append(("table", header, rows))
+
+    (folder / "report.md").write_text(_markdown(blocks), encoding="utf-8")
+    (folder / "index.html").write_text(_html(blocks, folder), encoding="utf-8")
+    return folder

@@ -1,0 +1,345 @@
+"""Running a grid: every unfinished cell trained once; only the driver writes the store.
+
+    spec = load_grid("ablations/grids/demo.toml")
+    counts = run_grid(spec, executor="local", workers=2)   # {"done": 18, "failed": 0, ...}
+
+The driver opens the grid's `ResultsStore`, skips the cells already finished (done, failed or
+diverged), marks a cell `running` when it hands it to a worker and records its outcome when it
+comes back: a failing cell as `failed` with its traceback, a NaN/inf loss as `diverged` at its
+step; the grid goes on either way. A run killed at any point (SIGKILL included) loses no
+finished cell, and running the grid again trains only the cells that never finished.
+
+Executors (`EXECUTORS`):
+  local  a pool of `workers` spawned processes, the machine's cores split between them as torch
+         threads; `workers=1` trains in a thread of the driver's own process.
+  ray    one `ray.remote` task per cell on the cluster at `address` (a local instance when
+         None), one CPU each, retried when its worker dies. Ray is imported only here.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import subprocess
+import sys
+import time
+import traceback
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+import torch
+
+from ablations.spec import Cell, GridSpec, SpecError
+from ablations.store import FINISHED, ResultsStore, config_key
+from ablations.train import environment, smoke_test, train_cell
+
+EXECUTORS = ("local", "ray")
+
+
+def run_cell(config: dict, threads: int, progress=None) -> dict:
+    """Train the cell of `config` here with `threads` torch threads; never raises.
+
+    Returns the outcome as keyword arguments of `ResultsStore.finish`. `progress.put((key,
+    step, loss))` is called at each evaluation when a queue is given."""
+    torch.set_num_threads(threads)
+    key = config_key(config)
+
+    def report(step: int, loss: float) -> None:
+        if progress is not None:
+            progress.put((key, step, loss))
+
+    try:
+        result = train_cell(Cell(**config), on_progress=report)
+    except Exception:
+        return dict(status="failed", environment=environment(), error=traceback.format_exc())
+    return dict(
+        status=result.status,
+        metrics=result.metrics,
+        curve=result.curve,
+        environment=result.environment,
+    )
+
+
+def source_commit() -> str:
+    """The git commit of this source tree (+ "-dirty" with local changes), or "unknown"."""
+    here = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return "unknown"
+    return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+# Local executor -------------------------------------------------------------------------------
+
+_WORKER_PROGRESS = None
+
+
+def _init_worker(progress) -> None:
+    global _WORKER_PROGRESS
+    _WORKER_PROGRESS = progress
+
+
+def _pool_cell(config: dict, threads: int) -> dict:
+    return run_cell(config, threads, _WORKER_PROGRESS)
+
+
+class LocalExecutor:
+    """`workers` spawned processes with cpu_count // workers torch threads each (one worker:
+    a thread of this process, which keeps the driver free to show progress)."""
+
+    def __init__(self, workers: int):
+        self.slots = workers
+        self.threads = max(1, (os.cpu_count() or 1) // workers)
+        if workers == 1:
+            self.progress = queue.Queue()
+            self.pool = ThreadPoolExecutor(1)
+        else:
+            self.progress = mp.get_context("spawn").Queue()
+            self.pool = self._process_pool()
+
+    def _process_pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            self.slots,
+            mp_context=mp.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(self.progress,),
+        )
+
+    def submit(self, config: dict) -> Future:
+        if isinstance(self.pool, ThreadPoolExecutor):
+            return self.pool.submit(run_cell, config, self.threads, self.progress)
+        try:
+            return self.pool.submit(_pool_cell, config, self.threads)
+        except BrokenProcessPool:  # a worker died earlier: start a fresh pool
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = self._process_pool()
+            return self.pool.submit(_pool_cell, config, self.threads)
+
+    def wait(self, handles: list, timeout: float) -> list[tuple[object, dict]]:
+        finished, _ = wait_futures(handles, timeout=timeout, return_when=FIRST_COMPLETED)
+        out = []
+        for future in finished:
+            try:
+                out.append((future, future.result()))
+            except BrokenProcessPool:  # a worker process died (killed, out of memory)
+                out.append((future, dict(status="failed", error=traceback.format_exc())))
+        return out
+
+    def drain(self) -> list[tuple[str, int, float]]:
+        events = []
+        while True:
+            try:
+                events.append(self.progress.get_nowait())
+            except queue.Empty:
+                return events
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+# Ray executor ---------------------------------------------------------------------------------
+
+
+class RayExecutor:
+    """Cells as `ray.remote` tasks (1 CPU, 1 torch thread, up to `retries` retries when the
+    worker dies); progress through a Ray queue; outcomes come back to the driver."""
+
+    def __init__(self, workers: int | None, address: str | None, retries: int = 3):
+        try:
+            import ray
+            from ray.util.queue import Queue
+        except ImportError as err:
+            raise RuntimeError(
+                "executor='ray' needs Ray, which is not installed: pip install 'attn_zoo[ray]'"
+            ) from err
+        self.ray = ray
+        if not ray.is_initialized():
+            local = {} if address else {"num_cpus": workers or os.cpu_count()}
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, **local)
+        self.slots = workers or int(ray.cluster_resources().get("CPU", 1))
+        self.progress = Queue()
+        self.task = ray.remote(num_cpus=1, max_retries=retries)(run_cell)
+
+    def submit(self, config: dict):
+        return self.task.remote(config, 1, self.progress)
+
+    def wait(self, handles: list, timeout: float) -> list[tuple[object, dict]]:
+        ready, _ = self.ray.wait(handles, num_returns=1, timeout=timeout)
+        out = []
+        for ref in ready:
+            try:
+                out.append((ref, self.ray.get(ref)))
+            except Exception:  # retries exhausted, or the task could not run
+                out.append((ref, dict(status="failed", error=traceback.format_exc())))
+        return out
+
+    def drain(self) -> list[tuple[str, int, float]]:
+        return self.progress.get_nowait_batch(self.progress.qsize())
+
+    def close(self) -> None:
+        self.progress.shutdown()
+        self.ray.shutdown()
+
+
+def make_executor(name: str, workers: int | None = None, address: str | None = None):
+    """The executor `name` (one of `EXECUTORS`); ValueError naming the valid ones."""
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers={workers}: must be >= 1")
+    if name == "local":
+        if address is not None:
+            raise ValueError(f"address={address!r} is for executor='ray', not 'local'")
+        return LocalExecutor(workers or os.cpu_count() or 1)
+    if name == "ray":
+        return RayExecutor(workers, address)
+    raise ValueError(f"executor={name!r} is not valid; valid: {', '.join(EXECUTORS)}")
+
+
+# Progress display -----------------------------------------------------------------------------
+
+
+def cell_label(cell: Cell) -> str:
+    return f"{cell.task}/{cell.size['label']}/{cell.mechanism}/seed{cell.seed}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+class Progress:
+    """Prints each finished cell, and every `interval` seconds a line with the cells done,
+    running, failed and diverged, the ETA, and each running cell's step and loss."""
+
+    def __init__(self, total: int, already: int, slots: int, interval: float, out=sys.stdout):
+        self.total, self.already, self.slots, self.interval, self.out = (
+            total, already, slots, interval, out
+        )  # fmt: skip
+        self.counts = dict.fromkeys(FINISHED, 0)
+        self.running: dict[str, list] = {}  # key -> [label, started, step, loss]
+        self.durations: list[float] = []
+        self.last = time.monotonic()
+
+    def print(self, line: str) -> None:
+        print(line, file=self.out, flush=True)
+
+    def started(self, key: str, cell: Cell) -> None:
+        self.running[key] = [cell_label(cell), time.monotonic(), 0, float("nan")]
+
+    def step(self, key: str, step: int, loss: float) -> None:
+        if key in self.running:
+            self.running[key][2:] = [step, loss]
+
+    def finished(self, key: str, outcome: dict) -> None:
+        label, started, *_ = self.running.pop(key)
+        self.durations.append(time.monotonic() - started)
+        status = outcome["status"]
+        self.counts[status] += 1
+        metrics = outcome.get("metrics") or {}
+        if status == "done":
+            what = f"test_acc {metrics['test_acc']:.3f} in {metrics['steps']} steps"
+        elif status == "diverged":
+            what = f"at step {metrics['diverged_at']}"
+        else:
+            what = (outcome.get("error") or "").strip().splitlines()[-1:]
+            what = what[0] if what else "no traceback"
+        self.print(f"{status:8s} {label}: {what} ({_duration(self.durations[-1])})")
+
+    def eta(self) -> str:
+        left = self.total - self.already - sum(self.counts.values())
+        if not self.durations or not left:
+            return "-"
+        mean = sum(self.durations) / len(self.durations)
+        elapsed = sum(time.monotonic() - r[1] for r in self.running.values())
+        return _duration(max(0.0, left * mean - elapsed) / self.slots)
+
+    def status_line(self) -> str:
+        done = self.already + sum(self.counts.values())
+        running = "; ".join(
+            f"{label} step {step} loss {loss:.3f}" for label, _, step, loss in self.running.values()
+        )
+        return (
+            f"[{done}/{self.total} finished, {len(self.running)} running, "
+            f"{self.counts['failed']} failed, {self.counts['diverged']} diverged, "
+            f"ETA {self.eta()}] {running}"
+        )
+
+    def tick(self) -> None:
+        if time.monotonic() - self.last >= self.interval:
+            self.last = time.monotonic()
+            self.print(self.status_line())
+
+
+def check_cells(spec: GridSpec) -> None:
+    """`smoke_test` every (task, size, mechanism) of the grid once, before any training;
+    SpecError naming the file, the labels and the error."""
+    seen = set()
+    for cell in spec.cells():
+        labels = (cell.task, cell.size["label"], cell.mechanism)
+        if labels in seen:
+            continue
+        seen.add(labels)
+        try:
+            smoke_test(cell)
+        except Exception as err:
+            raise SpecError(
+                f"{spec.path}: mechanism {cell.mechanism!r} (name {cell.mechanism_name!r}, "
+                f"kwargs {cell.mechanism_kwargs}) with size {cell.size['label']!r} on task "
+                f"{cell.task!r} cannot train: {type(err).__name__}: {err}"
+            ) from err
+
+
+def run_grid(
+    spec: GridSpec,
+    executor: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    retry_failed: bool = False,
+    interval: float = 10.0,
+    out=sys.stdout,
+) -> dict[str, int]:
+    """Check, then train every unfinished cell of `spec` (and the failed ones again with
+    `retry_failed`) and record it; the counts of this run's outcomes by status."""
+    check_cells(spec)
+    store = ResultsStore(spec.store)
+    cells = spec.cells()
+    finished = store.finished_keys(("done", "diverged") if retry_failed else FINISHED)
+    todo = [cell for cell in cells if config_key(cell.config()) not in finished]
+    print(
+        f"grid {spec.name!r}: {len(cells)} cells, {len(cells) - len(todo)} already finished, "
+        f"{len(todo)} to run; store {spec.store}",
+        file=out,
+        flush=True,
+    )
+    if not todo:
+        return dict.fromkeys(FINISHED, 0)
+    pool = make_executor(executor, workers, address)
+    progress = Progress(len(cells), len(cells) - len(todo), pool.slots, interval, out)
+    commit = source_commit()
+    running: dict[object, tuple[str, Cell]] = {}
+    try:
+        while todo or running:
+            while todo and len(running) < pool.slots:
+                cell = todo.pop(0)
+                key = store.start(cell.config())
+                running[pool.submit(cell.config())] = (key, cell)
+                progress.started(key, cell)
+            for handle, outcome in pool.wait(list(running), timeout=1.0):
+                key, _ = running.pop(handle)
+                outcome["environment"] = dict(outcome.get("environment") or {}, commit=commit)
+                store.finish(key, **outcome)
+                progress.finished(key, outcome)
+            for key, step, loss in pool.drain():
+                progress.step(key, step, loss)
+            progress.tick()
+    finally:
+        pool.close()
+    progress.print(progress.status_line())
+    return progress.counts

@@ -1,0 +1,195 @@
+"""Reports: summary numbers recomputed from the fixture's own inputs, every cell accounted
+for, valid PNGs, a self-contained HTML page and stable file names."""
+
+import re
+import statistics
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.image import imread
+
+from ablations.report import summary_table, write_report
+from ablations.store import ResultsStore
+
+TASKS = {  # label: (registered task name, n_train); one task at two training-set sizes
+    "same_pair": ("same_pair", 500),
+    "match_pattern/n=250": ("match_pattern", 250),
+    "match_pattern/n=500": ("match_pattern", 500),
+}
+SIZES = {"small": 64, "big": 128}
+MECHANISMS = ["softmax", "relational"]
+SEEDS = [0, 1, 2]
+BATCH_SIZE = 32
+EARLY_STOP = 0.9
+STEPS = range(10, 101, 10)
+ENVIRONMENT = {"torch": "9.9.9", "machine": "x86_64", "threads": 4, "python": "3.11"}
+TRACEBACK = 'Traceback (most recent call last):\n  File "x.py", line 1\nRuntimeError: out of cake\n'
+
+
+def config(task: str, size: str, mechanism: str, seed: int) -> dict:
+    name, n_train = TASKS[task]
+    training = {"steps": 100, "batch_size": BATCH_SIZE, "early_stop_target": EARLY_STOP}
+    return {
+        "grid": "fixture",
+        "task": task,
+        "task_name": name,
+        "task_kwargs": {"n_train": n_train},
+        "size": {"label": size, "d_model": SIZES[size], "n_layers": 2},
+        "mechanism": mechanism,
+        "mechanism_name": mechanism,
+        "mechanism_kwargs": {},
+        "training": training,
+        "seed": seed,
+    }
+
+
+def outcome(t: int, s: int, m: int, seed: int) -> tuple[dict, list]:
+    """Made-up, varied metrics and curve: validation accuracy ramps up to `final`."""
+    final = 0.7 + 0.1 * m + 0.04 * s + 0.02 * t + 0.03 * seed
+    ramp = 40 + 20 * seed
+    curve = [[step, 1.0 - final, 1.1 - final, final * min(1.0, step / ramp)] for step in STEPS]
+    metrics = {
+        "steps": 100,
+        "params": 1000 * (s + 1) * (m + 2),
+        "step_ms": 2.0 + m + s + 0.1 * seed,
+        "test_acc": final - 0.01,
+    }
+    return metrics, curve
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    """A store of 36 done cells, one failed, one diverged and one still running; and the
+    inputs of the done cells by (task, size, mechanism)."""
+    store = ResultsStore(tmp_path_factory.mktemp("grid") / "fixture.sqlite")
+    inputs = {}
+    for t, task in enumerate(TASKS):
+        for s, size in enumerate(SIZES):
+            for m, mechanism in enumerate(MECHANISMS):
+                for seed in SEEDS:
+                    metrics, curve = outcome(t, s, m, seed)
+                    key = store.start(config(task, size, mechanism, seed))
+                    store.finish(key, "done", metrics, curve, ENVIRONMENT)
+                    inputs.setdefault((task, size, mechanism), []).append((metrics, curve))
+    key = store.start(config("same_pair", "small", "softmax", 3))
+    store.finish(key, "failed", environment=ENVIRONMENT, error=TRACEBACK)
+    key = store.start(config("same_pair", "big", "relational", 3))
+    diverged = {"steps": 30, "params": 8000, "diverged_at": 30}
+    store.finish(key, "diverged", diverged, [[10, 2.0, 2.0, 0.1]], ENVIRONMENT)
+    store.start(config("match_pattern/n=250", "small", "softmax", 3))
+    return store, inputs
+
+
+@pytest.fixture(scope="module")
+def report(grid, tmp_path_factory):
+    store, _ = grid
+    return write_report(store.path, tmp_path_factory.mktemp("report"), target=0.8)
+
+
+def expected_row(runs: list, target: float) -> dict:
+    """The summary row of one group, recomputed with plain Python."""
+    accs = [metrics["test_acc"] for metrics, _ in runs]
+    steps = []
+    for _, curve in runs:
+        reached = [step for step, _, _, val in curve if val >= target]
+        if reached:
+            steps.append(reached[0])
+    return {
+        "seeds": len(runs),
+        "test_acc_mean": statistics.mean(accs),
+        "test_acc_std": statistics.stdev(accs),
+        "reached": len(steps),
+        "steps_to_target": statistics.mean(steps) if steps else float("nan"),
+        "samples_to_target": statistics.mean(s * BATCH_SIZE for s in steps) if steps else np.nan,
+        "params": statistics.mean(metrics["params"] for metrics, _ in runs),
+        "step_ms": statistics.mean(metrics["step_ms"] for metrics, _ in runs),
+    }
+
+
+def check_summary(summary: pd.DataFrame, inputs: dict, target: float) -> None:
+    assert len(summary) == len(inputs)
+    for _, row in summary.iterrows():
+        expected = expected_row(inputs[(row.task, row["size"], row.mechanism)], target)
+        assert row.target == target
+        for column, value in expected.items():
+            assert row[column] == pytest.approx(value, nan_ok=True), column
+
+
+def test_summary_matches_the_inputs(grid):
+    store, inputs = grid
+    summary = summary_table(store.to_dataframe())  # target: the cells' early_stop_target
+    check_summary(summary, inputs, EARLY_STOP)
+    assert 0 < summary.reached.sum() < summary.seeds.sum()  # the target is met only sometimes
+    cells = summary.set_index(["task", "size", "mechanism"]).cells
+    assert cells[("same_pair", "small", "softmax")] == 4  # 3 done + 1 failed
+    assert cells[("match_pattern/n=250", "small", "softmax")] == 4  # 3 done + 1 running
+    assert cells.sum() == 39
+
+
+def test_report_files_and_numbers(grid, report):
+    _, inputs = grid
+    labels = ["same_pair", "match_pattern_n_250", "match_pattern_n_500"]
+    pngs = {f"{kind}_{label}.png" for kind in ("curves", "vs_params") for label in labels}
+    pngs.add("vs_train_size_match_pattern.png")
+    names = {p.name for p in report.iterdir()}
+    assert names == pngs | {"report.md", "index.html", "cells.csv", "summary.csv"}
+    check_summary(pd.read_csv(report / "summary.csv"), inputs, 0.8)
+    cells = pd.read_csv(report / "cells.csv")
+    assert len(cells) == 39 and sorted(cells.status.unique()) == sorted(
+        ["done", "failed", "diverged", "running"]
+    )
+    assert {"config.size.d_model", "config.task_kwargs.n_train", "metrics.test_acc"} <= set(cells)
+
+
+def test_pngs_are_valid_and_linked(report):
+    pngs = sorted(report.glob("*.png"))
+    for path in pngs:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert len(np.unique(imread(path))) > 1, path.name
+    markdown = (report / "report.md").read_text()
+    assert sorted(re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)) == [p.name for p in pngs]
+    page = (report / "index.html").read_text()
+    sources = re.findall(r'src="([^"]*)"', page)
+    assert len(sources) == len(pngs)
+    assert all(s.startswith("data:image/png;base64,") for s in sources)
+    assert "http" not in page and ".png" not in page
+
+
+def test_every_cell_is_accounted_for(report):
+    markdown = (report / "report.md").read_text()
+    assert "Cells: 39 (36 done, 1 failed, 1 diverged, 1 running)" in markdown
+    assert "torch 9.9.9, machine x86_64, threads 4" in markdown and "fixture" in markdown
+    section = markdown.split("## Cells not in the tables")[1]
+    assert "| same_pair | small | softmax | 3 | failed | RuntimeError: out of cake |" in section
+    assert "| same_pair | big | relational | 3 | diverged | loss diverged at step 30 |" in section
+    assert "| match_pattern/n=250 | small | softmax | 3 | running | unfinished" in section
+
+
+def test_best_values_are_bold(grid, report):
+    _, inputs = grid
+    markdown = (report / "report.md").read_text()
+    table = markdown.split("## Task: same_pair")[1].split("##")[0]
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ")][1:]
+    accs = {
+        (size, mechanism): statistics.mean(metrics["test_acc"] for metrics, _ in runs)
+        for (task, size, mechanism), runs in inputs.items()
+        if task == "same_pair"
+    }
+    best = max(accs, key=accs.get)
+    for row in rows:
+        size, mechanism, acc = row[0].strip("| "), row[1], row[3]
+        assert acc.startswith("**") == ((size, mechanism) == best), row
+
+
+def test_task_labels_and_empty_store(tmp_path):
+    store = ResultsStore(tmp_path / "labels.sqlite")
+    for label in ("copy_short", "copy_long"):
+        cell = config("same_pair", "small", "softmax", 0) | {"task": label, "task_name": "copy"}
+        store.finish(store.start(cell), "done", *outcome(0, 0, 0, 0))
+    assert list(summary_table(store.to_dataframe()).task) == ["copy_short", "copy_long"]
+
+    out = write_report(ResultsStore(tmp_path / "empty.sqlite"), tmp_path / "empty")
+    assert "Cells: 0 (0 done" in (out / "report.md").read_text() and not list(out.glob("*.png"))
+    with pytest.raises(FileNotFoundError):
+        write_report(tmp_path / "missing.sqlite", tmp_path / "out")
