@@ -12,7 +12,8 @@ from ablations.tasks.match_pattern import PATTERNS
 
 SMALL = {"n_train": 64, "n_validation": 16, "n_test": 16}
 CLASSIFICATION = ["match_pattern", "same_pair", "contains_set", "count_compare"]
-LANGUAGE_MODEL = ["mqar", "copy", "sort"]
+LANGUAGE_MODEL = ["mqar", "copy", "sort", "grammar"]
+OTHER_KINDS = ["arithmetic", "relational_games"]  # tested in test_tasks_more.py
 
 
 def small(name: str, **kwargs):
@@ -20,7 +21,7 @@ def small(name: str, **kwargs):
 
 
 def test_all_tasks_registered():
-    assert list_tasks() == sorted(CLASSIFICATION + LANGUAGE_MODEL)
+    assert list_tasks() == sorted(CLASSIFICATION + LANGUAGE_MODEL + OTHER_KINDS)
 
 
 @pytest.mark.parametrize("name", CLASSIFICATION + LANGUAGE_MODEL)

@@ -3,7 +3,18 @@
 Importing this package registers every task below; see `registry` for the API.
 """
 
-from . import contains_set, copying, count_compare, match_pattern, mqar, same_pair, sorting
+from . import (
+    arithmetic,
+    contains_set,
+    copying,
+    count_compare,
+    grammar,
+    match_pattern,
+    mqar,
+    relational_games,
+    same_pair,
+    sorting,
+)
 from .registry import (
     IGNORE_INDEX,
     KINDS,
@@ -20,14 +31,17 @@ __all__ = [
     "KINDS",
     "Split",
     "Task",
+    "arithmetic",
     "build_task",
     "contains_set",
     "copying",
     "count_compare",
+    "grammar",
     "list_tasks",
     "match_pattern",
     "mqar",
     "register_task",
+    "relational_games",
     "same_pair",
     "sorting",
     "task_arguments",

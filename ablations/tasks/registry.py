@@ -20,6 +20,16 @@ same seed gives the same tensors on every machine and run.
 Targets: classification tasks give one class id per example, shape ``(n,)``; language-model
 tasks give one next-token target per input position, shape ``(n, seq_len)``, with
 `IGNORE_INDEX` (-1) where a position is not scored (use ``cross_entropy(ignore_index=-1)``).
+
+Image-classification tasks give float32 ``inputs`` of shape ``(n, *image_shape)`` in [0, 1],
+``image_shape = (channels, height, width)``, and a `patch_size` for a vision model.
+
+Seq2seq tasks share one vocabulary of `vocab_size` tokens between source and target and expose
+`seq_len`, `target_len`, `start_token` and `pad_token`. ``inputs`` ``(n, seq_len)`` are the
+source tokens padded with `pad_token`; ``targets`` ``(n, target_len)`` are `start_token`, the
+answer tokens, an end token, then `IGNORE_INDEX` padding. Teacher forcing: the decoder reads
+``targets[:, :-1]`` with `IGNORE_INDEX` replaced by `pad_token` and is scored on
+``targets[:, 1:]`` with ``ignore_index=-1``.
 """
 
 from __future__ import annotations

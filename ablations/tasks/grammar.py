@@ -1,0 +1,144 @@
+"""grammar: next-token prediction on sentences of a small English-like probabilistic grammar.
+
+Sentences are sampled from this context-free grammar (number agreement spelt out: ``X_n`` is
+X with number n, singular ``sg`` or plural ``pl``; ``p = recursion_prob``)::
+
+    S     -> NP_sg VP_sg "."  (1/2)   | NP_pl VP_pl "."  (1/2)
+    NP    -> NP_sg  (1/2)             | NP_pl  (1/2)
+    NP_n  -> Det_n N_n  (1 - p)       | Det_n N_n RC_n  (p/2)   | Det_n N_n PP  (p/2)
+    RC_n  -> "that" VP_n  (1/2)       | "that" NP_sg Vt_sg  (1/4) | "that" NP_pl Vt_pl  (1/4)
+    VP_n  -> Vi_n  (1/2)              | Vt_n NP  (1/2)
+    PP    -> P NP
+
+and each preterminal (``Det_n``, ``N_n``, ``Vi_n``, ``Vt_n``, ``P``) is a uniform choice from
+`LEXICON`. Relative clauses and prepositional phrases nest: a noun phrase inside
+``max_depth`` of them takes its first rule, so nesting never goes deeper. The verb of a clause
+agrees with its subject across any nesting in between (``the dog near the cats runs``), the
+long-range dependency that makes the task interesting.
+
+Each sequence is a fresh run of sentences, cut to ``length + 1`` tokens (the last sentence
+usually cut short): ``inputs = x[:-1]`` and ``targets = x[1:]``, every position scored. Tokens
+are the indices of the words in `VOCAB`.
+
+Literal example (length=12), ``x = the dog that the cats chase sleeps . some birds sing . a``::
+
+    inputs : [2, 7, 1, 2, 14, 30, 19, 0, 5, 15, 24, 0]
+    targets: [7, 1, 2, 14, 30, 19, 0, 5, 15, 24, 0, 3]
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from .registry import Task, register_task
+
+LEXICON = {
+    "Det_sg": ("the", "a", "every"),
+    "Det_pl": ("the", "some", "many"),
+    "N_sg": ("dog", "cat", "bird", "child", "teacher", "farmer"),
+    "N_pl": ("dogs", "cats", "birds", "children", "teachers", "farmers"),
+    "Vi_sg": ("sleeps", "runs", "sings"),
+    "Vi_pl": ("sleep", "run", "sing"),
+    "Vt_sg": ("sees", "likes", "chases"),
+    "Vt_pl": ("see", "like", "chase"),
+    "P": ("near", "behind", "with"),
+}
+VOCAB = tuple(dict.fromkeys([".", "that", *itertools.chain(*LEXICON.values())]))
+TOKEN = {word: i for i, word in enumerate(VOCAB)}
+NESTING = ("RC_sg", "RC_pl", "PP")  # the expansions that nest one level deeper
+
+Rules = dict[str, tuple[tuple[float, tuple[str, ...]], ...]]
+
+
+def grammar(recursion_prob: float) -> Rules:
+    """The rules above: each nonterminal's ``(probability, right-hand side)`` alternatives."""
+    p = recursion_prob
+    rules: Rules = {
+        "S": ((0.5, ("NP_sg", "VP_sg", ".")), (0.5, ("NP_pl", "VP_pl", "."))),
+        "NP": ((0.5, ("NP_sg",)), (0.5, ("NP_pl",))),
+        "PP": ((1.0, ("P", "NP")),),
+    }
+    for n in ("sg", "pl"):
+        noun = (f"Det_{n}", f"N_{n}")
+        rules[f"NP_{n}"] = ((1 - p, noun), (p / 2, (*noun, f"RC_{n}")), (p / 2, (*noun, "PP")))
+        rules[f"RC_{n}"] = (
+            (0.5, ("that", f"VP_{n}")),
+            (0.25, ("that", "NP_sg", "Vt_sg")),
+            (0.25, ("that", "NP_pl", "Vt_pl")),
+        )
+        rules[f"VP_{n}"] = ((0.5, (f"Vi_{n}",)), (0.5, (f"Vt_{n}", "NP")))
+    for tag, words in LEXICON.items():
+        rules[tag] = tuple((1 / len(words), (word,)) for word in words)
+    return rules
+
+
+def uniforms(generator: torch.Generator, chunk: int = 1 << 14) -> Iterator[float]:
+    """An endless stream of uniform [0, 1) floats drawn from `generator`, `chunk` at a time."""
+    while True:
+        yield from torch.rand(chunk, generator=generator, dtype=torch.float64).tolist()
+
+
+@register_task("grammar")
+@dataclass(frozen=True)
+class Grammar(Task):
+    kind: ClassVar[str] = "language_model"
+    vocab_size: ClassVar[int] = len(VOCAB)
+    length: int = 64
+    max_depth: int = 3
+    recursion_prob: float = 0.3
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.length < 1:
+            raise ValueError(f"length must be >= 1, got {self.length}")
+        if self.max_depth < 0:
+            raise ValueError(f"max_depth must be >= 0, got {self.max_depth}")
+        if not 0 <= self.recursion_prob <= 1:
+            raise ValueError(f"recursion_prob must be in [0, 1], got {self.recursion_prob}")
+
+    @property
+    def seq_len(self) -> int:
+        return self.length
+
+    def sentence(self, rules: Rules, uniform: Iterator[float]) -> list[int]:
+        """One sentence of `S` as token ids, each choice made with the next of `uniform`."""
+        tokens, stack = [], [("S", 0)]  # (symbol, nesting depth), leftmost on top
+        while stack:
+            symbol, depth = stack.pop()
+            if symbol in TOKEN:
+                tokens.append(TOKEN[symbol])
+                continue
+            alternatives = rules[symbol]
+            if symbol.startswith("NP_") and depth >= self.max_depth:
+                rhs = alternatives[0][1]
+            else:
+                u, rhs = next(uniform), alternatives[-1][1]  # the last if rounding leaves u over
+                for prob, candidate in alternatives:
+                    if u < prob:
+                        rhs = candidate
+                        break
+                    u -= prob
+            child_depth = depth + (symbol in NESTING)
+            stack.extend((child, child_depth) for child in reversed(rhs))
+        return tokens
+
+    def generate(self, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        rules, uniform = grammar(self.recursion_prob), uniforms(generator)
+        rows = []
+        for _ in range(n):
+            row: list[int] = []
+            while len(row) <= self.length:
+                row += self.sentence(rules, uniform)
+            rows.append(row[: self.length + 1])
+        x = torch.tensor(rows)
+        return x[:, :-1], x[:, 1:]
+
+    def decode(self, ids: Tensor | list[int]) -> str:
+        """Token ids as space-separated words."""
+        return " ".join(VOCAB[i] for i in torch.as_tensor(ids).tolist())

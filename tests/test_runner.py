@@ -1,0 +1,200 @@
+"""The grid runner: every cell recorded once, failures and divergence recorded and passed over,
+resume after SIGKILL, the same metrics from every executor, and the CLI around it."""
+
+import io
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ablations import runner
+from ablations.runner import Progress, check_cells, make_executor, run_grid
+from ablations.spec import SpecError, load_grid
+from ablations.store import ResultsStore, config_key
+from attn_zoo.cli import main
+
+GRID = """
+name = "tiny"
+seeds = [0, 1]
+store = "{store}"
+
+[[tasks]]
+name = "same_pair"
+kwargs = {{ n_train = 128, n_validation = 32, n_test = 32 }}
+
+[[sizes]]
+label = "xs"
+d_model = 16
+n_layers = 1
+
+[[mechanisms]]
+label = "std"
+name = "standard"
+kwargs = {{ n_heads = 2 }}
+
+[[mechanisms]]
+label = "rel"
+name = "relational"
+[mechanisms.kwargs]
+n_heads = 2
+symbol_retrieval = "positional_symbols"
+symbol_retrieval_kwargs = {{ max_length = 4 }}
+
+[training]
+steps = {steps}
+eval_every = 10
+batch_size = 16
+"""
+
+
+def grid_file(tmp_path: Path, steps: int = 20, name: str = "grid.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(GRID.format(store=tmp_path / "tiny.sqlite", steps=steps))
+    return path
+
+
+def rows(spec) -> list[dict]:
+    return list(ResultsStore(spec.store).rows())
+
+
+def test_every_cell_recorded_once_and_a_second_run_skips_them(tmp_path):
+    spec = load_grid(grid_file(tmp_path))
+    out = io.StringIO()
+    counts = run_grid(spec, workers=1, out=out)
+    assert counts == {"done": 4, "failed": 0, "diverged": 0}
+    first = rows(spec)
+    assert sorted(r["key"] for r in first) == sorted(config_key(c.config()) for c in spec.cells())
+    assert all(r["status"] == "done" and r["environment"]["commit"] for r in first)
+    assert "4/4 finished" in out.getvalue()
+
+    again = io.StringIO()
+    assert run_grid(spec, workers=1, out=again) == {"done": 0, "failed": 0, "diverged": 0}
+    assert "4 already finished, 0 to run" in again.getvalue() and rows(spec) == first
+
+
+def test_a_failing_cell_is_recorded_with_its_traceback_and_the_grid_goes_on(tmp_path, monkeypatch):
+    real = runner.train_cell
+
+    def flaky(cell, on_progress=None):
+        if cell.mechanism == "rel" and cell.seed == 1:
+            raise RuntimeError("boom in cell rel/1")
+        return real(cell, on_progress)
+
+    monkeypatch.setattr(runner, "train_cell", flaky)
+    spec = load_grid(grid_file(tmp_path))
+    assert run_grid(spec, workers=1, out=io.StringIO()) == {"done": 3, "failed": 1, "diverged": 0}
+    failed = [r for r in rows(spec) if r["status"] == "failed"]
+    assert len(failed) == 1 and failed[0]["config"]["mechanism"] == "rel"
+    assert "Traceback" in failed[0]["error"] and "boom in cell rel/1" in failed[0]["error"]
+
+    monkeypatch.setattr(runner, "train_cell", real)
+    assert run_grid(spec, workers=1, out=io.StringIO())["done"] == 0  # failed counts as finished
+    assert run_grid(spec, workers=1, retry_failed=True, out=io.StringIO())["done"] == 1
+    assert {r["status"] for r in rows(spec)} == {"done"} and len(rows(spec)) == 4
+
+
+def test_diverging_cells_are_recorded_at_their_step(tmp_path):
+    spec = load_grid(
+        grid_file(tmp_path),
+        ["training.lr=1e30", "training.grad_clip=1e30", "training.warmup_steps=1"],
+    )
+    assert run_grid(spec, workers=1, out=io.StringIO())["diverged"] == 4
+    for row in rows(spec):
+        assert row["status"] == "diverged" and 1 < row["metrics"]["diverged_at"] <= 20
+
+
+def test_a_cell_that_cannot_train_stops_the_grid_before_any_training(tmp_path):
+    path = grid_file(tmp_path)
+    path.write_text(path.read_text().replace('symbol_retrieval = "positional_symbols"\n', ""))
+    spec = load_grid(path)
+    with pytest.raises(SpecError, match=r"grid.toml: mechanism 'rel' .* needs symbols"):
+        check_cells(spec)
+    with pytest.raises(SpecError):
+        run_grid(spec, workers=1, out=io.StringIO())
+    assert not spec.store.exists()
+
+
+def test_process_pool_and_ray_give_the_thread_worker_metrics(tmp_path):
+    ray = pytest.importorskip("ray")
+    spec = load_grid(grid_file(tmp_path))
+    run_grid(spec, workers=1, out=io.StringIO())
+    expected = {r["key"]: r["metrics"]["test_acc"] for r in rows(spec)}
+    for executor, workers, name in (("local", 2, "pool"), ("ray", 2, "ray")):
+        other = load_grid(grid_file(tmp_path), [f'store="{tmp_path / name}.sqlite"'])
+        assert run_grid(other, executor=executor, workers=workers, out=io.StringIO()) == {
+            "done": 4,
+            "failed": 0,
+            "diverged": 0,
+        }
+        assert {r["key"]: r["metrics"]["test_acc"] for r in rows(other)} == expected, executor
+    assert not ray.is_initialized()
+
+
+def test_sigkill_midway_then_resume_loses_and_duplicates_nothing(tmp_path):
+    path = grid_file(tmp_path, steps=300)
+    spec = load_grid(path)
+    command = [sys.executable, "-m", "attn_zoo.cli", "ablate", "run", str(path), "--workers", "1"]
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    done_before = {}
+    while time.monotonic() < deadline and not done_before:
+        time.sleep(0.2)
+        if spec.store.exists():
+            with sqlite3.connect(spec.store) as db:
+                done_before = dict(
+                    db.execute("SELECT key, finished FROM cells WHERE status='done'").fetchall()
+                )
+    os.kill(run.pid, signal.SIGKILL)
+    run.wait()
+    assert done_before, "no cell finished before the deadline"
+    statuses = [r["status"] for r in rows(spec)]
+    assert "running" in statuses or len(statuses) < 4  # killed midway
+
+    subprocess.run(command, check=True, capture_output=True)
+    after = rows(spec)
+    assert len(after) == 4 and {r["status"] for r in after} == {"done"}
+    assert len({r["key"] for r in after}) == 4
+    for key, finished in done_before.items():  # finished cells were not trained again
+        assert next(r["finished"] for r in after if r["key"] == key) == finished
+
+
+def test_progress_line_and_eta(tmp_path):
+    out = io.StringIO()
+    progress = Progress(total=6, already=2, slots=2, interval=0, out=out)
+    progress.started("a", load_grid(grid_file(tmp_path)).cells()[0])
+    progress.step("a", 40, 0.25)
+    assert "[2/6 finished, 1 running" in progress.status_line()
+    assert "step 40 loss 0.250" in progress.status_line() and "ETA -" in progress.status_line()
+    progress.finished("a", {"status": "done", "metrics": {"test_acc": 0.5, "steps": 40}})
+    assert "done" in out.getvalue() and "test_acc 0.500 in 40 steps" in out.getvalue()
+    assert "[3/6 finished, 0 running, 0 failed" in progress.status_line()
+    assert progress.eta() != "-"
+
+
+def test_bad_executor_and_workers_are_named():
+    with pytest.raises(ValueError, match="executor='dask' is not valid; valid: local, ray"):
+        make_executor("dask")
+    with pytest.raises(ValueError, match="workers=0: must be >= 1"):
+        make_executor("local", workers=0)
+    with pytest.raises(ValueError, match="address='auto' is for executor='ray'"):
+        make_executor("local", address="auto")
+
+
+def test_cli_dry_run_status_and_report(tmp_path, capsys):
+    path = grid_file(tmp_path)
+    assert main(["ablate", "run", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("todo") == 5 and "4 cells" in out  # 4 rows + the count line
+    assert main(["ablate", "run", str(path), "--workers", "1", "--set", "seeds=[0]"]) == 0
+    assert main(["ablate", "status", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "2 done, 2 todo" in out
+    assert main(["report", str(path), "--out", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "report.md").exists()
+    with pytest.raises(SystemExit, match="mechanisms\\[0\\].name = 'standrd' is not valid"):
+        main(["ablate", "run", str(path), "--set", "mechanisms=[{name='standrd'}]"])
