@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test lint install bench clean
+.PHONY: test lint install demo bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -23,8 +23,13 @@ lint: install
 test: lint
 	$(BIN)/python -m pytest
 
+# The main job: train the demo grid (resumable: run it again to finish or skip), write its report.
+demo: install
+	$(BIN)/attn-zoo ablate run ablations/grids/demo.toml
+	$(BIN)/attn-zoo report ablations/grids/demo.toml --out reports/demo --target 0.9
+
 bench: install
 	$(BIN)/attn-zoo bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis results

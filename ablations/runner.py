@@ -18,6 +18,7 @@ Executors (`EXECUTORS`):
 
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import os
 import queue
@@ -39,11 +40,12 @@ from ablations.train import environment, smoke_test, train_cell
 EXECUTORS = ("local", "ray")
 
 
-def run_cell(config: dict, threads: int, progress=None) -> dict:
+def run_cell(config: dict, threads: int, progress=None, keep_state: bool = False) -> dict:
     """Train the cell of `config` here with `threads` torch threads; never raises.
 
-    Returns the outcome as keyword arguments of `ResultsStore.finish`. `progress.put((key,
-    step, loss))` is called at each evaluation when a queue is given."""
+    Returns the outcome as keyword arguments of `ResultsStore.finish`, plus "state" (the
+    trained weights as torch.save bytes) with `keep_state`. `progress.put((key, step, loss))`
+    is called at each evaluation when a queue is given."""
     torch.set_num_threads(threads)
     key = config_key(config)
 
@@ -52,15 +54,20 @@ def run_cell(config: dict, threads: int, progress=None) -> dict:
             progress.put((key, step, loss))
 
     try:
-        result = train_cell(Cell(**config), on_progress=report)
+        result = train_cell(Cell(**config), on_progress=report, keep_state=keep_state)
     except Exception:
         return dict(status="failed", environment=environment(), error=traceback.format_exc())
-    return dict(
+    outcome = dict(
         status=result.status,
         metrics=result.metrics,
         curve=result.curve,
         environment=result.environment,
     )
+    if result.state is not None:
+        buffer = io.BytesIO()
+        torch.save(result.state, buffer)
+        outcome["state"] = buffer.getvalue()
+    return outcome
 
 
 def source_commit() -> str:
@@ -87,8 +94,8 @@ def _init_worker(progress) -> None:
     _WORKER_PROGRESS = progress
 
 
-def _pool_cell(config: dict, threads: int) -> dict:
-    return run_cell(config, threads, _WORKER_PROGRESS)
+def _pool_cell(config: dict, threads: int, keep_state: bool) -> dict:
+    return run_cell(config, threads, _WORKER_PROGRESS, keep_state)
 
 
 class LocalExecutor:
@@ -113,15 +120,15 @@ class LocalExecutor:
             initargs=(self.progress,),
         )
 
-    def submit(self, config: dict) -> Future:
+    def submit(self, config: dict, keep_state: bool) -> Future:
         if isinstance(self.pool, ThreadPoolExecutor):
-            return self.pool.submit(run_cell, config, self.threads, self.progress)
+            return self.pool.submit(run_cell, config, self.threads, self.progress, keep_state)
         try:
-            return self.pool.submit(_pool_cell, config, self.threads)
+            return self.pool.submit(_pool_cell, config, self.threads, keep_state)
         except BrokenProcessPool:  # a worker died earlier: start a fresh pool
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.pool = self._process_pool()
-            return self.pool.submit(_pool_cell, config, self.threads)
+            return self.pool.submit(_pool_cell, config, self.threads, keep_state)
 
     def wait(self, handles: list, timeout: float) -> list[tuple[object, dict]]:
         finished, _ = wait_futures(handles, timeout=timeout, return_when=FIRST_COMPLETED)
@@ -168,8 +175,8 @@ class RayExecutor:
         self.progress = Queue()
         self.task = ray.remote(num_cpus=1, max_retries=retries)(run_cell)
 
-    def submit(self, config: dict):
-        return self.task.remote(config, 1, self.progress)
+    def submit(self, config: dict, keep_state: bool):
+        return self.task.remote(config, 1, self.progress, keep_state)
 
     def wait(self, handles: list, timeout: float) -> list[tuple[object, dict]]:
         ready, _ = self.ray.wait(handles, num_returns=1, timeout=timeout)
@@ -329,11 +336,13 @@ def run_grid(
             while todo and len(running) < pool.slots:
                 cell = todo.pop(0)
                 key = store.start(cell.config())
-                running[pool.submit(cell.config())] = (key, cell)
+                running[pool.submit(cell.config(), spec.checkpoints)] = (key, cell)
                 progress.started(key, cell)
             for handle, outcome in pool.wait(list(running), timeout=1.0):
                 key, _ = running.pop(handle)
                 outcome["environment"] = dict(outcome.get("environment") or {}, commit=commit)
+                if "state" in outcome:
+                    store.save_checkpoint(key, outcome.pop("state"))
                 store.finish(key, **outcome)
                 progress.finished(key, outcome)
             for key, step, loss in pool.drain():

@@ -4,6 +4,7 @@ validated whole before anything runs, and expanded into cells.
     name = "demo"
     seeds = [0, 1, 2]
     store = "results/demo.sqlite"              # optional; default results/<name>.sqlite
+    checkpoints = false                         # optional; true keeps each cell's weights
 
     [[tasks]]
     name = "match_pattern"
@@ -63,7 +64,9 @@ TRAINING_DEFAULTS = {
     "early_stop_target": 0.0,
 }
 SCHEDULES = ("cosine", "constant")
-TOP_LEVEL = ("name", "seeds", "store", "tasks", "sizes", "mechanisms", "training", "grid")
+TOP_LEVEL = (
+    "name", "seeds", "store", "checkpoints", "tasks", "sizes", "mechanisms", "training", "grid"
+)  # fmt: skip
 SIZE_KEYS = {"label": str, "d_model": int, "n_layers": int, "dff": int, "dropout": float}
 AXES = ("task", "size", "mechanism", "seed")
 
@@ -104,6 +107,7 @@ class GridSpec:
     training: dict
     exclude: list[dict] = field(default_factory=list)
     include: list[dict] = field(default_factory=list)
+    checkpoints: bool = False
 
     def cells(self) -> list[Cell]:
         """The product of tasks x sizes x mechanisms x seeds, minus exclude, plus include."""
@@ -274,6 +278,8 @@ def load_grid(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
                 if kind == "include" and axis != "seed" and value not in valid_values[axis]:
                     raise _fail(path, f"grid.{kind}[{i}].{axis}", value, valid_values[axis])
     store = Path(raw.get("store", f"results/{raw['name']}.sqlite"))
+    checkpoints = raw.get("checkpoints", False)
+    _check_type(path, "checkpoints", checkpoints, bool)
     return GridSpec(
         path,
         raw["name"],
@@ -285,4 +291,5 @@ def load_grid(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
         training,
         grid.get("exclude", []),
         grid.get("include", []),
+        checkpoints,
     )

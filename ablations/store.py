@@ -91,6 +91,19 @@ class ResultsStore:
         if not updated:
             raise KeyError(f"no cell {key} in {self.path}: call start() first")
 
+    def checkpoint_path(self, key: str) -> Path:
+        """Where cell `key`'s trained weights are kept (grids with checkpoints = true)."""
+        return self.path.parent / f"{self.path.stem}.checkpoints" / f"{key}.pt"
+
+    def save_checkpoint(self, key: str, state: bytes) -> Path:
+        """Write `state` (torch.save bytes) for cell `key` atomically; its path."""
+        path = self.checkpoint_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_bytes(state)
+        partial.replace(path)
+        return path
+
     def status(self, config: Mapping) -> str | None:
         """The status of `config`'s cell, or None if it never started."""
         with self._connect() as db:

@@ -29,6 +29,7 @@ class CellResult:
     metrics: dict
     curve: list = field(default_factory=list)  # [step, train_loss, val_loss, val_metric]
     environment: dict = field(default_factory=dict)
+    state: dict | None = None  # the trained model's state_dict, when asked for
 
 
 def environment() -> dict:
@@ -127,9 +128,10 @@ def evaluate(model: nn.Module, task, split, batch_size: int = 512) -> dict[str, 
     return metrics
 
 
-def train_cell(cell: Cell, on_progress=None) -> CellResult:
-    """Train and evaluate `cell`; `on_progress(step, loss)` is called at each evaluation.
-    Exceptions propagate (the runner records them as failed cells with the traceback)."""
+def train_cell(cell: Cell, on_progress=None, keep_state: bool = False) -> CellResult:
+    """Train and evaluate `cell`; `on_progress(step, loss)` is called at each evaluation;
+    `keep_state` returns the trained weights too. Exceptions propagate (the runner records
+    them as failed cells with the traceback)."""
     torch.manual_seed(cell.seed)
     task = build_task(cell.task_name, **cell.task_kwargs)
     splits = task.splits(cell.seed)
@@ -174,4 +176,5 @@ def train_cell(cell: Cell, on_progress=None) -> CellResult:
         metrics.update({f"test_{k}": v for k, v in evaluate(model, task, splits["test"]).items()})
     else:
         metrics["diverged_at"] = step
-    return CellResult(status, metrics, curve, environment())
+    state = model.state_dict() if keep_state else None
+    return CellResult(status, metrics, curve, environment(), state)

@@ -25,6 +25,8 @@ from torch import nn
 
 from attn_zoo.kernels.relational import relational_attention
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
+from attn_zoo.kernels.relational.naive import relation_tensor
+from attn_zoo.kernels.softmax.naive import attention_weights
 from attn_zoo.mechanisms.base import AttentionMechanism
 from attn_zoo.mechanisms.standard import check_heads
 from attn_zoo.nn.rotary import Rotary
@@ -131,12 +133,7 @@ class RelationalAttention(AttentionMechanism):
         is_causal: bool = False,
         rope: Rotary | None = None,  # RoPE on the attention queries and keys
     ) -> torch.Tensor:  # (B, N, n_heads * head_dim)
-        q = rearrange(self.wq_attn(x), "b n (h d) -> b h n d", h=self.n_heads)
-        k = rearrange(self.wk_attn(x), "b n (h d) -> b h n d", h=self.n_kv_heads)
-        if rope is not None:
-            q, k = rope.apply(q), rope.apply(k)
-        qr = rearrange(self.wq_rel(x), "b n (r d) -> b r n d", r=self.n_relations)
-        kr = rearrange(self.wk_rel(x), "b n (r d) -> b r n d", r=self.n_relations)
+        q, k, qr, kr = self.projections(x, rope)
         out = relational_attention(
             q, k, qr, kr,
             **self.symbol_values(x, symbols),
@@ -151,3 +148,31 @@ class RelationalAttention(AttentionMechanism):
         sym, rel = out[..., : self.head_dim], out[..., self.head_dim :]
         heads = sym + einsum(rel, self.wr, "b h n r, h e r -> b h n e")
         return self.resid_dropout(self.wo(rearrange(heads, "b h n d -> b n (h d)")))
+
+    def projections(self, x: torch.Tensor, rope: Rotary | None) -> tuple[torch.Tensor, ...]:
+        """Attention q (B, H, N, dk), k (B, Hkv, N, dk) (RoPE if given) and relation qr, kr
+        (B, R, N, dr)."""
+        q = rearrange(self.wq_attn(x), "b n (h d) -> b h n d", h=self.n_heads)
+        k = rearrange(self.wk_attn(x), "b n (h d) -> b h n d", h=self.n_kv_heads)
+        if rope is not None:
+            q, k = rope.apply(q), rope.apply(k)
+        qr = rearrange(self.wq_rel(x), "b n (r d) -> b r n d", r=self.n_relations)
+        kr = rearrange(self.wk_rel(x), "b n (r d) -> b r n d", r=self.n_relations)
+        return q, k, qr, kr
+
+    @torch.no_grad()
+    def attention_maps(
+        self,
+        x: torch.Tensor,
+        symbols: torch.Tensor | RelativeSymbols | None = None,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        rope: Rotary | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """The forward pass's attention weights and relations, materialised:
+        {"attention": (B, H, N, N), "relations": (B, R, N, N)}."""
+        q, k, qr, kr = self.projections(x, rope)
+        return {
+            "attention": attention_weights(q, k, attn_mask, is_causal, self.head_dim**-0.5),
+            "relations": relation_tensor(qr, kr, self.rel_proj_dim**-0.5, self.rel_activation),
+        }

@@ -18,6 +18,7 @@ from einops import rearrange
 from torch import nn
 
 from attn_zoo.kernels.softmax import softmax_attention
+from attn_zoo.kernels.softmax.naive import attention_weights
 from attn_zoo.mechanisms.base import AttentionMechanism
 from attn_zoo.nn.rotary import Rotary
 from attn_zoo.registry import register_mechanism
@@ -74,10 +75,7 @@ class StandardAttention(AttentionMechanism):
         context: torch.Tensor | None = None,  # (B, M, d_model): cross-attention keys/values
     ) -> torch.Tensor:  # (B, N, n_heads * head_dim)
         source = x if context is None else context
-        q = rearrange(self.wq(x), "b n (h d) -> b h n d", h=self.n_heads)
-        k = rearrange(self.wk(source), "b n (h d) -> b h n d", h=self.n_kv_heads)
-        if rope is not None:
-            q, k = rope.apply(q), rope.apply(k)
+        q, k = self.queries_keys(x, source, rope)
         v = rearrange(self.wv(source), "b n (h d) -> b h n d", h=self.n_kv_heads)
         out = softmax_attention(
             q,
@@ -90,3 +88,27 @@ class StandardAttention(AttentionMechanism):
             backend=self.backend,
         )
         return self.resid_dropout(self.wo(rearrange(out, "b h n d -> b n (h d)")))
+
+    def queries_keys(
+        self, x: torch.Tensor, source: torch.Tensor, rope: Rotary | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q (B, H, N, dk) from x and k (B, Hkv, M, dk) from source, with RoPE if given."""
+        q = rearrange(self.wq(x), "b n (h d) -> b h n d", h=self.n_heads)
+        k = rearrange(self.wk(source), "b n (h d) -> b h n d", h=self.n_kv_heads)
+        if rope is not None:
+            q, k = rope.apply(q), rope.apply(k)
+        return q, k
+
+    @torch.no_grad()
+    def attention_maps(
+        self,
+        x: torch.Tensor,
+        symbols: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        rope: Rotary | None = None,
+        context: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """The forward pass's attention weights, materialised: {"attention": (B, H, N, M)}."""
+        q, k = self.queries_keys(x, x if context is None else context, rope)
+        return {"attention": attention_weights(q, k, attn_mask, is_causal, self.head_dim**-0.5)}

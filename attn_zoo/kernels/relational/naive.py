@@ -18,8 +18,7 @@ from einops import einsum
 
 from attn_zoo.kernels.heads import repeat_kv
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
-from attn_zoo.kernels.softmax.masks import allowed_keys
-from attn_zoo.kernels.softmax.naive import masked_softmax, upcast_half
+from attn_zoo.kernels.softmax.naive import attention_weights, upcast_half
 
 
 def relative_index(n: int, m: int, max_rel_pos: int, device, offset: int = 0, key_offset: int = 0):
@@ -37,6 +36,18 @@ def default_scales(q, qr, scale: float | None, rel_scale: float | None) -> tuple
     )
 
 
+def relation_tensor(
+    qr: torch.Tensor,  # (B, R, N, dr)
+    kr: torch.Tensor,  # (B, R, M, dr)
+    rel_scale: float | None = None,
+    rel_activation: str = "identity",
+) -> torch.Tensor:  # (B, R, N, M)
+    """r_ij^l = act(rel_scale <qr_i^l, kr_j^l>), materialised and unmasked."""
+    rel_scale = qr.shape[-1] ** -0.5 if rel_scale is None else rel_scale
+    raw = einsum(upcast_half(qr), upcast_half(kr), "b r n d, b r m d -> b r n m") * rel_scale
+    return REL_ACTIVATIONS[rel_activation](raw)
+
+
 def naive(
     q: torch.Tensor,  # (B, H, N, dk) attention queries
     k: torch.Tensor,  # (B, Hkv, M, dk) attention keys
@@ -52,15 +63,11 @@ def naive(
     dropout_p: float = 0.0,
 ) -> torch.Tensor:  # (B, H, N, hd + R)
     heads, n, m, dtype = q.shape[1], q.shape[2], k.shape[2], q.dtype
-    q, k, qr, kr = (upcast_half(t) for t in (q, k, qr, kr))
     v, v_rel = (None if t is None else upcast_half(t) for t in (v, v_rel))
-    scale, rel_scale = default_scales(q, qr, scale, rel_scale)
-    scores = einsum(q, repeat_kv(k, heads), "b h n d, b h m d -> b h n m") * scale
-    attn = masked_softmax(scores, allowed_keys(attn_mask, is_causal, n, m, q.device))
+    attn = attention_weights(q, k, attn_mask, is_causal, scale)
     if dropout_p > 0:
         attn = F.dropout(attn, dropout_p)
-    raw = einsum(qr, kr, "b r n d, b r m d -> b r n m") * rel_scale
-    relations = REL_ACTIVATIONS[rel_activation](raw)
+    relations = relation_tensor(qr, kr, rel_scale, rel_activation)
     if v_rel is None:
         sym = einsum(attn, repeat_kv(v, heads), "b h n m, b h m d -> b h n d")
     else:

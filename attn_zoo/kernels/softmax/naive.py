@@ -31,6 +31,22 @@ def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None) -> torch.
     return weights / torch.where(total == 0, 1.0, total)
 
 
+def attention_weights(
+    q: torch.Tensor,  # (B, H, N, dk)
+    k: torch.Tensor,  # (B, Hkv, M, dk)
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:  # (B, H, N, M), float32 or wider
+    """The weights p_ij, materialised (rows with nothing allowed are zero)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    q, k = upcast_half(q), repeat_kv(upcast_half(k), q.shape[1])
+    scores = einsum(q, k, "b h n d, b h m d -> b h n m") * scale
+    return masked_softmax(
+        scores, allowed_keys(attn_mask, is_causal, q.shape[2], k.shape[2], q.device)
+    )
+
+
 def naive(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)
@@ -40,13 +56,8 @@ def naive(
     scale: float | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:  # (B, H, N, dv)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    dtype = q.dtype
-    q, k, v = (upcast_half(t) for t in (q, k, v))
-    k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
-    scores = einsum(q, k, "b h n d, b h m d -> b h n m") * scale
-    allowed = allowed_keys(attn_mask, is_causal, q.shape[2], k.shape[2], q.device)
-    weights = masked_softmax(scores, allowed)
+    weights = attention_weights(q, k, attn_mask, is_causal, scale)
     if dropout_p > 0:
         weights = F.dropout(weights, dropout_p)
-    return einsum(weights, v, "b h n m, b h m d -> b h n d").to(dtype)
+    v = repeat_kv(upcast_half(v), q.shape[1])
+    return einsum(weights, v, "b h n m, b h m d -> b h n d").to(q.dtype)

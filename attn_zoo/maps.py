@@ -1,0 +1,114 @@
+"""Attention maps of a model on real inputs, recorded from a forward pass, and their heatmaps.
+
+    maps = record_attention_maps(model, x)    # {"blocks.0.attn": {"attention": (B, H, N, M)},
+                                              #  "blocks.0.attn.relational_attention":
+                                              #      {"attention": ..., "relations": (B, R, N, N)}}
+    figure = plot_attention_maps(maps, example=0, labels=["7", "3", ...])
+
+Every module with an `attention_maps(*args, **kwargs)` method (standard and relational
+attention, so dual attention's two branches and cross-attention too) is hooked: the method
+receives exactly the arguments of the module's forward call and returns its weights
+materialised, so the maps are those of the pass the model really ran, masks and RoPE included.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from matplotlib.figure import Figure
+from torch import nn
+
+
+@contextmanager
+def recording_attention(model: nn.Module) -> Iterator[dict[str, dict[str, torch.Tensor]]]:
+    """Within the block, `model` runs in eval mode without gradients and every attention
+    module's maps of the latest forward call are collected, by module name, into the dict."""
+    modules = [
+        (name, module)
+        for name, module in model.named_modules()
+        if callable(getattr(module, "attention_maps", None))
+    ]
+    if not modules:
+        raise ValueError(
+            f"{type(model).__name__} has no module with attention_maps(): only standard and "
+            "relational attention (and mechanisms built from them, e.g. dual) record maps"
+        )
+    maps: dict[str, dict[str, torch.Tensor]] = {}
+    names = {module: name or type(module).__name__ for name, module in modules}
+
+    def hook(module, args, kwargs):
+        maps[names[module]] = {
+            kind: value.detach().cpu()
+            for kind, value in module.attention_maps(*args, **kwargs).items()
+        }
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for _, m in modules]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield maps
+    finally:
+        model.train(was_training)
+        for handle in handles:
+            handle.remove()
+
+
+def record_attention_maps(
+    model: nn.Module, *inputs, **kwargs
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Run `model(*inputs, **kwargs)` in eval mode; every attention module's maps by name."""
+    with recording_attention(model) as maps:
+        model(*inputs, **kwargs)
+    return maps
+
+
+def plot_attention_maps(
+    maps: dict[str, dict[str, torch.Tensor]],
+    example: int = 0,
+    labels: list[str] | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Heatmaps of one example: a row per (module, kind), a column per head or relation.
+
+    Attention rows are queries, columns keys (weights in [0, 1]); relation maps r_ij^l use a
+    diverging colour scale centred on 0. `labels` names the N positions on the axes."""
+    rows = [
+        (name, kind, tensor[example])
+        for name, kinds in maps.items()
+        for kind, tensor in kinds.items()
+    ]
+    columns = max(t.shape[0] for *_, t in rows)
+    size = max(2.6, 1.2 + 0.12 * rows[0][2].shape[-1])  # inches per map
+    figure = Figure(figsize=(size * columns, size * len(rows)), layout="constrained")
+    axes = figure.subplots(len(rows), columns, squeeze=False)
+    for r, (name, kind, tensor) in enumerate(rows):
+        for c in range(columns):
+            ax = axes[r][c]
+            if c >= tensor.shape[0]:
+                ax.set_axis_off()
+                continue
+            grid = tensor[c].float().numpy()
+            if kind == "relations":  # one symmetric scale per row
+                bound = max(float(tensor.abs().max()), 1e-6)
+                image = ax.imshow(grid, cmap="RdBu_r", vmin=-bound, vmax=bound)
+            else:
+                image = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1)
+            ax.set_title(
+                f"{name}\n{kind} {'relation' if kind == 'relations' else 'head'} {c}", fontsize=7
+            )
+            if labels is not None and len(labels) == grid.shape[-1]:
+                ax.set_xticks(range(len(labels)), labels, fontsize=6, rotation=90)
+            else:
+                ax.set_xticks([])
+            if labels is not None and len(labels) == grid.shape[0]:
+                ax.set_yticks(range(len(labels)), labels, fontsize=6)
+            else:
+                ax.set_yticks([])
+        figure.colorbar(image, ax=axes[r].tolist(), shrink=0.8)
+    if title:
+        figure.suptitle("\n".join(textwrap.wrap(title, 45 * columns)), fontsize=9)
+    return figure
