@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from concurrent.futures.process import BrokenProcessPool
@@ -221,32 +222,42 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
+def _kind(cell: Cell) -> tuple[str, str, str]:
+    return (cell.task, cell.size["label"], cell.mechanism)
+
+
 class Progress:
     """Prints each finished cell, and every `interval` seconds a line with the cells done,
-    running, failed and diverged, the ETA, and each running cell's step and loss."""
+    running, failed and diverged, the ETA, and each running cell's step and loss.
 
-    def __init__(self, total: int, already: int, slots: int, interval: float, out=sys.stdout):
-        self.total, self.already, self.slots, self.interval, self.out = (
-            total, already, slots, interval, out
-        )  # fmt: skip
+    The ETA sums each unfinished cell's expected time (the mean of finished cells of its
+    task, size and mechanism; else of its task; else of all), less the running cells' time
+    so far, over the worker slots."""
+
+    def __init__(self, todo: list[Cell], total: int, slots: int, interval: float, out=sys.stdout):
+        self.total, self.already = total, total - len(todo)
+        self.slots, self.interval, self.out = slots, interval, out
+        self.pending = Counter(_kind(cell) for cell in todo)
         self.counts = dict.fromkeys(FINISHED, 0)
-        self.running: dict[str, list] = {}  # key -> [label, started, step, loss]
-        self.durations: list[float] = []
+        self.running: dict[str, list] = {}  # key -> [label, kind, started, step, loss]
+        self.durations: dict[tuple, list[float]] = {}
         self.last = time.monotonic()
 
     def print(self, line: str) -> None:
         print(line, file=self.out, flush=True)
 
     def started(self, key: str, cell: Cell) -> None:
-        self.running[key] = [cell_label(cell), time.monotonic(), 0, float("nan")]
+        self.pending[_kind(cell)] -= 1
+        self.running[key] = [cell_label(cell), _kind(cell), time.monotonic(), 0, float("nan")]
 
     def step(self, key: str, step: int, loss: float) -> None:
         if key in self.running:
-            self.running[key][2:] = [step, loss]
+            self.running[key][3:] = [step, loss]
 
     def finished(self, key: str, outcome: dict) -> None:
-        label, started, *_ = self.running.pop(key)
-        self.durations.append(time.monotonic() - started)
+        label, kind, started, *_ = self.running.pop(key)
+        seconds = time.monotonic() - started
+        self.durations.setdefault(kind, []).append(seconds)
         status = outcome["status"]
         self.counts[status] += 1
         metrics = outcome.get("metrics") or {}
@@ -257,20 +268,29 @@ class Progress:
         else:
             what = (outcome.get("error") or "").strip().splitlines()[-1:]
             what = what[0] if what else "no traceback"
-        self.print(f"{status:8s} {label}: {what} ({_duration(self.durations[-1])})")
+        self.print(f"{status:8s} {label}: {what} ({_duration(seconds)})")
+
+    def expected(self, kind: tuple) -> float | None:
+        """Mean seconds of finished cells like `kind`: same kind, else same task, else any."""
+        for like in (lambda k: k == kind, lambda k: k[0] == kind[0], lambda k: True):
+            times = [t for k, ts in self.durations.items() if like(k) for t in ts]
+            if times:
+                return sum(times) / len(times)
+        return None
 
     def eta(self) -> str:
-        left = self.total - self.already - sum(self.counts.values())
-        if not self.durations or not left:
+        if not self.durations or not (self.running or sum(self.pending.values())):
             return "-"
-        mean = sum(self.durations) / len(self.durations)
-        elapsed = sum(time.monotonic() - r[1] for r in self.running.values())
-        return _duration(max(0.0, left * mean - elapsed) / self.slots)
+        now = time.monotonic()
+        left = sum(self.expected(kind) * n for kind, n in self.pending.items() if n)
+        left += sum(max(0.0, self.expected(r[1]) - (now - r[2])) for r in self.running.values())
+        return _duration(left / self.slots)
 
     def status_line(self) -> str:
         done = self.already + sum(self.counts.values())
         running = "; ".join(
-            f"{label} step {step} loss {loss:.3f}" for label, _, step, loss in self.running.values()
+            f"{label} step {step} loss {loss:.3f}"
+            for label, _, _, step, loss in self.running.values()
         )
         return (
             f"[{done}/{self.total} finished, {len(self.running)} running, "
@@ -328,7 +348,7 @@ def run_grid(
     if not todo:
         return dict.fromkeys(FINISHED, 0)
     pool = make_executor(executor, workers, address)
-    progress = Progress(len(cells), len(cells) - len(todo), pool.slots, interval, out)
+    progress = Progress(todo, len(cells), pool.slots, interval, out)
     commit = source_commit()
     running: dict[object, tuple[str, Cell]] = {}
     try:

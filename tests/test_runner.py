@@ -163,17 +163,25 @@ def test_sigkill_midway_then_resume_loses_and_duplicates_nothing(tmp_path):
         assert next(r["finished"] for r in after if r["key"] == key) == finished
 
 
-def test_progress_line_and_eta(tmp_path):
+def test_progress_line_and_eta_by_kind_of_cell(tmp_path):
+    cells = load_grid(grid_file(tmp_path)).cells()  # std s0, std s1, rel s0, rel s1
     out = io.StringIO()
-    progress = Progress(total=6, already=2, slots=2, interval=0, out=out)
-    progress.started("a", load_grid(grid_file(tmp_path)).cells()[0])
+    progress = Progress(cells, total=6, slots=2, interval=0, out=out)
+    progress.started("a", cells[0])
     progress.step("a", 40, 0.25)
-    assert "[2/6 finished, 1 running" in progress.status_line()
-    assert "step 40 loss 0.250" in progress.status_line() and "ETA -" in progress.status_line()
+    line = progress.status_line()
+    assert "[2/6 finished, 1 running" in line and "step 40 loss 0.250" in line
+    assert "ETA -" in line  # nothing finished yet: no estimate
     progress.finished("a", {"status": "done", "metrics": {"test_acc": 0.5, "steps": 40}})
-    assert "done" in out.getvalue() and "test_acc 0.500 in 40 steps" in out.getvalue()
+    assert "test_acc 0.500 in 40 steps" in out.getvalue()
     assert "[3/6 finished, 0 running, 0 failed" in progress.status_line()
-    assert progress.eta() != "-"
+
+    progress.durations = {("same_pair", "xs", "std"): [10.0], ("same_pair", "xs", "rel"): [30.0]}
+    assert progress.expected(("same_pair", "xs", "rel")) == 30.0
+    assert progress.expected(("same_pair", "xl", "rel")) == 20.0  # same task
+    assert progress.expected(("copy", "xs", "std")) == 20.0  # any
+    # pending: std s1 (10 s), rel s0 and rel s1 (30 s each): 70 s over 2 slots
+    assert progress.eta() == "35s"
 
 
 def test_bad_executor_and_workers_are_named():
