@@ -88,7 +88,11 @@ n_layers = 1
 [[mechanisms]]
 label = "dual"
 name = "dual"
-kwargs = {{ n_heads_sa = 1, n_heads_ra = 1, symbol_retrieval = "positional_symbols", symbol_retrieval_kwargs = {{ max_length = 2 }} }}
+[mechanisms.kwargs]
+n_heads_sa = 1
+n_heads_ra = 1
+symbol_retrieval = "positional_symbols"
+symbol_retrieval_kwargs = {{ max_length = 2 }}
 [training]
 steps = 5
 eval_every = 5

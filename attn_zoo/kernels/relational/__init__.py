@@ -18,6 +18,7 @@ from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
 from attn_zoo.kernels.relational.chunked import chunked
 from attn_zoo.kernels.relational.fused import fused
 from attn_zoo.kernels.relational.naive import naive
+from attn_zoo.kernels.relational.triton import triton_missing, triton_relational
 from attn_zoo.kernels.softmax import check_mask
 
 FEATURES = frozenset(
@@ -49,6 +50,26 @@ register_backend(
         },
     ),
 )(fused)
+# Flash-style Triton kernels (CUDA). Below chunked on CUDA for `auto` until the compiled kernel has
+# been checked and timed on a GPU; ask for it by name.
+register_backend(
+    "relational",
+    "triton",
+    tier="fused",
+    priority=5,
+    available=triton_missing,
+    capabilities=Capabilities(
+        FEATURES - {"dropout", "relative_symbols"},
+        devices=frozenset({"cuda"}),
+        dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
+        why={
+            "cpu": "Triton kernels need a CUDA GPU (on CPU only the Triton interpreter runs them, "
+            "for tests)",
+            "dropout": "the Triton kernel has no dropout",
+            "relative_symbols": "the Triton kernel reads absolute symbol values v, not v_rel",
+        },
+    ),
+)(triton_relational)
 
 
 def describe_call(
