@@ -8,28 +8,24 @@
     cells.csv            one row per cell, config and metrics flattened to dotted columns
     curves_<task>.png    validation accuracy vs step, per mechanism (and size): mean, min-max band
     vs_params_<task>.png test accuracy vs parameters, one point per mechanism and size
-    vs_train_size_<task name>.png  test accuracy vs n_train, where a task's n_train varies
+    vs_train_size_<family>.png  test accuracy vs n_train, where a task family's n_train varies
 
-A task is grouped by its label (`config["task"]`); the training-set size plot groups the labels
-of one registered task (`config["task_name"]`) by `task_kwargs["n_train"]`. Failed, diverged
-and unfinished cells are listed in their own section, never dropped.
+A task is grouped by its label (`config["task"]`). A task family is a registered task with its
+kwargs other than the split sizes (e.g. ``relational_games (problem=same)``): the training-set
+size plots and table put the labels of one family side by side by `task_kwargs["n_train"]`.
+Failed, diverged and unfinished cells are listed in their own section, never dropped.
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import re
 from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
-from matplotlib import colormaps
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ablations.store import ResultsStore
+from attn_zoo.report_pages import file_name, label_colours, new_figure, write_pages
 
 SUMMARY_COLUMNS = [
     "task",
@@ -46,6 +42,7 @@ SUMMARY_COLUMNS = [
     "params",
     "step_ms",
 ]
+SPLIT_SIZES = ("n_train", "n_validation", "n_test")
 LINESTYLES = ["-", "--", ":", "-."]
 MARKERS = ["o", "s", "^", "D", "v"]
 
@@ -72,9 +69,17 @@ def _cells(df: pd.DataFrame) -> pd.DataFrame:
     report uses."""
     flat = pd.json_normalize(df.to_dict("records"), sep=".")
     missing = pd.Series(float("nan"), index=flat.index)
-    cells = {"task": flat.get("config.task", missing), "task_name": flat.get("config.task_name")}
+    cells = {"task": flat.get("config.task", missing), "family": df.apply(_family, axis=1)}
     cells.update({column: flat.get(field, missing) for column, field in FIELDS.items()})
     return pd.DataFrame(cells)
+
+
+def _family(row: pd.Series) -> str:
+    """The registered task with its kwargs other than split sizes: 'name (k=v, ...)'."""
+    kwargs = row.get("config.task_kwargs") or {}
+    other = [f"{k}={v}" for k, v in sorted(kwargs.items()) if k not in SPLIT_SIZES]
+    name = row.get("config.task_name")
+    return f"{name} ({', '.join(other)})" if other else str(name)
 
 
 def _first_step(curve: list | None, target: float) -> int | None:
@@ -182,22 +187,10 @@ def _detail(cell: pd.Series) -> str:
     return "unfinished: still running, or its run was interrupted"
 
 
-def _colours(mechanisms) -> dict[str, tuple]:
-    """A fixed colour per mechanism label: sorted labels take the tab10 colours in turn."""
-    tab10 = colormaps["tab10"]
-    return {label: tab10(i % 10) for i, label in enumerate(sorted(set(mechanisms)))}
-
-
-def _figure() -> tuple[Figure, Axes]:
-    figure = Figure(figsize=(6.4, 4.2), layout="constrained")
-    FigureCanvasAgg(figure)
-    return figure, figure.add_subplot()
-
-
 def _plot_curves(task: str, done: pd.DataFrame, colours: dict) -> Figure | None:
     """Validation accuracy vs step per mechanism (and size): mean line and min-max band over
     seeds; a seed that stopped early holds its last value."""
-    figure, ax = _figure()
+    figure, ax = new_figure()
     sizes = list(dict.fromkeys(done["size"]))
     for (size, mechanism), group in done.groupby(["size", "mechanism"], sort=False):
         runs = [pd.Series({p[0]: p[3] for p in curve}) for curve in group.curve if curve]
@@ -221,7 +214,7 @@ def _plot_vs_params(task: str, table: pd.DataFrame, colours: dict) -> Figure | N
     table = table[table.seeds > 0]
     if table.empty:
         return None
-    figure, ax = _figure()
+    figure, ax = new_figure()
     sizes = list(dict.fromkeys(table["size"]))
     for _, row in table.iterrows():
         label = row.mechanism if len(sizes) == 1 else f"{row.mechanism} ({row['size']})"
@@ -237,9 +230,32 @@ def _plot_vs_params(task: str, table: pd.DataFrame, colours: dict) -> Figure | N
     return figure
 
 
+def _train_size_table(done: pd.DataFrame) -> tuple[list[str], list[list[tuple[str, bool]]]]:
+    """Rows n_train (and size), columns mechanism: test accuracy mean ± std (seeds); best bold."""
+    stats = done.groupby(["n_train", "size", "mechanism"], sort=False).test_acc.agg(
+        ["mean", "std", "count"]
+    )
+    mechanisms = list(dict.fromkeys(done.mechanism))
+    header = ["n_train", "size", *mechanisms]
+    rows = []
+    for (n_train, size), group in stats.groupby(level=[0, 1], sort=True):
+        group = group.droplevel([0, 1])
+        best = group["mean"].max()
+        row = [(f"{n_train:.0f}", False), (str(size), False)]
+        for mechanism in mechanisms:
+            if mechanism not in group.index:
+                row.append(("-", False))
+                continue
+            m, sd, n = group.loc[mechanism]
+            sd = 0.0 if pd.isna(sd) else sd
+            row.append((f"{m:.3f} ± {sd:.3f} ({n:.0f})", m == best))
+        rows.append(row)
+    return header, rows
+
+
 def _plot_vs_train_size(task_name: str, done: pd.DataFrame, colours: dict) -> Figure:
     """Test accuracy (mean, error bars = std over seeds) vs n_train, per mechanism and size."""
-    figure, ax = _figure()
+    figure, ax = new_figure()
     sizes = list(dict.fromkeys(done["size"]))
     for (size, mechanism), group in done.groupby(["size", "mechanism"], sort=False):
         stats = group.groupby("n_train").test_acc.agg(["mean", "std"]).fillna({"std": 0.0})
@@ -259,10 +275,6 @@ def _plot_vs_train_size(task_name: str, done: pd.DataFrame, colours: dict) -> Fi
     return figure
 
 
-def _file_name(kind: str, name: str) -> str:
-    return f"{kind}_{re.sub(r'[^A-Za-z0-9_-]', '_', str(name))}.png"
-
-
 def _environment(store: ResultsStore) -> str:
     """The distinct (torch, machine, threads) the cells ran with."""
     seen = []
@@ -272,75 +284,6 @@ def _environment(store: ResultsStore) -> str:
         if text and text not in seen:
             seen.append(text)
     return "; ".join(seen) or "not recorded"
-
-
-def _markdown_cell(text: str) -> str:
-    return html.escape(str(text), quote=False).replace("|", "\\|")
-
-
-def _markdown(blocks: list[tuple]) -> str:
-    parts = []
-    for kind, *content in blocks:
-        if kind in ("h1", "h2"):
-            parts.append("#" * int(kind[1]) + " " + content[0])
-        elif kind == "p":
-            parts.append(content[0])
-        elif kind == "ul":
-            parts.append("\n".join(f"- {item}" for item in content[0]))
-        elif kind == "img":
-            parts.append(f"![{content[1]}]({content[0]})")
-        elif kind == "table":
-            header, rows = content
-            lines = ["| " + " | ".join(map(_markdown_cell, header)) + " |"]
-            lines.append("|" + "---|" * len(header))
-            for row in rows:
-                cells = [f"**{_markdown_cell(t)}**" if b else _markdown_cell(t) for t, b in row]
-                lines.append("| " + " | ".join(cells) + " |")
-            parts.append("\n".join(lines))
-    return "\n\n".join(parts) + "\n"
-
-
-STYLE = (
-    "body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
-    "table{border-collapse:collapse;margin:1em 0}"
-    "th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left}th{background:#f3f3f3}"
-    "img{max-width:100%}"
-)
-PAGE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>{title}</title>
-<style>{style}</style>
-</head>
-<body>
-{body}
-</body>
-</html>
-"""
-
-
-def _html(blocks: list[tuple], folder: Path) -> str:
-    esc = html.escape
-    parts = []
-    for kind, *content in blocks:
-        if kind in ("h1", "h2"):
-            parts.append(f"<{kind}>{esc(content[0])}</{kind}>")
-        elif kind == "p":
-            parts.append(f"<p>{esc(content[0])}</p>")
-        elif kind == "ul":
-            parts.append("<ul>" + "".join(f"<li>{esc(i)}</li>" for i in content[0]) + "</ul>")
-        elif kind == "img":
-            data = base64.b64encode((folder / content[0]).read_bytes()).decode()
-            parts.append(f'<p><img src="data:image/png;base64,{data}" alt="{esc(content[1])}"></p>')
-        elif kind == "table":
-            header, rows = content
-            lines = ["<table>", "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"]
-            for row in rows:
-                cells = [f"<b>{esc(t)}</b>" if b else esc(t) for t, b in row]
-                lines.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-            parts.append("\n".join(lines + ["</table>"]))
-    return PAGE.format(title=esc(blocks[0][1]), style=STYLE, body="\n".join(parts))
 
 
 def _cells_csv(frame: pd.DataFrame) -> pd.DataFrame:
@@ -409,7 +352,7 @@ def write_report(
     summary.to_csv(folder / "summary.csv", index=False)
     blocks = _header(store, frame, cells, title)
 
-    colours = _colours(cells.mechanism.dropna())
+    colours = label_colours(cells.mechanism.dropna())
     done = cells[cells.status == "done"]
     for task, table in summary.groupby("task", sort=False):
         blocks += [("h2", f"Task: {task}"), ("table", *_task_table(table.reset_index(drop=True)))]
@@ -419,16 +362,18 @@ def write_report(
         ]
         for kind, figure, alt in figures:
             if figure is not None:
-                figure.savefig(folder / _file_name(kind, task), dpi=100)
-                blocks.append(("img", _file_name(kind, task), f"{task}: {alt}"))
+                figure.savefig(folder / file_name(kind, task), dpi=100)
+                blocks.append(("img", file_name(kind, task), f"{task}: {alt}"))
 
-    for task_name, group in done.dropna(subset=["n_train"]).groupby("task_name", sort=False):
+    for family, group in done.dropna(subset=["n_train"]).groupby("family", sort=False):
         if group.n_train.nunique() > 1:
-            name = _file_name("vs_train_size", task_name)
-            _plot_vs_train_size(task_name, group, colours).savefig(folder / name, dpi=100)
+            name = file_name("vs_train_size", family)
+            _plot_vs_train_size(family, group, colours).savefig(folder / name, dpi=100)
             blocks += [
-                ("h2", f"Training-set size: {task_name}"),
-                ("img", name, f"{task_name}: accuracy vs training-set size"),
+                ("h2", f"Training-set size: {family}"),
+                ("p", "Test accuracy, mean ± std (seeds); bold: the best mechanism per row."),
+                ("table", *_train_size_table(group)),
+                ("img", name, f"{family}: accuracy vs training-set size"),
             ]
 
     unfinished = cells[cells.status != "done"]
@@ -443,6 +388,5 @@ def write_report(
         ]
         blocks.append(("table", header, rows))
 
-    (folder / "report.md").write_text(_markdown(blocks), encoding="utf-8")
-    (folder / "index.html").write_text(_html(blocks, folder), encoding="utf-8")
+    write_pages(blocks, folder)
     return folder

@@ -24,12 +24,18 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
 
 from attn_zoo.kernels.dispatch import UnsupportedCallError, family
 from attn_zoo.kernels.softmax import softmax_attention
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 Run = Callable[[], torch.Tensor]
 
@@ -217,7 +223,14 @@ def measure(
             except UnsupportedCallError as err:
                 row["note"] = "; ".join(err.reasons.values())
             rows.append(row)
-    table = pd.DataFrame(rows)
+    return add_ratios(pd.DataFrame(rows), baselines)
+
+
+def add_ratios(table: pd.DataFrame, baselines: Sequence[str]) -> pd.DataFrame:
+    """`table` (backend, N, fwd_ms, fwd_bwd_ms, train_peak_mb, note) with, for each baseline
+    backend it holds, each row's ratio to the baseline's row at the same N: fwd_vs_, time_vs_
+    (fwd+bwd) and mem_vs_ (training peak memory); `note` last."""
+    table = table.copy()
     for base in baselines:
         ref = table[table.backend == base].set_index("N")
         if ref.empty:
@@ -350,3 +363,144 @@ def bench_mechanisms(
         if backend not in ("flex", "xformers")  # no CPU backward / no CPU kernels
     ]
     return measure(workloads, lengths, repeats, device, ("standard:sdpa",), memory)
+
+
+REPORT_BASELINES = ("sdpa", "standard_sdpa", "standard:sdpa", "reference")  # whichever a suite has
+LINESTYLES = ("-", "--", ":", "-.")  # one per baseline on a ratio plot
+REPORT_NOTES = (
+    "Time: median wall-clock milliseconds of one forward pass (no gradients) and of one "
+    "forward+backward pass, after a warm-up. Peak MiB: the memory one forward+backward adds "
+    "above what was in use before it (CPU: the rise of the peak resident set, in a fresh "
+    "process; CUDA: torch's allocator peak). Ratios (x vs b): a row's value divided by that of "
+    "backend b at the same N, in the same run on the same machine; below 1 is faster or "
+    "smaller. sdpa, standard_sdpa and standard:sdpa are torch's scaled_dot_product_attention "
+    "(the kernel, or a standard attention layer on it); reference is the dual-attention "
+    "package. A dash: not measured, or the backend refused the call (notes under the table). "
+    "Plots are log-log; each suite's numbers are in bench_<suite>.csv."
+)
+
+
+def _number(value: float) -> str:
+    """A table cell: '-' for NaN, else three significant digits (whole numbers from 100)."""
+    if pd.isna(value):
+        return "-"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _suite_table(
+    table: pd.DataFrame, baselines: list[str], memory: bool
+) -> tuple[list[str], list[list[tuple[str, bool]]]]:
+    """Header and rows of a suite's table: per (N, backend), times, peak memory and ratios."""
+    columns = {"fwd_ms": "fwd ms", "fwd_bwd_ms": "fwd+bwd ms", "train_peak_mb": "peak MiB"}
+    for base in baselines:
+        columns[f"fwd_vs_{base}"] = f"fwd vs {base}"
+        columns[f"time_vs_{base}"] = f"fwd+bwd vs {base}"
+        columns[f"mem_vs_{base}"] = f"memory vs {base}"
+    if not memory:
+        columns = {c: h for c, h in columns.items() if not c.startswith(("train_peak", "mem_vs"))}
+    rows = [
+        [(str(row.N), False), (row.backend, False)] + [(_number(row[c]), False) for c in columns]
+        for _, row in table.iterrows()
+    ]
+    return ["N", "backend", *columns.values()], rows
+
+
+def _notes(table: pd.DataFrame) -> list[str]:
+    """Why backends refused calls: 'backend at N = n, ...: note', one item per (backend, note)."""
+    noted = table[table.note.fillna("") != ""]
+    return [
+        f"{backend} at N = {', '.join(map(str, group.N))}: {note}"
+        for (backend, note), group in noted.groupby(["backend", "note"], sort=False)
+    ]
+
+
+def _plot_lines(
+    ax: Axes, table: pd.DataFrame, lines: dict[str, tuple[str, str]], colours: dict
+) -> None:
+    """Each backend's columns `lines` ({column: (linestyle, legend)}) against N on log-log
+    axes, positive values only; a colour per backend, a line style per column."""
+    drawn = []
+    for backend, rows in table.groupby("backend", sort=False):
+        for column, (style, _) in lines.items():
+            values = rows.set_index("N")[column]
+            values = values[values > 0]
+            if len(values):
+                ax.plot(values.index, values, linestyle=style, marker="o", color=colours[backend])
+                drawn.append(backend)
+    for backend in dict.fromkeys(drawn):  # legend entries: backends, then line styles
+        ax.plot([], [], color=colours[backend], label=backend)
+    if len(lines) > 1:
+        for style, legend in lines.values():
+            ax.plot([], [], linestyle=style, color="grey", label=legend)
+    lengths = sorted(table.N.unique())
+    ax.set(xscale="log", yscale="log", xlabel="sequence length N")
+    ax.set_xticks(lengths, labels=[str(n) for n in lengths])
+    ax.set_xticks([], minor=True)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1))
+
+
+def write_bench_report(
+    tables: dict[str, pd.DataFrame],
+    out_dir: str | Path,
+    title: str,
+    settings: dict[str, str],
+    command: str,
+) -> Path:
+    """Write a report of bench tables measured on this machine ({suite: table of `measure`})
+    into `out_dir` (created if missing): report.md, a self-contained index.html, and per suite
+    bench_<suite>.csv and log-log plots against N: time_<suite>.png (forward and
+    forward+backward), memory_<suite>.png (training peak, when measured) and ratio_<suite>.png
+    (forward+backward time over the suite's SDPA and reference baselines). `settings` names
+    each suite's settings and `command` the command line that writes the report again.
+    Returns `out_dir`."""
+    # matplotlib is imported here only: the process that measures memory imports this module
+    from attn_zoo.report_pages import file_name, label_colours, new_figure, write_pages
+
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    blocks = [
+        ("h1", title),
+        (
+            "ul",
+            [
+                f"Machine: {machine()}",
+                f"Generated: {datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+                f"Command: {command}",
+            ],
+        ),
+        ("p", REPORT_NOTES),
+    ]
+    for suite, table in tables.items():
+        table.to_csv(folder / f"bench_{suite}.csv", index=False)
+        baselines = [base for base in REPORT_BASELINES if f"time_vs_{base}" in table]
+        memory = bool(table.train_peak_mb.notna().any())
+        blocks += [
+            ("h2", f"Suite: {suite}"),
+            ("p", settings[suite]),
+            ("table", *_suite_table(table, baselines, memory)),
+        ]
+        if notes := _notes(table):
+            blocks.append(("ul", notes))
+        backends = set(table.backend)
+        colours = label_colours(backends, "tab10" if len(backends) <= 10 else "tab20")
+        plots = {
+            "time": ({"fwd_bwd_ms": ("-", "fwd+bwd"), "fwd_ms": ("--", "fwd")}, "time (ms)"),
+            "memory": ({"train_peak_mb": ("-", "fwd+bwd")}, "training peak memory (MiB)"),
+            "ratio": (
+                {f"time_vs_{b}": (LINESTYLES[i], f"vs {b}") for i, b in enumerate(baselines)},
+                "fwd+bwd time ratio to the baseline",
+            ),
+        }
+        for kind, (lines, ylabel) in plots.items():
+            if not lines or not (table[list(lines)] > 0).to_numpy().any():
+                continue
+            figure, ax = new_figure()
+            _plot_lines(ax, table, lines, colours)
+            if kind == "ratio":
+                ax.axhline(1, color="grey", linewidth=0.8)
+            ax.set(ylabel=ylabel, title=f"{suite}: {ylabel}")
+            name = file_name(kind, suite)
+            figure.savefig(folder / name, dpi=100)
+            blocks.append(("img", name, f"{suite}: {ylabel} against N"))
+    write_pages(blocks, folder)
+    return folder

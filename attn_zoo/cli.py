@@ -1,6 +1,7 @@
 """The ``attn-zoo`` command.
 
-attn-zoo bench [--suite softmax relational dual] [--lengths ...] [--csv-dir DIR]
+attn-zoo bench [--suite softmax relational dual mechanisms] [--lengths ...] [--csv-dir DIR]
+               [--report DIR]
 attn-zoo ablate run GRID [--executor local|ray] [--address ADDR] [--workers N] [--set k=v]
                          [--dry-run] [--retry-failed]
 attn-zoo ablate status GRID [--set k=v]
@@ -10,6 +11,7 @@ attn-zoo report GRID_OR_STORE [--out DIR] [--target T]
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,10 +43,38 @@ def _title(suite: str, args: argparse.Namespace) -> str:
     )
 
 
+def _command(args: argparse.Namespace) -> str:
+    """The bench command line that repeats this run, every setting spelled out."""
+    words = ["attn-zoo", "bench", "--suite", *args.suite]
+    if args.lengths:
+        words += ["--lengths", *map(str, args.lengths)]
+    if args.backends:
+        words += ["--backends", *args.backends]
+    options = {
+        "--repeats": args.repeats, "--device": args.device, "--batch": args.batch,
+        "--heads": args.heads, "--head-dim": args.head_dim, "--dtype": args.dtype,
+        "--d-model": args.d_model, "--ra-heads": args.ra_heads,
+        "--csv-dir": args.csv_dir, "--report": args.report,
+    }  # fmt: skip
+    for option, value in options.items():
+        if value is not None:
+            words += [option, str(value)]
+    flags = {"--no-causal": args.no_causal, "--no-memory": args.no_memory}
+    words += [flag for flag, on in flags.items() if on]
+    return shlex.join(words)
+
+
 def _bench(args: argparse.Namespace) -> None:
-    from attn_zoo.bench import bench_mechanisms, bench_relational, bench_softmax, machine
+    from attn_zoo.bench import (
+        bench_mechanisms,
+        bench_relational,
+        bench_softmax,
+        machine,
+        write_bench_report,
+    )
 
     print(f"machine: {machine()}")
+    tables, settings = {}, {}
     for suite in args.suite:
         lengths = args.lengths or DEFAULT_LENGTHS.get(suite, DEFAULT_LENGTHS["relational"])
         if suite == "softmax":
@@ -65,14 +95,19 @@ def _bench(args: argparse.Namespace) -> None:
                 heads=args.ra_heads, causal=not args.no_causal, device=args.device,
                 memory=not args.no_memory,
             )  # fmt: skip
-        title = _title(suite, args)
-        print(f"\n{title}, median of {args.repeats}")
+        tables[suite] = table
+        settings[suite] = f"{_title(suite, args)}, median of {args.repeats}"
+        print(f"\n{settings[suite]}")
         print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}", na_rep="-"))
         if args.csv_dir:
             path = Path(args.csv_dir) / f"bench_{suite}.csv"
             path.parent.mkdir(parents=True, exist_ok=True)
             table.to_csv(path, index=False)
             print(f"wrote {path}")
+    if args.report:
+        title = f"Attention benchmarks: {', '.join(args.suite)} on {args.device}"
+        out = write_bench_report(tables, args.report, title, settings, _command(args))
+        print(f"\nwrote {out}/report.md, {out}/index.html and the CSVs and plots beside them")
 
 
 def _load_grid(args: argparse.Namespace):
@@ -169,6 +204,10 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default="cpu")
     b.add_argument("--no-memory", action="store_true", help="skip the peak memory measurement")
     b.add_argument("--csv-dir", default=None, help="also write bench_<suite>.csv files here")
+    b.add_argument(
+        "--report", default=None, metavar="DIR",
+        help="also write a report here: report.md, index.html, CSVs and plots",
+    )  # fmt: skip
     k = b.add_argument_group("softmax suite")
     k.add_argument("--backends", nargs="+", default=None, help="default: all usable here")
     k.add_argument("--batch", type=int, default=1)

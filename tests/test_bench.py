@@ -1,19 +1,28 @@
-"""The benchmark's tables: one row per (backend, N), in-run ratios, refusals noted."""
+"""The benchmark's tables: one row per (backend, N), in-run ratios, refusals noted; its
+report: files, valid PNGs, ratios recomputed from the tables' own times, the machine named."""
 
 import math
+import re
+import shlex
 
+import numpy as np
+import pandas as pd
+import pytest
 import torch
+from matplotlib.image import imread
 
 from attn_zoo.bench import (
     Workload,
+    add_ratios,
     bench_mechanisms,
     bench_relational,
     bench_softmax,
     isolated_peak_memory_mb,
     machine,
     peak_memory_mb,
+    write_bench_report,
 )
-from attn_zoo.cli import main
+from attn_zoo.cli import main, parser
 
 
 def test_softmax_table_has_every_backend_and_ratios_from_the_same_run():
@@ -72,3 +81,115 @@ def test_mechanisms_suite_covers_each_sequence_mechanism_backend():
         table.backend
     )
     assert (table[table.backend == "standard:sdpa"]["time_vs_standard:sdpa"] == 1).all()
+
+
+LENGTHS = [64, 128, 256]
+SUITES = {  # suite: ({backend: fwd+bwd ms at N=64}, baselines, peak memory measured)
+    "softmax": ({"naive": 3.0, "sdpa": 1.5, "flex": float("nan")}, ("naive", "sdpa"), True),
+    "dual": (
+        {"fused": 2.0, "reference": 8.0, "standard_sdpa": 0.5},
+        ("reference", "standard_sdpa"),
+        False,
+    ),
+}
+REPORTED = {"softmax": ["sdpa"], "dual": ["standard_sdpa", "reference"]}  # ratio columns shown
+
+
+def fwd_bwd_ms(suite: str, backend: str, n: int) -> float:
+    """Made-up times: naive and reference grow as N^2, the others as N."""
+    quadratic = backend in ("naive", "reference")
+    return SUITES[suite][0][backend] * (n / 64) ** (2 if quadratic else 1)
+
+
+def peak_mb(backend: str, n: int) -> float:
+    return {"naive": 4.0, "sdpa": 1.0, "flex": float("nan")}[backend] * n / 64
+
+
+def synthetic_table(suite: str) -> pd.DataFrame:
+    times, baselines, memory = SUITES[suite]
+    rows = [
+        {
+            "backend": backend,
+            "N": n,
+            "fwd_ms": fwd_bwd_ms(suite, backend, n) / 3 if backend != "flex" else 0.5,
+            "fwd_bwd_ms": fwd_bwd_ms(suite, backend, n),
+            "train_peak_mb": peak_mb(backend, n) if memory else float("nan"),
+            "note": "no backward on cpu" if backend == "flex" else "",
+        }
+        for n in LENGTHS
+        for backend in times
+    ]
+    return add_ratios(pd.DataFrame(rows), baselines)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    tables = {suite: synthetic_table(suite) for suite in SUITES}
+    settings = {suite: f"{suite} settings, median of 3" for suite in SUITES}
+    folder = tmp_path_factory.mktemp("bench_report")
+    return write_bench_report(tables, folder, "Bench fixture", settings, "attn-zoo bench --x 1")
+
+
+def markdown_rows(markdown: str, suite: str) -> list[dict[str, str]]:
+    """The rows of a suite's table in the markdown, as {header: cell}."""
+    section = markdown.split(f"## Suite: {suite}\n")[1].split("\n## ")[0]
+    lines = [line.strip("| ").split(" | ") for line in section.splitlines() if line[:2] == "| "]
+    return [dict(zip(lines[0], cells, strict=True)) for cells in lines[1:]]  # [0]: header
+
+
+def test_bench_report_files_and_pngs(report):
+    pngs = {"time_softmax.png", "memory_softmax.png", "ratio_softmax.png"}
+    pngs |= {"time_dual.png", "ratio_dual.png"}  # dual: no peak memory measured
+    csvs = {"bench_softmax.csv", "bench_dual.csv"}
+    assert {p.name for p in report.iterdir()} == pngs | csvs | {"report.md", "index.html"}
+    for name in pngs:
+        data = (report / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(np.unique(imread(report / name))) > 1
+    markdown = (report / "report.md").read_text()
+    assert sorted(re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)) == sorted(pngs)
+    page = (report / "index.html").read_text()
+    assert page.count('src="data:image/png;base64,') == len(pngs) and ".png" not in page
+    numbers = pd.read_csv(report / "bench_softmax.csv").drop(columns="note")
+    pd.testing.assert_frame_equal(numbers, synthetic_table("softmax").drop(columns="note"))
+
+
+def test_bench_report_names_the_machine_and_settings(report):
+    markdown = (report / "report.md").read_text()
+    assert f"- Machine: {machine()}" in markdown and "- Command: attn-zoo bench --x 1" in markdown
+    assert "softmax settings, median of 3" in markdown and "dual settings" in markdown
+    assert "- flex at N = 64, 128, 256: no backward on cpu" in markdown
+
+
+def test_bench_report_ratios_match_the_times(report):
+    markdown = (report / "report.md").read_text()
+    for suite, bases in REPORTED.items():
+        rows = markdown_rows(markdown, suite)
+        assert [(int(r["N"]), r["backend"]) for r in rows] == [
+            (n, b) for n in LENGTHS for b in SUITES[suite][0]
+        ]
+        assert ("memory vs sdpa" in rows[0]) == SUITES[suite][2]
+        for row in rows:
+            backend, n = row["backend"], int(row["N"])
+            for base in bases:
+                ratio = fwd_bwd_ms(suite, backend, n) / fwd_bwd_ms(suite, base, n)
+                expected = "-" if math.isnan(ratio) else f"{ratio:.3g}"
+                assert row[f"fwd+bwd vs {base}"] == expected, (suite, backend, n, base)
+            if suite == "softmax":
+                memory = peak_mb(backend, n) / peak_mb("sdpa", n)
+                assert row["memory vs sdpa"] == ("-" if math.isnan(memory) else f"{memory:.3g}")
+
+
+def test_cli_writes_a_report_with_the_command_that_repeats_it(tmp_path, capsys):
+    argv = ["bench", "--suite", "relational", "--lengths", "64", "128", "--repeats", "1"]
+    argv += ["--no-memory", "--d-model", "16", "--ra-heads", "2", "--report", str(tmp_path)]
+    assert main(argv) == 0
+    assert f"wrote {tmp_path}/report.md" in capsys.readouterr().out
+    pngs = {"time_relational.png", "ratio_relational.png"}  # --no-memory: no memory plot
+    names = {"report.md", "index.html", "bench_relational.csv"} | pngs
+    assert {p.name for p in tmp_path.iterdir()} == names
+    markdown = (tmp_path / "report.md").read_text()
+    command = re.search(r"^- Command: (.*)$", markdown, re.M).group(1)
+    program, *words = shlex.split(command)
+    assert program == "attn-zoo"
+    assert vars(parser().parse_args(words)) == vars(parser().parse_args(argv))
+    assert "d_model 16, 2 heads" in markdown and "fwd+bwd vs reference" in markdown
