@@ -2,11 +2,14 @@
 test example and draw every attention module's weights (and relation tensors) per head.
 
     figure = cell_attention_figure(store, row)       # a row of ResultsStore.rows(), status done
+    blocks = attention_blocks(store, folder)         # the report's "Attention maps" section
 
 Needs the grid to have kept checkpoints (``checkpoints = true`` in its spec).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 from matplotlib.figure import Figure
@@ -16,6 +19,7 @@ from ablations.store import ResultsStore
 from ablations.tasks import build_task
 from ablations.train import build_model, forward
 from attn_zoo.maps import plot_attention_maps, recording_attention
+from attn_zoo.report_pages import file_name
 
 
 def load_cell_model(store: ResultsStore, row: dict) -> tuple[torch.nn.Module, object]:
@@ -46,3 +50,29 @@ def cell_attention_figure(store: ResultsStore, row: dict, example: int = 0) -> F
         f"{example}, label {y[0].tolist()}"
     )
     return plot_attention_maps(maps, labels=labels, title=title)
+
+
+def attention_blocks(store: ResultsStore, folder: Path) -> list[tuple]:
+    """Report blocks (see attn_zoo.report_pages) with one attention-map figure per (task, size,
+    mechanism): its lowest-seed finished cell that kept a checkpoint; [] when none did."""
+    chosen: dict[tuple, dict] = {}
+    for row in store.rows():
+        config = row["config"]
+        kind = (config["task"], config["size"]["label"], config["mechanism"])
+        if row["status"] != "done" or not store.checkpoint_path(row["key"]).is_file():
+            continue
+        if kind not in chosen or config["seed"] < chosen[kind]["config"]["seed"]:
+            chosen[kind] = row
+    if not chosen:
+        return []
+    blocks = [
+        ("h2", "Attention maps"),
+        ("p", "Attention weights per head (rows: queries, columns: keys) and, for relational "
+              "attention, the relation tensors r_ij per relation, of each mechanism's trained "
+              "model (lowest seed) on the first test example; axes show the input tokens."),
+    ]  # fmt: skip
+    for (task, size, mechanism), row in sorted(chosen.items()):
+        name = file_name("attention", f"{task}_{size}_{mechanism}")
+        cell_attention_figure(store, row).savefig(folder / name, dpi=80)
+        blocks.append(("img", name, f"{task} / {size} / {mechanism}: attention maps"))
+    return blocks

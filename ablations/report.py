@@ -24,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
+from ablations.attention import attention_blocks
 from ablations.store import ResultsStore
 from attn_zoo.report_pages import file_name, label_colours, new_figure, write_pages
 
@@ -333,11 +334,14 @@ def write_report(
     out_dir: str | Path,
     title: str | None = None,
     target: float | None = None,
+    note: str | None = None,
 ) -> Path:
     """Write the report of `store` (a ResultsStore or the path of its SQLite file) into
     `out_dir` (created if missing): report.md, index.html, summary.csv, cells.csv and the PNG
-    plots. `target` is the validation accuracy for steps-to-target (default: the cells'
-    training.early_stop_target when nonzero). Returns `out_dir`."""
+    plots, with attention maps of the cells that kept checkpoints. `target` is the validation
+    accuracy for steps-to-target (default: the cells' training.early_stop_target when
+    nonzero); `note` a paragraph shown under the header (e.g. the conclusion). Returns
+    `out_dir`."""
     if not isinstance(store, ResultsStore):
         if not Path(store).is_file():
             raise FileNotFoundError(f"no results store at {store}")
@@ -350,7 +354,7 @@ def write_report(
 
     _cells_csv(frame).to_csv(folder / "cells.csv", index=False)
     summary.to_csv(folder / "summary.csv", index=False)
-    blocks = _header(store, frame, cells, title)
+    blocks = _header(store, frame, cells, title) + ([("p", note)] if note else [])
 
     colours = label_colours(cells.mechanism.dropna())
     done = cells[cells.status == "done"]
@@ -376,6 +380,7 @@ def write_report(
                 ("img", name, f"{family}: accuracy vs training-set size"),
             ]
 
+    blocks += attention_blocks(store, folder)
     unfinished = cells[cells.status != "done"]
     blocks.append(("h2", "Cells not in the tables"))
     if unfinished.empty:

@@ -5,7 +5,7 @@ attn-zoo bench [--suite softmax relational dual mechanisms] [--lengths ...] [--c
 attn-zoo ablate run GRID [--executor local|ray] [--address ADDR] [--workers N] [--set k=v]
                          [--dry-run] [--retry-failed]
 attn-zoo ablate status GRID [--set k=v]
-attn-zoo report GRID_OR_STORE [--out DIR] [--target T]
+attn-zoo report GRID_OR_STORE [--out DIR] [--target T] [--note TEXT]
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def _report(args: argparse.Namespace) -> int:
     else:
         store, name = source, source.stem
     out = Path(args.out or Path("reports") / name)
-    write_report(store, out, title=args.title, target=args.target)
+    write_report(store, out, title=args.title, target=args.target, note=args.note)
     print(f"wrote {out}/report.md, {out}/index.html and the CSVs and plots beside them")
     return 0
 
@@ -245,6 +245,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default=None, help="folder to write (default: reports/<grid name>)")
     r.add_argument("--target", type=float, default=None, help="metric for steps-to-target")
     r.add_argument("--title", default=None)
+    r.add_argument("--note", default=None, help="a paragraph under the header, e.g. a conclusion")
     r.add_argument("--set", action="append", default=[], help="overrides of a grid spec")
     r.set_defaults(func=_report, grid=None)
     return p
