@@ -277,11 +277,12 @@ def _plot_vs_train_size(task_name: str, done: pd.DataFrame, colours: dict) -> Fi
 
 
 def _environment(store: ResultsStore) -> str:
-    """The distinct (torch, machine, threads) the cells ran with."""
+    """The distinct (torch, machine, threads, commit) the cells ran with."""
     seen = []
     for row in store.rows():
         env = row["environment"] or {}
-        text = ", ".join(f"{k} {env[k]}" for k in ("torch", "machine", "threads") if k in env)
+        keys = ("torch", "machine", "threads", "commit")
+        text = ", ".join(f"{k} {env[k]}" for k in keys if k in env)
         if text and text not in seen:
             seen.append(text)
     return "; ".join(seen) or "not recorded"
