@@ -289,7 +289,7 @@ class Progress:
     def status_line(self) -> str:
         done = self.already + sum(self.counts.values())
         running = "; ".join(
-            f"{label} step {step} loss {loss:.3f}"
+            f"{label} step {step} loss {loss:.3f}" if step else f"{label} starting"
             for label, _, _, step, loss in self.running.values()
         )
         return (

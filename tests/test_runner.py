@@ -168,6 +168,7 @@ def test_progress_line_and_eta_by_kind_of_cell(tmp_path):
     out = io.StringIO()
     progress = Progress(cells, total=6, slots=2, interval=0, out=out)
     progress.started("a", cells[0])
+    assert "same_pair/xs/std/seed0 starting" in progress.status_line()
     progress.step("a", 40, 0.25)
     line = progress.status_line()
     assert "[2/6 finished, 1 running" in line and "step 40 loss 0.250" in line
