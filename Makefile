@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test lint install demo bench clean
+.PHONY: test lint install demo relational-games benchmarks bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -27,6 +27,17 @@ test: lint
 demo: install
 	$(BIN)/attn-zoo ablate run ablations/grids/demo.toml
 	$(BIN)/attn-zoo report ablations/grids/demo.toml --out reports/demo --target 0.9
+
+# The example reports in reports/, one command each (about 11 and 6 minutes on 2 CPU cores).
+# The relational-games conclusion is written by hand after reading the results, in
+# ablations/grids/relational_games.conclusion.md, and shown at the top of the report.
+relational-games: install
+	$(BIN)/attn-zoo ablate run ablations/grids/relational_games.toml
+	$(BIN)/attn-zoo report ablations/grids/relational_games.toml --out reports/relational_games \
+		--note "$$(cat ablations/grids/relational_games.conclusion.md)"
+
+benchmarks: install
+	$(BIN)/attn-zoo bench --suite softmax relational dual --repeats 3 --report reports/benchmarks
 
 bench: install
 	$(BIN)/attn-zoo bench
