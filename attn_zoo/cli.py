@@ -110,11 +110,11 @@ def _bench(args: argparse.Namespace) -> None:
         print(f"\nwrote {out}/report.md, {out}/index.html and the CSVs and plots beside them")
 
 
-def _load_grid(args: argparse.Namespace):
+def _load_grid(path: str, overrides: list[str]):
     from ablations.spec import SpecError, load_grid
 
     try:
-        return load_grid(args.grid, args.set)
+        return load_grid(path, overrides)
     except SpecError as err:
         raise SystemExit(f"error: {err}") from None
 
@@ -148,7 +148,7 @@ def _ablate_run(args: argparse.Namespace) -> int:
     from ablations.runner import check_cells, run_grid
     from ablations.spec import SpecError
 
-    spec = _load_grid(args)
+    spec = _load_grid(args.grid, args.set)
     try:
         if args.dry_run:
             check_cells(spec)
@@ -167,7 +167,7 @@ def _ablate_run(args: argparse.Namespace) -> int:
 
 
 def _ablate_status(args: argparse.Namespace) -> int:
-    spec = _load_grid(args)
+    spec = _load_grid(args.grid, args.set)
     table = _cell_table(spec)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}", na_rep="-"))
     counts = table["status"].value_counts()
@@ -182,8 +182,7 @@ def _report(args: argparse.Namespace) -> int:
 
     source = Path(args.source)
     if source.suffix == ".toml":
-        args.grid = args.source
-        spec = _load_grid(args)
+        spec = _load_grid(args.source, args.set)
         store, name = spec.store, spec.name
     else:
         store, name = source, source.stem
@@ -247,7 +246,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--title", default=None)
     r.add_argument("--note", default=None, help="a paragraph under the header, e.g. a conclusion")
     r.add_argument("--set", action="append", default=[], help="overrides of a grid spec")
-    r.set_defaults(func=_report, grid=None)
+    r.set_defaults(func=_report)
     return p
 
 
