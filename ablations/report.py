@@ -25,7 +25,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ablations.attention import attention_blocks
-from ablations.store import ResultsStore
+from ablations.store import ResultsStore, error_summary
 from attn_zoo.report_pages import file_name, label_colours, new_figure, write_pages
 
 SUMMARY_COLUMNS = [
@@ -148,6 +148,13 @@ def _best(table: pd.DataFrame) -> dict[str, pd.Series]:
     return best
 
 
+def _mean_std(mean: float, std: float) -> str:
+    """'0.912 ± 0.013'; without '±' where there is no std (one seed); '-' without a mean."""
+    if pd.isna(mean):
+        return "-"
+    return f"{mean:.3f}" if pd.isna(std) else f"{mean:.3f} ± {std:.3f}"
+
+
 def _task_table(table: pd.DataFrame) -> tuple[list[str], list[list[tuple[str, bool]]]]:
     """Header and rows of one task's table; each cell is (text, is the task's best)."""
     best = _best(table)
@@ -159,9 +166,7 @@ def _task_table(table: pd.DataFrame) -> tuple[list[str], list[list[tuple[str, bo
     rows = []
     for i, row in table.iterrows():
         seeds = f"{row.seeds}" if row.seeds == row.cells else f"{row.seeds} of {row.cells}"
-        acc = "-" if pd.isna(row.test_acc_mean) else f"{row.test_acc_mean:.3f}"
-        if pd.notna(row.test_acc_std):
-            acc += f" ± {row.test_acc_std:.3f}"
+        acc = _mean_std(row.test_acc_mean, row.test_acc_std)
         cells = [(row["size"], False), (row.mechanism, False), (seeds, False)]
         cells.append((acc, bool(best["test_acc_mean"][i])))
         if len(target):
@@ -180,8 +185,7 @@ def _task_table(table: pd.DataFrame) -> tuple[list[str], list[list[tuple[str, bo
 def _detail(cell: pd.Series) -> str:
     """Why a cell is not in the tables: the traceback's last line, or its divergence step."""
     if cell.status == "failed":
-        lines = [line for line in str(cell.error or "").splitlines() if line.strip()]
-        return lines[-1].strip() if lines else "no traceback recorded"
+        return error_summary(cell.error)
     if cell.status == "diverged":
         step = cell.diverged_at
         return "loss diverged" if pd.isna(step) else f"loss diverged at step {step:.0f}"
@@ -248,8 +252,7 @@ def _train_size_table(done: pd.DataFrame) -> tuple[list[str], list[list[tuple[st
                 row.append(("-", False))
                 continue
             m, sd, n = group.loc[mechanism]
-            sd = 0.0 if pd.isna(sd) else sd
-            row.append((f"{m:.3f} ± {sd:.3f} ({n:.0f})", m == best))
+            row.append((f"{_mean_std(m, sd)} ({n:.0f})", m == best))
         rows.append(row)
     return header, rows
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from ablations.spec import Cell, GridSpec, SpecError
-from ablations.store import FINISHED, ResultsStore, config_key
+from ablations.store import FINISHED, ResultsStore, config_key, error_summary
 from ablations.train import environment, smoke_test, train_cell
 
 EXECUTORS = ("local", "ray")
@@ -266,8 +266,7 @@ class Progress:
         elif status == "diverged":
             what = f"at step {metrics['diverged_at']}"
         else:
-            what = (outcome.get("error") or "").strip().splitlines()[-1:]
-            what = what[0] if what else "no traceback"
+            what = error_summary(outcome.get("error"))
         self.print(f"{status:8s} {label}: {what} ({_duration(seconds)})")
 
     def expected(self, kind: tuple) -> float | None:

@@ -38,6 +38,12 @@ CREATE TABLE IF NOT EXISTS cells (
 """
 
 
+def error_summary(error: str | None) -> str:
+    """The last non-blank line of a failed cell's traceback (the exception and its message)."""
+    lines = [line.strip() for line in str(error or "").splitlines() if line.strip()]
+    return lines[-1] if lines else "no traceback recorded"
+
+
 def config_key(config: Mapping) -> str:
     """SHA-256 of the config's canonical JSON (sorted keys): equal configs, equal keys."""
     canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)

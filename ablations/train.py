@@ -62,12 +62,13 @@ def build_model(cell: Cell, task) -> nn.Module:
         return LanguageModel(task.vocab_size, max_block_size=task.seq_len, **common)
     if task.kind == "image_classification":
         return VisionClassifier(task.image_shape, task.patch_size, task.num_classes, **common)
-    mechanism = dict(attention=common.pop("attention"), kwargs=common.pop("attention_kwargs"))
-    n_layers = common.pop("n_layers")
+    attention, kwargs, n_layers = (
+        common.pop(k) for k in ("attention", "attention_kwargs", "n_layers")
+    )
     return Seq2Seq(
         task.vocab_size, task.vocab_size, n_layers_enc=n_layers, n_layers_dec=n_layers,
-        encoder_attention=mechanism["attention"], encoder_attention_kwargs=mechanism["kwargs"],
-        decoder_attention=mechanism["attention"], decoder_attention_kwargs=mechanism["kwargs"],
+        encoder_attention=attention, encoder_attention_kwargs=kwargs,
+        decoder_attention=attention, decoder_attention_kwargs=kwargs,
         in_block_size=task.seq_len, out_block_size=task.target_len, **common,
     )  # fmt: skip
 
