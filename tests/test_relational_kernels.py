@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from attn_zoo.kernels import UnsupportedCallError
 from attn_zoo.kernels.relational import relational_attention
 from attn_zoo.kernels.relational.chunked import chunked
+from attn_zoo.kernels.relational.cpp import cpp_missing
 from attn_zoo.testing import RelationalProblem, assert_backends_agree, relational_problems
 
 
@@ -114,11 +115,14 @@ def test_bad_inputs_are_named(change, match):
         relational_attention(**{**x, **change})
 
 
-def test_auto_prefers_the_tiled_kernel_on_cpu_and_sdpa_augmentation_on_cuda():
+def test_auto_prefers_the_tiled_kernels_on_cpu_and_sdpa_augmentation_on_cuda():
     from attn_zoo.kernels.dispatch import Call, family
 
     plain = frozenset({"grad", "causal"})
-    assert family("relational").select("auto", Call("cpu", torch.float32, plain)).name == "chunked"
+    best_cpu = "chunked" if cpp_missing() else "cpp"
+    assert family("relational").select("auto", Call("cpu", torch.float32, plain)).name == best_cpu
+    for call in (Call("cpu", torch.float64, plain), Call("cpu", torch.float32, plain | {"mask"})):
+        assert family("relational").select("auto", call).name == "chunked"
     assert family("relational").select("auto", Call("cuda", torch.float32, plain)).name == "fused"
     relu = plain | {"rel_activation"}
     assert family("relational").select("auto", Call("cuda", torch.float32, relu)).name == "chunked"

@@ -16,6 +16,7 @@ import torch
 from attn_zoo.kernels.dispatch import Call, Capabilities, family, register_backend
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
 from attn_zoo.kernels.relational.chunked import chunked
+from attn_zoo.kernels.relational.cpp import cpp, cpp_missing
 from attn_zoo.kernels.relational.fused import fused
 from attn_zoo.kernels.relational.naive import naive
 from attn_zoo.kernels.relational.triton import triton_missing, triton_relational
@@ -37,6 +38,26 @@ register_backend(
     priority={"cpu": 40, "cuda": 10},
     capabilities=Capabilities(FEATURES),
 )(chunked)
+# The C++ kernel (compiled on first use) is the fastest on CPU where it builds; see cpp.py.
+register_backend(
+    "relational",
+    "cpp",
+    tier="fused",
+    priority={"cpu": 50},
+    available=cpp_missing,
+    capabilities=Capabilities(
+        frozenset({"grad", "causal", "gqa"}),
+        devices=frozenset({"cpu"}),
+        dtypes=frozenset({torch.float32}),
+        why={
+            "cuda": "the C++ kernel runs on CPU; on CUDA use 'triton'",
+            "mask": "the C++ kernel takes no attn_mask (causal only)",
+            "dropout": "the C++ kernel has no dropout",
+            "rel_activation": "the C++ kernel computes identity rel_activation only",
+            "relative_symbols": "the C++ kernel reads absolute symbol values v, not v_rel",
+        },
+    ),
+)(cpp)
 register_backend(
     "relational",
     "fused",

@@ -1,0 +1,131 @@
+"""Relational attention as one fused C++ kernel on CPU (float32), compiled on first use.
+
+The tiles of chunked.py, in C++ (cpp_kernel.cpp). Per (query block, key block) the R relation
+tiles r^l = rel_scale qr^l kr^l^T are computed once for all heads; each head's scores go through
+an online softmax, and p v and the (H x R) contraction sum_j p_ij^h r_ij^l accumulate in the
+same pass over the tile. Backward recomputes the tiles, one key block per task (so each thread
+owns its dk, dv, dkr rows; dq and dqr go to per-thread buffers):
+
+    dp_ij = <dsym_i, v_j> + sum_l drel_i^{h,l} r_ij^l
+    ds_ij = p_ij (dp_ij - D_i),  D_i = <dout_i, out_i>
+    dr_ij^l = sum_h p_ij^h drel_i^{h,l}
+    dqr^l += rel_scale dr^l kr^l,  dkr^l += rel_scale dr^l^T qr^l
+
+Training memory O(N). Serves float32 CPU calls with identity rel_activation and absolute
+symbols, causal or not, GQA, without mask or dropout. GEMMs go to the BLAS torch links
+(sgemm_, MKL on x86 builds), else to at::mm. torch.utils.cpp_extension builds it (a C++
+compiler with OpenMP, and ninja) into torch's extension cache, about 30 s the first time on a
+machine; where the build fails, or ATTN_ZOO_NO_CPP=1, the backend reports itself unavailable
+with the reason and `auto` takes the next one.
+"""
+
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from attn_zoo.kernels.relational.naive import default_scales
+
+SOURCE = Path(__file__).with_name("cpp_kernel.cpp")
+BLOCKS = (128, 256, 128, 128)  # (queries, keys) per tile in forward, then in backward
+_state: dict = {}  # "ops" once built, or "error": why it cannot be
+
+
+def _build() -> None:
+    if os.environ.get("ATTN_ZOO_NO_CPP") == "1":
+        _state["error"] = "disabled by ATTN_ZOO_NO_CPP=1"
+        return
+    from torch.utils.cpp_extension import load
+
+    name = "attn_zoo_relational_cpu_torch" + re.sub(r"\W", "_", torch.__version__)
+    try:
+        load(
+            name=name,
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+        )
+    # the build runs a compiler, ninja and the dynamic loader: any failure means "unavailable"
+    except Exception as err:  # noqa: BLE001
+        lines = [line for line in str(err).splitlines() if line.strip()]
+        _state["error"] = f"building {SOURCE.name} failed: {' / '.join(lines[-3:])}"
+        return
+    _state["ops"] = torch.ops.attn_zoo_relational_cpu
+
+
+def cpp_missing() -> str | None:
+    """None once the C++ kernel is built and loaded (building it on the first call), else why
+    it cannot be."""
+    if not _state:
+        _build()
+    return _state.get("error")
+
+
+def gemm_backend(aten: bool = False) -> str:
+    """Which GEMM the kernel calls: "sgemm_" (torch's BLAS) or "at::mm" (aten=True forces it)."""
+    if cpp_missing():
+        raise RuntimeError(f"relational backend 'cpp' is unavailable: {cpp_missing()}")
+    return _state["ops"].gemm_backend(aten)
+
+
+def rows(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself if its last dim is contiguous (the kernel reads any other strides), else a
+    contiguous copy."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+class CppRelationalAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, qr, kr, is_causal, scale, rel_scale, blocks):
+        args = is_causal, scale, rel_scale
+        out, lse = _state["ops"].forward(q, k, v, qr, kr, *args, *blocks[:2])
+        ctx.save_for_backward(q, k, v, qr, kr, out, lse)
+        ctx.args = *args, *blocks[2:]
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, qr, kr, out, lse = ctx.saved_tensors
+        dout = rows(dout)
+        delta = (dout * out).sum(-1)
+        grads = _state["ops"].backward(q, k, v, qr, kr, dout, lse, delta, *ctx.args)
+        return *grads, None, None, None, None
+
+
+def cpp(
+    q: torch.Tensor,  # (B, H, N, dk)
+    k: torch.Tensor,  # (B, Hkv, M, dk)
+    qr: torch.Tensor,  # (B, R, N, dr)
+    kr: torch.Tensor,  # (B, R, M, dr)
+    v: torch.Tensor | None = None,  # (B, Hkv, M, hd)
+    v_rel: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    rel_scale: float | None = None,
+    rel_activation: str = "identity",
+    dropout_p: float = 0.0,
+    blocks: tuple[int, int, int, int] = BLOCKS,
+) -> torch.Tensor:  # (B, H, N, hd + R)
+    unsupported = {
+        "rel_activation": rel_activation != "identity",
+        "v_rel (relative symbols)": v_rel is not None,
+        "attn_mask": attn_mask is not None,
+        "dropout_p": dropout_p > 0,
+        "dtype (float32 only)": q.dtype != torch.float32,
+        "device (CPU only)": q.device.type != "cpu",
+        "keys (at least one)": k.shape[2] == 0,
+        f"blocks={blocks} (four positive tile sizes)": len(blocks) != 4 or min(blocks) < 1,
+    }
+    if any(unsupported.values()):
+        raise ValueError(
+            "relational backend 'cpp' cannot take "
+            + ", ".join(name for name, bad in unsupported.items() if bad)
+        )
+    if cpp_missing():
+        raise RuntimeError(f"relational backend 'cpp' is unavailable: {cpp_missing()}")
+    scale, rel_scale = default_scales(q, qr, scale, rel_scale)
+    q, k, v, qr, kr = (rows(t) for t in (q, k, v, qr, kr))
+    return CppRelationalAttention.apply(q, k, v, qr, kr, is_causal, scale, rel_scale, blocks)
