@@ -277,9 +277,12 @@ REFERENCE_CLASSES = {
 }
 
 
-def relational_workloads(suite: str, d_model: int, heads: int, causal: bool) -> list[Workload]:
-    """The `relational` or `dual` suite: each of our backends, the reference package's module
-    and a standard attention layer with the same heads on SDPA.
+def relational_workloads(
+    suite: str, d_model: int, heads: int, causal: bool, backends: Sequence[str] | None = None
+) -> list[Workload]:
+    """The `relational` or `dual` suite: our layer on each of `backends` (default: auto and
+    every registered backend), the reference package's module and a standard attention layer
+    with the same heads on SDPA.
 
     relational: `heads` relational heads of width d_model / (2 heads), the relational half of
     dual attention with `heads` + `heads` heads; dual: that dual attention.
@@ -294,7 +297,11 @@ def relational_workloads(suite: str, d_model: int, heads: int, causal: bool) -> 
         kwargs = dict(d_model=d_model, n_heads_sa=heads, n_heads_ra=heads)
         standard = dict(d_model=d_model, n_heads=2 * heads)
         reference = dict(kwargs, dropout=0.0)
-    backends = ["auto", *list_backends(suite)]  # auto: the best backend for each branch
+    registered = ["auto", *list_backends(suite)]  # auto: the best backend for each branch
+    if backends is None:
+        backends = registered
+    elif unknown := [b for b in backends if b not in registered]:
+        raise ValueError(f"{suite} backends {unknown}: valid are {registered}")
     ours = [Workload(b, "mechanism", suite, kwargs, b, causal, True) for b in backends]
     if reference_package() is None:
         ours.append(
@@ -320,10 +327,12 @@ def bench_relational(
     causal: bool = True,
     device: str = "cpu",
     memory: bool = True,
+    backends: Sequence[str] | None = None,
 ) -> pd.DataFrame:
-    """Our relational or dual attention on every backend beside the reference package and a
-    standard SDPA layer, ratios to both (time_vs_reference, time_vs_standard_sdpa, ...)."""
-    workloads = relational_workloads(suite, d_model, heads, causal)
+    """Our relational or dual attention on `backends` (default: every one) beside the
+    reference package and a standard SDPA layer, ratios to both (time_vs_reference,
+    time_vs_standard_sdpa, ...)."""
+    workloads = relational_workloads(suite, d_model, heads, causal, backends)
     baselines = ("reference", "standard_sdpa")
     return measure(workloads, lengths, repeats, device, baselines, memory)
 

@@ -1,7 +1,7 @@
 """The ``attn-zoo`` command.
 
-attn-zoo bench [--suite softmax relational dual mechanisms] [--lengths ...] [--csv-dir DIR]
-               [--report DIR]
+attn-zoo bench [--suite softmax relational dual mechanisms] [--lengths ...] [--also-non-causal]
+               [--ra-backends ...] [--csv-dir DIR] [--report DIR]
 attn-zoo ablate run GRID [--executor local|ray] [--address ADDR] [--workers N] [--set k=v]
                          [--dry-run] [--retry-failed]
 attn-zoo ablate status GRID [--set k=v]
@@ -24,8 +24,8 @@ SUITES = ("softmax", "relational", "dual", "mechanisms")
 DEFAULT_LENGTHS = {"softmax": [256, 512, 1024, 2048, 4096], "relational": [512, 1024, 2048, 4096]}
 
 
-def _title(suite: str, args: argparse.Namespace) -> str:
-    causal = "non-causal" if args.no_causal else "causal"
+def _title(suite: str, args: argparse.Namespace, causal: bool) -> str:
+    causal = "causal" if causal else "non-causal"
     if suite == "softmax":
         return (
             f"softmax attention kernel: batch {args.batch}, {args.heads} heads of width "
@@ -50,6 +50,8 @@ def _command(args: argparse.Namespace) -> str:
         words += ["--lengths", *map(str, args.lengths)]
     if args.backends:
         words += ["--backends", *args.backends]
+    if args.ra_backends:
+        words += ["--ra-backends", *args.ra_backends]
     options = {
         "--repeats": args.repeats, "--device": args.device, "--batch": args.batch,
         "--heads": args.heads, "--head-dim": args.head_dim, "--dtype": args.dtype,
@@ -59,7 +61,11 @@ def _command(args: argparse.Namespace) -> str:
     for option, value in options.items():
         if value is not None:
             words += [option, str(value)]
-    flags = {"--no-causal": args.no_causal, "--no-memory": args.no_memory}
+    flags = {
+        "--no-causal": args.no_causal,
+        "--also-non-causal": args.also_non_causal,
+        "--no-memory": args.no_memory,
+    }
     words += [flag for flag, on in flags.items() if on]
     return shlex.join(words)
 
@@ -75,32 +81,34 @@ def _bench(args: argparse.Namespace) -> None:
 
     print(f"machine: {machine()}")
     tables, settings = {}, {}
-    for suite in args.suite:
+    modes = [not args.no_causal] + ([False] if args.also_non_causal and not args.no_causal else [])
+    for suite, causal in ((suite, causal) for suite in args.suite for causal in modes):
         lengths = args.lengths or DEFAULT_LENGTHS.get(suite, DEFAULT_LENGTHS["relational"])
+        name = suite if causal == modes[0] else f"{suite}_noncausal"
         if suite == "softmax":
             table = bench_softmax(
                 lengths=lengths, backends=args.backends, repeats=args.repeats, device=args.device,
                 batch=args.batch, heads=args.heads, head_dim=args.head_dim,
-                causal=not args.no_causal, dtype=args.dtype, memory=not args.no_memory,
+                causal=causal, dtype=args.dtype, memory=not args.no_memory,
             )  # fmt: skip
         elif suite == "mechanisms":
             table = bench_mechanisms(
                 lengths=lengths, repeats=args.repeats, d_model=args.d_model,
-                heads=args.heads, causal=not args.no_causal, device=args.device,
+                heads=args.heads, causal=causal, device=args.device,
                 memory=not args.no_memory,
             )  # fmt: skip
         else:
             table = bench_relational(
                 suite, lengths=lengths, repeats=args.repeats, d_model=args.d_model,
-                heads=args.ra_heads, causal=not args.no_causal, device=args.device,
-                memory=not args.no_memory,
+                heads=args.ra_heads, causal=causal, device=args.device,
+                memory=not args.no_memory, backends=args.ra_backends,
             )  # fmt: skip
-        tables[suite] = table
-        settings[suite] = f"{_title(suite, args)}, median of {args.repeats}"
-        print(f"\n{settings[suite]}")
+        tables[name] = table
+        settings[name] = f"{_title(suite, args, causal)}, median of {args.repeats}"
+        print(f"\n{settings[name]}")
         print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}", na_rep="-"))
         if args.csv_dir:
-            path = Path(args.csv_dir) / f"bench_{suite}.csv"
+            path = Path(args.csv_dir) / f"bench_{name}.csv"
             path.parent.mkdir(parents=True, exist_ok=True)
             table.to_csv(path, index=False)
             print(f"wrote {path}")
@@ -200,6 +208,10 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--lengths", type=int, nargs="+", default=None, help="default per suite")
     b.add_argument("--repeats", type=int, default=5)
     b.add_argument("--no-causal", action="store_true")
+    b.add_argument(
+        "--also-non-causal", action="store_true",
+        help="measure each suite causal, then non-causal (tables <suite>, <suite>_noncausal)",
+    )  # fmt: skip
     b.add_argument("--device", default="cpu")
     b.add_argument("--no-memory", action="store_true", help="skip the peak memory measurement")
     b.add_argument("--csv-dir", default=None, help="also write bench_<suite>.csv files here")
@@ -218,6 +230,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--ra-heads", type=int, default=4, help="relational heads (dual: and as many standard)"
     )
+    r.add_argument(
+        "--ra-backends", nargs="+", default=None,
+        help="our backends to time (default: auto and all); reference and standard_sdpa always",
+    )  # fmt: skip
     b.set_defaults(func=_bench)
 
     a = sub.add_parser("ablate", help="run grids of mechanism x size x task x seed")

@@ -193,3 +193,15 @@ def test_cli_writes_a_report_with_the_command_that_repeats_it(tmp_path, capsys):
     assert program == "attn-zoo"
     assert vars(parser().parse_args(words)) == vars(parser().parse_args(argv))
     assert "d_model 16, 2 heads" in markdown and "fwd+bwd vs reference" in markdown
+
+
+def test_cli_times_chosen_relational_backends_causal_and_not(tmp_path):
+    argv = ["bench", "--suite", "relational", "--lengths", "8", "--repeats", "1", "--no-memory",
+            "--d-model", "16", "--ra-heads", "2", "--ra-backends", "chunked", "--also-non-causal",
+            "--csv-dir", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    for name in ("relational", "relational_noncausal"):
+        table = pd.read_csv(tmp_path / f"bench_{name}.csv")
+        assert set(table.backend) == {"chunked", "reference", "standard_sdpa"}
+    with pytest.raises(ValueError, match=r"relational backends \['nope'\]: valid are"):
+        bench_relational(lengths=[8], repeats=1, d_model=16, heads=2, backends=["nope"])
