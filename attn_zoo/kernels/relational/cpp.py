@@ -28,7 +28,7 @@ import torch
 from attn_zoo.kernels.relational.naive import default_scales
 
 SOURCE = Path(__file__).with_name("cpp_kernel.cpp")
-BLOCKS = (128, 256, 128, 128)  # (queries, keys) per tile in forward, then in backward
+BLOCKS = (128, 256, 256, 128)  # (queries, keys) per tile in forward, then in backward
 _state: dict = {}  # "ops" once built, or "error": why it cannot be
 
 
