@@ -114,3 +114,26 @@ def test_without_the_extension_auto_falls_back_with_the_reason():
     status, picked = child.stdout.strip().splitlines()
     assert status.startswith("False") and "disabled by ATTN_ZOO_NO_CPP=1" in status
     assert picked == "chunked"
+
+
+def test_a_failed_build_is_reported_with_the_compiler_error(tmp_path):
+    """A source that does not compile (as with a broken or missing compiler): the backend is
+    unavailable with the compiler's error line, and `auto` still serves the call."""
+    broken = tmp_path / "broken.cpp"
+    broken.write_text('#error "no usable compiler here"\n')
+    code = (
+        "import pathlib, sys, torch\n"
+        "from attn_zoo.kernels.relational.cpp import cpp_missing\n"
+        f"sys.modules['attn_zoo.kernels.relational.cpp'].SOURCE = pathlib.Path({str(broken)!r})\n"
+        "print(cpp_missing())\n"
+        "from attn_zoo.kernels.relational import relational_attention\n"
+        "x = torch.randn(1, 2, 4, 8)\n"
+        "print(relational_attention(x, x, x, x, v=x).shape)\n"
+    )
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")}
+    child = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    why, shape = child.stdout.strip().splitlines()[-2:]
+    assert why.startswith("building broken.cpp failed") and "no usable compiler here" in why
+    assert shape == "torch.Size([1, 2, 4, 10])"

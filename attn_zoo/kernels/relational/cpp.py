@@ -19,7 +19,9 @@ machine; where the build fails, or ATTN_ZOO_NO_CPP=1, the backend reports itself
 with the reason and `auto` takes the next one.
 """
 
+import hashlib
 import os
+import platform
 import re
 from pathlib import Path
 
@@ -32,13 +34,26 @@ BLOCKS = (128, 256, 256, 128)  # (queries, keys) per tile in forward, then in ba
 _state: dict = {}  # "ops" once built, or "error": why it cannot be
 
 
+def _cpu_tag() -> str:
+    """A short hash of this CPU's model and feature flags: a build made with -march=native on
+    another machine sharing the cache (a cluster's home directory) is never loaded here."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags", "Features"))]
+        info = "".join(sorted(set(lines)))
+    except OSError:
+        info = platform.platform() + platform.processor()
+    return hashlib.sha1(info.encode()).hexdigest()[:8]
+
+
 def _build() -> None:
     if os.environ.get("ATTN_ZOO_NO_CPP") == "1":
         _state["error"] = "disabled by ATTN_ZOO_NO_CPP=1"
         return
     from torch.utils.cpp_extension import load
 
-    name = "attn_zoo_relational_cpu_torch" + re.sub(r"\W", "_", torch.__version__)
+    torch_version = re.sub(r"\W", "_", torch.__version__)
+    name = f"attn_zoo_relational_cpu_torch{torch_version}_{_cpu_tag()}"
     try:
         load(
             name=name,
@@ -49,8 +64,10 @@ def _build() -> None:
         )
     # the build runs a compiler, ninja and the dynamic loader: any failure means "unavailable"
     except Exception as err:  # noqa: BLE001
-        lines = [line for line in str(err).splitlines() if line.strip()]
-        _state["error"] = f"building {SOURCE.name} failed: {' / '.join(lines[-3:])}"
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        errors = [line for line in lines if "error:" in line or "not found" in line]
+        errors = errors or lines[-1:]
+        _state["error"] = f"building {SOURCE.name} failed ({type(err).__name__}): {errors[0]}"
         return
     _state["ops"] = torch.ops.attn_zoo_relational_cpu
 
