@@ -3,7 +3,8 @@
 A `Workload` is plain data naming what to run: a softmax kernel backend, one of our
 mechanisms on a backend, or a module of another package (the reference). For each sequence
 length N the bench times one forward pass (under no_grad) and one forward+backward, as the
-median of `repeats` after a warm-up, and measures the peak memory of one forward+backward
+median of `repeats` after a warm-up, the repeats taken in turns over the workloads (so a
+drift in the machine's speed hits them alike), and measures the peak memory of one forward+backward
 after a warm-up step: on CUDA from torch's allocator statistics, on CPU in a fresh Python
 process (so earlier work cannot hide or inflate it) as the rise of the peak resident set
 (Linux /proc/self/clear_refs), with glibc told to map every block of 64 KiB or more on its own
@@ -112,19 +113,36 @@ def forward_backward(run: Run) -> Callable[[], None]:
     return step
 
 
-def median_ms(fn: Callable[[], object], repeats: int, device: str) -> float:
-    """Median wall time of fn() over `repeats` runs after one warm-up, in milliseconds."""
-    times = []
-    for i in range(repeats + 1):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if i:
-            times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+def wall_ms(fn: Callable[[], object], device: str) -> float:
+    """Wall time of one fn() call in milliseconds (on CUDA, synchronised)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3
+
+
+def interleaved_median_ms(
+    fns: dict[str, Callable[[], object]], repeats: int, device: str
+) -> dict[str, float]:
+    """Median wall time in ms of each of `fns` (warmed up by the caller) over `repeats`
+    rounds, each round running every fn once in turn: a drift in the machine's speed (a
+    shared VM) then hits every fn alike, and the ratios between them stay fair."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            times[name].append(wall_ms(fn, device))
+    return {name: statistics.median(ms) for name, ms in times.items()}
+
+
+def _no_grad(run: Run) -> Callable[[], None]:
+    def forward():
+        with torch.no_grad():
+            run()
+
+    return forward
 
 
 def _status_kib(name: str) -> int:
@@ -203,26 +221,39 @@ def measure(
 ) -> pd.DataFrame:
     """A row per (workload, N): fwd_ms, fwd_bwd_ms, train_peak_mb, ratios to each baseline
     label measured in this run (fwd_vs_, time_vs_ for fwd+bwd, mem_vs_ for training peak
-    memory; memory=False skips measuring it), and a note when a workload could not run."""
+    memory; memory=False skips measuring it), and a note when a workload could not run.
+
+    At each N every workload runs once as a warm-up, then the timed repeats go round the
+    workloads in turn (`interleaved_median_ms`)."""
     rows = []
     for n in lengths:
+        table = {
+            w.label: {"backend": w.label, "N": n, "fwd_ms": float("nan"),
+                      "fwd_bwd_ms": float("nan"), "train_peak_mb": float("nan"), "note": ""}
+            for w in workloads
+        }  # fmt: skip
+        forwards, steps = {}, {}
         for w in workloads:
-            row = {"backend": w.label, "N": n, "fwd_ms": float("nan"), "fwd_bwd_ms": float("nan"),
-                   "train_peak_mb": float("nan"), "note": ""}  # fmt: skip
-            try:
-                with torch.no_grad():
-                    row["fwd_ms"] = median_ms(w.make(n, False, device), repeats, device)
+            try:  # the warm-up runs, which also find the calls a backend cannot serve
+                forward = _no_grad(w.make(n, False, device))
+                forward()
+                forwards[w.label] = forward
                 step = forward_backward(w.make(n, True, device))
-                row["fwd_bwd_ms"] = median_ms(step, repeats, device)
-                if not memory:
-                    pass
-                elif device == "cuda":
-                    row["train_peak_mb"] = peak_memory_mb(step, device)
-                else:
-                    row["train_peak_mb"] = isolated_peak_memory_mb(w, n)
+                step()
+                steps[w.label] = step
             except UnsupportedCallError as err:
-                row["note"] = "; ".join(err.reasons.values())
-            rows.append(row)
+                table[w.label]["note"] = "; ".join(err.reasons.values())
+        for column, fns in (("fwd_ms", forwards), ("fwd_bwd_ms", steps)):
+            for label, ms in interleaved_median_ms(fns, repeats, device).items():
+                table[label][column] = ms
+        for w in workloads:
+            if not memory or w.label not in steps:
+                continue
+            if device == "cuda":
+                table[w.label]["train_peak_mb"] = peak_memory_mb(steps[w.label], device)
+            else:
+                table[w.label]["train_peak_mb"] = isolated_peak_memory_mb(w, n)
+        rows += table.values()
     return add_ratios(pd.DataFrame(rows), baselines)
 
 
@@ -378,7 +409,8 @@ REPORT_BASELINES = ("sdpa", "standard_sdpa", "standard:sdpa", "reference")  # wh
 LINESTYLES = ("-", "--", ":", "-.")  # one per baseline on a ratio plot
 REPORT_NOTES = (
     "Time: median wall-clock milliseconds of one forward pass (no gradients) and of one "
-    "forward+backward pass, after a warm-up. Peak MiB: the memory one forward+backward adds "
+    "forward+backward pass, after a warm-up, the repeats taken in turns over the backends of a "
+    "suite at each N. Peak MiB: the memory one forward+backward adds "
     "above what was in use before it (CPU: the rise of the peak resident set, in a fresh "
     "process; CUDA: torch's allocator peak). Ratios (x vs b): a row's value divided by that of "
     "backend b at the same N, in the same run on the same machine; below 1 is faster or "

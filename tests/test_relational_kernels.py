@@ -31,8 +31,8 @@ def test_chunked_multi_tile_float64(problem, block):
 
 
 @given(relational_problems(rel_activations=("identity",), relative=(False,)))
-def test_fused_agrees_float32(problem):
-    assert_backends_agree(problem, "relational", backends=["fused"])
+def test_value_augmentation_on_sdpa_agrees_float32(problem):
+    assert_backends_agree(problem, "relational", backends=["sdpa"])
 
 
 @given(
@@ -47,14 +47,14 @@ def test_fused_agrees_float32(problem):
 def test_half_precision(problem):
     """At the default scale 1/sqrt(width). With drawn scales up to 2 on widths of 1-2, torch
     SDPA's own bfloat16 arithmetic exceeds the bfloat16 tolerance (seen: grad q off by 0.07)."""
-    assert_backends_agree(problem, "relational", backends=["chunked", "fused"])
+    assert_backends_agree(problem, "relational", backends=["chunked", "sdpa"])
 
 
 def test_auto_never_picks_a_backend_whose_math_does_not_hold():
     report = assert_backends_agree(RelationalProblem(rel_activation="relu"), "relational")
-    assert report["chunked"] == "ok" and "identity rel_activation" in report["fused"]
+    assert report["chunked"] == "ok" and "identity rel_activation" in report["sdpa"]
     report = assert_backends_agree(RelationalProblem(max_rel_pos=2), "relational")
-    assert report["chunked"] == "ok" and "absolute symbols" in report["fused"]
+    assert report["chunked"] == "ok" and "absolute symbols" in report["sdpa"]
     x = RelationalProblem(rel_activation="tanh").inputs()
     with pytest.raises(
         UnsupportedCallError, match="'fused'.*identity rel_activation.*can: naive, chunked"
@@ -62,7 +62,7 @@ def test_auto_never_picks_a_backend_whose_math_does_not_hold():
         relational_attention(**x, backend="fused")
 
 
-@pytest.mark.parametrize("backend", ["naive", "chunked", "fused"])
+@pytest.mark.parametrize("backend", ["naive", "chunked", "sdpa"])
 def test_row_with_no_key_gives_zeros_and_finite_grads(backend):
     x = RelationalProblem(q_len=5, k_len=5, mask="empty_rows", seed=3).inputs()
     x["attn_mask"][..., 2, :] = False
@@ -72,7 +72,7 @@ def test_row_with_no_key_gives_zeros_and_finite_grads(backend):
     assert all(g.isfinite().all() for g in grads)
 
 
-@pytest.mark.parametrize("backend", ["naive", "chunked", "fused"])
+@pytest.mark.parametrize("backend", ["naive", "chunked", "sdpa"])
 def test_dropout_is_unbiased(backend):
     torch.manual_seed(0)
     x = {
@@ -123,6 +123,6 @@ def test_auto_prefers_the_tiled_kernels_on_cpu_and_sdpa_augmentation_on_cuda():
     assert family("relational").select("auto", Call("cpu", torch.float32, plain)).name == best_cpu
     for call in (Call("cpu", torch.float64, plain), Call("cpu", torch.float32, plain | {"mask"})):
         assert family("relational").select("auto", call).name == "chunked"
-    assert family("relational").select("auto", Call("cuda", torch.float32, plain)).name == "fused"
+    assert family("relational").select("auto", Call("cuda", torch.float32, plain)).name == "sdpa"
     relu = plain | {"rel_activation"}
     assert family("relational").select("auto", Call("cuda", torch.float32, relu)).name == "chunked"

@@ -17,9 +17,9 @@ from attn_zoo.kernels.dispatch import Call, Capabilities, family, register_backe
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
 from attn_zoo.kernels.relational.chunked import chunked
 from attn_zoo.kernels.relational.cpp import cpp, cpp_missing
-from attn_zoo.kernels.relational.fused import fused
 from attn_zoo.kernels.relational.naive import naive
 from attn_zoo.kernels.relational.triton import triton_missing, triton_relational
+from attn_zoo.kernels.relational.value_augmentation import value_augmentation
 from attn_zoo.kernels.softmax import check_mask
 
 FEATURES = frozenset(
@@ -50,7 +50,7 @@ register_backend(
         devices=frozenset({"cpu"}),
         dtypes=frozenset({torch.float32}),
         why={
-            "cuda": "the C++ kernel runs on CPU; on CUDA use 'triton'",
+            "cuda": "the C++ kernel runs on CPU; on CUDA 'sdpa' and 'triton' serve",
             "mask": "the C++ kernel takes no attn_mask (causal only)",
             "dropout": "the C++ kernel has no dropout",
             "rel_activation": "the C++ kernel computes identity rel_activation only",
@@ -58,9 +58,10 @@ register_backend(
         },
     ),
 )(cpp)
+# Value augmentation on torch SDPA: the fused kernel on CUDA until `triton` has been timed there.
 register_backend(
     "relational",
-    "fused",
+    "sdpa",
     tier="fused",
     priority=30,
     capabilities=Capabilities(
@@ -70,7 +71,7 @@ register_backend(
             "relative_symbols": "value augmentation needs absolute symbols",
         },
     ),
-)(fused)
+)(value_augmentation)
 # Flash-style Triton kernels (CUDA). Below chunked on CUDA for `auto` until the compiled kernel has
 # been checked and timed on a GPU; ask for it by name.
 register_backend(

@@ -19,7 +19,7 @@ from attn_zoo.kernels.relational.naive import default_scales
 from attn_zoo.kernels.softmax.sdpa import sdpa
 
 
-def fused(
+def value_augmentation(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)
     qr: torch.Tensor,  # (B, R, N, dr)
@@ -35,7 +35,8 @@ def fused(
 ) -> torch.Tensor:  # (B, H, N, hd + R)
     if rel_activation != "identity" or v_rel is not None:
         raise ValueError(
-            "fused relational attention needs rel_activation='identity' and absolute symbols"
+            "relational attention by value augmentation needs rel_activation='identity' and "
+            "absolute symbols"
         )
     scale, rel_scale = default_scales(q, qr, scale, rel_scale)
     n_rel, hd = qr.shape[1], v.shape[-1]
