@@ -116,6 +116,7 @@ def test_without_the_extension_auto_falls_back_with_the_reason():
     assert picked == "chunked"
 
 
+@needs_cpp  # a compiler that works, given a source that does not compile
 def test_a_failed_build_is_reported_with_the_compiler_error(tmp_path):
     """A source that does not compile (as with a broken or missing compiler): the backend is
     unavailable with the compiler's error line, and `auto` still serves the call."""
