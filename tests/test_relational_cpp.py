@@ -138,3 +138,21 @@ def test_a_failed_build_is_reported_with_the_compiler_error(tmp_path):
     why, shape = child.stdout.strip().splitlines()[-2:]
     assert why.startswith("building broken.cpp failed") and "no usable compiler here" in why
     assert shape == "torch.Size([1, 2, 4, 10])"
+
+
+@needs_cpp
+@pytest.mark.parametrize("threads", [1, 3])
+def test_cpp_any_thread_count(threads):
+    """One thread (the ablation workers' setting) and more threads than cores: every task is
+    taken once and every per-thread gradient buffer is summed."""
+    problem = RelationalProblem(
+        batch=2, heads=4, kv_heads=2, n_relations=3, q_len=45, k_len=45, key_dim=8, rel_dim=8,
+        head_dim=8, is_causal=True, seed=5,
+    )  # fmt: skip
+    kernel = functools.partial(cpp, blocks=(8, 16, 16, 8))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        assert_backends_agree(problem, "relational", backends=[], kernels={"cpp": kernel})
+    finally:
+        torch.set_num_threads(before)
