@@ -23,6 +23,7 @@ import hashlib
 import os
 import platform
 import re
+import threading
 from pathlib import Path
 
 import torch
@@ -32,6 +33,7 @@ from attn_zoo.kernels.relational.naive import default_scales
 SOURCE = Path(__file__).with_name("cpp_kernel.cpp")
 BLOCKS = (128, 256, 256, 128)  # (queries, keys) per tile in forward, then in backward
 _state: dict = {}  # "ops" once built, or "error": why it cannot be
+_build_lock = threading.Lock()  # one build per process, whichever thread asks first
 
 
 def _cpu_tag() -> str:
@@ -76,7 +78,9 @@ def cpp_missing() -> str | None:
     """None once the C++ kernel is built and loaded (building it on the first call), else why
     it cannot be."""
     if not _state:
-        _build()
+        with _build_lock:
+            if not _state:
+                _build()
     return _state.get("error")
 
 
