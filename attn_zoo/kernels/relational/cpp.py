@@ -14,7 +14,7 @@ owns its dk, dv, dkr rows; dq and dqr go to per-thread buffers):
 Training memory O(N). Serves float32 CPU calls with identity rel_activation and absolute
 symbols, causal or not, GQA, without mask or dropout. GEMMs go to the BLAS torch links
 (sgemm_, MKL on x86 builds), else to at::mm. torch.utils.cpp_extension builds it (a C++
-compiler with OpenMP, and ninja) into torch's extension cache, about 30 s the first time on a
+compiler with OpenMP, and ninja) into torch's extension cache, about 15 s the first time on a
 machine; where the build fails, or ATTN_ZOO_NO_CPP=1, the backend reports itself unavailable
 with the reason and `auto` takes the next one.
 """
@@ -86,11 +86,17 @@ def cpp_missing() -> str | None:
     return _state.get("error")
 
 
+def _ops():
+    """The loaded kernel's ops (building it on first use); RuntimeError with the reason if it
+    cannot be built."""
+    if why := cpp_missing():
+        raise RuntimeError(f"relational backend 'cpp' is unavailable: {why}")
+    return _state["ops"]
+
+
 def gemm_backend(aten: bool = False) -> str:
     """Which GEMM the kernel calls: "sgemm_" (torch's BLAS) or "at::mm" (aten=True forces it)."""
-    if cpp_missing():
-        raise RuntimeError(f"relational backend 'cpp' is unavailable: {cpp_missing()}")
-    return _state["ops"].gemm_backend(aten)
+    return _ops().gemm_backend(aten)
 
 
 def rows(t: torch.Tensor) -> torch.Tensor:
@@ -103,7 +109,7 @@ class CppRelationalAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, qr, kr, is_causal, scale, rel_scale, blocks):
         args = is_causal, scale, rel_scale
-        out, lse = _state["ops"].forward(q, k, v, qr, kr, *args, *blocks[:2])
+        out, lse = _ops().forward(q, k, v, qr, kr, *args, *blocks[:2])
         ctx.save_for_backward(q, k, v, qr, kr, out, lse)
         ctx.args = *args, *blocks[2:]
         return out
@@ -113,7 +119,7 @@ class CppRelationalAttention(torch.autograd.Function):
         q, k, v, qr, kr, out, lse = ctx.saved_tensors
         dout = rows(dout)
         delta = (dout * out).sum(-1)
-        grads = _state["ops"].backward(q, k, v, qr, kr, dout, lse, delta, *ctx.args)
+        grads = _ops().backward(q, k, v, qr, kr, dout, lse, delta, *ctx.args)
         return *grads, None, None, None, None
 
 
@@ -148,8 +154,7 @@ def cpp(
             "relational backend 'cpp' cannot take "
             + ", ".join(name for name, bad in unsupported.items() if bad)
         )
-    if cpp_missing():
-        raise RuntimeError(f"relational backend 'cpp' is unavailable: {cpp_missing()}")
+    _ops()  # built, or the reason it cannot be
     scale, rel_scale = default_scales(q, qr, scale, rel_scale)
     q, k, v, qr, kr = (rows(t) for t in (q, k, v, qr, kr))
     return CppRelationalAttention.apply(q, k, v, qr, kr, is_causal, scale, rel_scale, blocks)

@@ -120,7 +120,7 @@ void mix(const float* P, float* dP, int64_t ps, const float* Rt, float* dR, int6
   }
 }
 
-// Run f(hb, rb) blocks over H heads x R relations with the instantiation for each block size.
+// The dots and mix instantiations for a block of hb heads x rb relations (1..4 each).
 using DotsFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
 using MixFn = void (*)(const float*, float*, int64_t, const float*, float*, int64_t, int64_t,
                        const float*, int64_t);
@@ -142,6 +142,15 @@ std::pair<DotsFn, MixFn> kernels(int64_t hb, int64_t rb) {
   }
 }
 constexpr int64_t BLOCK_HR = 4;
+
+// Call f(h, l, kernels) for each block of up to BLOCK_HR heads from h x BLOCK_HR relations from
+// l, with the kernels instantiated for that block's size.
+template <typename F>
+void for_each_block(int64_t H, int64_t R, const F& f) {
+  for (int64_t h = 0; h < H; h += BLOCK_HR)
+    for (int64_t l = 0; l < R; l += BLOCK_HR)
+      f(h, l, kernels(std::min(BLOCK_HR, H - h), std::min(BLOCK_HR, R - l)));
+}
 
 // Exponentiate a row of scores in place: s[j] = exp(s[j] - m) for j < n, 0 for n <= j < width;
 // returns the sum.
@@ -263,13 +272,10 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at::Tensor
       }
       for (int64_t i = 0; i < qn; ++i) {  // accr[h, i, l] += sum_j p_ij^h r_ij^l
         const int64_t n = visible(causal, i0 + i, j0, jn);
-        for (int64_t h = 0; h < d.H; h += BLOCK_HR)
-          for (int64_t l = 0; l < d.R; l += BLOCK_HR) {
-            const int64_t hb = std::min(BLOCK_HR, d.H - h), rb = std::min(BLOCK_HR, d.R - l);
-            kernels(hb, rb).first(buf.S.data() + h * tile + i * bk, tile,
-                                  buf.Rt.data() + l * tile + i * bk, tile, n,
-                                  buf.accr.data() + (h * bq + i) * d.R + l, bq * d.R);
-          }
+        for_each_block(d.H, d.R, [&](int64_t h, int64_t l, auto fns) {
+          fns.first(buf.S.data() + h * tile + i * bk, tile, buf.Rt.data() + l * tile + i * bk,
+                    tile, n, buf.accr.data() + (h * bq + i) * d.R + l, bq * d.R);
+        });
       }
     }
     for (int64_t h = 0; h < d.H; ++h)
@@ -341,15 +347,11 @@ std::vector<at::Tensor> backward(const at::Tensor& q, const at::Tensor& k, const
           for (int64_t l = 0; l < d.R; ++l)
             buf.c[h * d.R + l] = DO.at(b, h, i0 + i)[d.dv + l];
         const int64_t n = visible(causal, i0 + i, j0, jn);
-        for (int64_t h = 0; h < d.H; h += BLOCK_HR)
-          for (int64_t l = 0; l < d.R; l += BLOCK_HR) {
-            const int64_t hb = std::min(BLOCK_HR, d.H - h), rb = std::min(BLOCK_HR, d.R - l);
-            kernels(hb, rb).second(buf.P.data() + h * tile + i * bk,
-                                   buf.dP.data() + h * tile + i * bk, tile,
-                                   buf.Rt.data() + l * tile + i * bk,
-                                   buf.dR.data() + l * tile + i * bk, tile, n,
-                                   buf.c.data() + h * d.R + l, d.R);
-          }
+        for_each_block(d.H, d.R, [&](int64_t h, int64_t l, auto fns) {
+          fns.second(buf.P.data() + h * tile + i * bk, buf.dP.data() + h * tile + i * bk, tile,
+                     buf.Rt.data() + l * tile + i * bk, buf.dR.data() + l * tile + i * bk, tile,
+                     n, buf.c.data() + h * d.R + l, d.R);
+        });
       }
       for (int64_t h = 0; h < d.H; ++h) {  // dS = P (dP - delta); dq, dk, dv
         const int64_t row = (b * d.H + h) * d.N + i0, kv = h / d.G;
