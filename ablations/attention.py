@@ -14,12 +14,12 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
+from ablations.report_pages import file_name
 from ablations.spec import Cell
 from ablations.store import ResultsStore
 from ablations.tasks import build_task
 from ablations.train import build_model, forward
 from attn_zoo.maps import plot_attention_maps, recording_attention
-from attn_zoo.report_pages import file_name
 
 
 def load_cell_model(store: ResultsStore, row: dict) -> tuple[torch.nn.Module, object]:

@@ -25,8 +25,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ablations.attention import attention_blocks
+from ablations.report_pages import file_name, label_colours, new_figure, write_pages
 from ablations.store import ResultsStore, error_summary
-from attn_zoo.report_pages import file_name, label_colours, new_figure, write_pages
 
 SUMMARY_COLUMNS = [
     "task",

@@ -50,7 +50,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from ablations.tasks import list_tasks, task_arguments
-from attn_zoo.registry import list_mechanisms, mechanism_kwargs
+from attn_zoo.mechanisms.registry import list_mechanisms, mechanism_kwargs
 
 TRAINING_DEFAULTS = {
     "steps": 500,

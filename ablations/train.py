@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -20,7 +21,13 @@ from torch import Tensor, nn
 
 from ablations.spec import Cell
 from ablations.tasks import IGNORE_INDEX, build_task
-from attn_zoo.models import LanguageModel, Seq2Seq, SequenceClassifier, VisionClassifier
+from attn_zoo.models import (
+    BlockConfig,
+    LanguageModel,
+    Seq2Seq,
+    SequenceClassifier,
+    VisionClassifier,
+)
 
 
 @dataclass
@@ -45,43 +52,84 @@ def environment() -> dict:
     }
 
 
+def _plain_forward(model: nn.Module, task, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    logits, loss = model(x, y)
+    return logits, loss, y
+
+
+def _teacher_forced(model: nn.Module, task, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The decoder reads ``y[:, :-1]`` (padding as the task's pad token), scored on ``y[:, 1:]``."""
+    decoder_in = y[:, :-1].masked_fill(y[:, :-1] == IGNORE_INDEX, task.pad_token)
+    logits, loss = model(x, decoder_in, y[:, 1:])
+    return logits, loss, y[:, 1:]
+
+
+@dataclass(frozen=True)
+class KindModel:
+    """How a task kind is trained: its model (from the task, the block config and the depth)
+    and the forward call of one batch -> (logits, loss, scored targets)."""
+
+    build: Callable[[object, BlockConfig, int], nn.Module]
+    forward: Callable[[nn.Module, object, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
+
+
+MODEL_FOR_KIND: dict[str, KindModel] = {
+    "classification": KindModel(
+        lambda task, config, n_layers: SequenceClassifier(
+            task.vocab_size,
+            task.num_classes,
+            n_layers=n_layers,
+            max_len=task.seq_len,
+            config=config,
+        ),  # fmt: skip
+        _plain_forward,
+    ),
+    "language_model": KindModel(
+        lambda task, config, n_layers: LanguageModel(
+            task.vocab_size, n_layers=n_layers, max_block_size=task.seq_len, config=config
+        ),
+        _plain_forward,
+    ),
+    "image_classification": KindModel(
+        lambda task, config, n_layers: VisionClassifier(
+            task.image_shape, task.patch_size, task.num_classes, n_layers=n_layers, config=config
+        ),
+        _plain_forward,
+    ),
+    "seq2seq": KindModel(
+        lambda task, config, n_layers: Seq2Seq(
+            task.vocab_size,
+            task.vocab_size,
+            n_layers_enc=n_layers,
+            n_layers_dec=n_layers,
+            encoder_attention=config.attention,
+            encoder_attention_kwargs=config.attention_kwargs,
+            decoder_attention=config.attention,
+            decoder_attention_kwargs=config.attention_kwargs,
+            in_block_size=task.seq_len,
+            out_block_size=task.target_len,
+            config=config,
+        ),  # fmt: skip
+        _teacher_forced,
+    ),
+}
+
+
 def build_model(cell: Cell, task) -> nn.Module:
     """The model family the task's kind needs, sized by the cell, with its mechanism."""
-    size = cell.size
-    common = dict(
-        d_model=size["d_model"],
-        n_layers=size["n_layers"],
+    config = BlockConfig(
+        d_model=cell.size["d_model"],
         attention=cell.mechanism_name,
         attention_kwargs=cell.mechanism_kwargs,
-        dff=size.get("dff"),
-        dropout=size.get("dropout", 0.0),
+        dff=cell.size.get("dff"),
+        dropout=cell.size.get("dropout", 0.0),
     )
-    if task.kind == "classification":
-        return SequenceClassifier(task.vocab_size, task.num_classes, max_len=task.seq_len, **common)
-    if task.kind == "language_model":
-        return LanguageModel(task.vocab_size, max_block_size=task.seq_len, **common)
-    if task.kind == "image_classification":
-        return VisionClassifier(task.image_shape, task.patch_size, task.num_classes, **common)
-    attention, kwargs, n_layers = (
-        common.pop(k) for k in ("attention", "attention_kwargs", "n_layers")
-    )
-    return Seq2Seq(
-        task.vocab_size, task.vocab_size, n_layers_enc=n_layers, n_layers_dec=n_layers,
-        encoder_attention=attention, encoder_attention_kwargs=kwargs,
-        decoder_attention=attention, decoder_attention_kwargs=kwargs,
-        in_block_size=task.seq_len, out_block_size=task.target_len, **common,
-    )  # fmt: skip
+    return MODEL_FOR_KIND[task.kind].build(task, config, cell.size["n_layers"])
 
 
 def forward(model: nn.Module, task, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(logits, loss, scored targets) of one batch. Seq2seq is teacher-forced: the decoder
-    reads ``y[:, :-1]`` (padding as the task's pad token) and is scored on ``y[:, 1:]``."""
-    if task.kind == "seq2seq":
-        decoder_in = y[:, :-1].masked_fill(y[:, :-1] == IGNORE_INDEX, task.pad_token)
-        logits, loss = model(x, decoder_in, y[:, 1:])
-        return logits, loss, y[:, 1:]
-    logits, loss = model(x, y)
-    return logits, loss, y
+    """(logits, loss, scored targets) of one batch; seq2seq is teacher-forced."""
+    return MODEL_FOR_KIND[task.kind].forward(model, task, x, y)
 
 
 def smoke_test(cell: Cell) -> None:

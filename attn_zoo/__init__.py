@@ -9,7 +9,7 @@ m.backend = "chunked"                          # same parameters, other kernel
 from attn_zoo import mechanisms  # noqa: F401  (registers the built-in mechanisms)
 from attn_zoo.kernels import Capabilities, UnsupportedCallError, register_backend
 from attn_zoo.mechanisms.base import AttentionMechanism
-from attn_zoo.registry import (
+from attn_zoo.mechanisms.registry import (
     backend_status,
     build,
     list_backends,

@@ -9,6 +9,7 @@ Every module with an `attention_maps(*args, **kwargs)` method (standard and rela
 attention, so dual attention's two branches and cross-attention too) is hooked: the method
 receives exactly the arguments of the module's forward call and returns its weights
 materialised, so the maps are those of the pass the model really ran, masks and RoPE included.
+Drawing needs matplotlib (an extra: pip install 'attn_zoo[ablations]'); recording does not.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
-from matplotlib.figure import Figure
 from torch import nn
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 @contextmanager
@@ -76,6 +80,8 @@ def plot_attention_maps(
 
     Attention rows are queries, columns keys (weights in [0, 1]); relation maps r_ij^l use a
     diverging colour scale centred on 0. `labels` names the N positions on the axes."""
+    from matplotlib.figure import Figure
+
     rows = [
         (name, kind, tensor[example])
         for name, kinds in maps.items()

@@ -11,16 +11,16 @@ torch.set_num_threads(max(1, torch.get_num_threads()))
 def restore_registries():
     """Undo mechanism and backend registrations a test makes."""
     from attn_zoo.kernels.dispatch import FAMILIES
-    from attn_zoo.registry import MECHANISMS
+    from attn_zoo.mechanisms.registry import MECHANISMS
 
-    mechanisms = dict(MECHANISMS)
-    backends = {name: dict(fam.backends) for name, fam in FAMILIES.items()}
+    mechanisms = set(MECHANISMS)
+    families = set(FAMILIES)
+    backends = {name: dict(FAMILIES[name].backends) for name in families}
     yield
-    MECHANISMS.clear()
-    MECHANISMS.update(mechanisms)
-    for name in list(FAMILIES):
-        if name not in backends:
-            del FAMILIES[name]
-        else:
-            FAMILIES[name].backends.clear()
-            FAMILIES[name].backends.update(backends[name])
+    for name in set(MECHANISMS) - mechanisms:
+        MECHANISMS.unregister(name)
+    for name in set(FAMILIES) - families:
+        FAMILIES.unregister(name)
+    for name in families:
+        FAMILIES[name].backends.clear()
+        FAMILIES[name].backends.update(backends[name])

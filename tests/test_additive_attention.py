@@ -14,7 +14,7 @@ import attn_zoo as az
 from attn_zoo.kernels import UnsupportedCallError
 from attn_zoo.kernels.additive import additive_attention
 from attn_zoo.kernels.additive.scan import scan
-from attn_zoo.nn.rotary import Rotary, rotary_tables
+from attn_zoo.kernels.rotary import Rotary, rotary_tables
 from attn_zoo.testing import (
     AttentionProblem,
     assert_backends_agree,

@@ -11,7 +11,7 @@ import pytest
 import torch
 from matplotlib.image import imread
 
-from attn_zoo.bench import (
+from ablations.bench import (
     Workload,
     add_ratios,
     bench_mechanisms,
@@ -22,7 +22,7 @@ from attn_zoo.bench import (
     peak_memory_mb,
     write_bench_report,
 )
-from attn_zoo.cli import main, parser
+from ablations.cli import main, parser
 
 
 def test_softmax_table_has_every_backend_and_ratios_from_the_same_run():

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import attn_zoo as az
 from attn_zoo.interop.dual_attention import convert_state_dict, port
 from attn_zoo.kernels import UnsupportedCallError
-from attn_zoo.nn.rotary import Rotary, rotary_tables
+from attn_zoo.kernels.rotary import Rotary, rotary_tables
 
 ATOL = 1e-10
 ACTIVATIONS = ["identity", "relu", "sigmoid", "tanh", "gelu", "silu", "softmax"]

@@ -14,7 +14,7 @@ import attn_zoo as az
 from attn_zoo.kernels import UnsupportedCallError
 from attn_zoo.kernels.linear import elu_feature_map, linear_attention
 from attn_zoo.kernels.linear.chunked import chunked
-from attn_zoo.nn.rotary import Rotary, rotary_tables
+from attn_zoo.kernels.rotary import Rotary, rotary_tables
 from attn_zoo.testing import (
     AttentionProblem,
     assert_backends_agree,

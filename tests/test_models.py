@@ -5,10 +5,10 @@ import pytest
 import torch
 
 import attn_zoo as az
+from attn_zoo.kernels.rotary import Rotary, rotary_tables
 from attn_zoo.models import LanguageModel, Seq2Seq, VisionClassifier
-from attn_zoo.nn.block import Block
-from attn_zoo.nn.positional import POSITIONAL, build_positional
-from attn_zoo.nn.rotary import Rotary, rotary_tables
+from attn_zoo.models.block import Block
+from attn_zoo.models.positional import POSITIONAL, build_positional
 
 D = 16
 SYMBOLS = dict(
@@ -52,13 +52,27 @@ def test_language_model_trains_and_round_trips(mechanism, tmp_path):
     attention, extra, pos_enc = MECHANISMS[mechanism]
     torch.manual_seed(0)
     model = LanguageModel(
-        20, D, 2, mechanism, attention, max_block_size=12, pos_enc=pos_enc, **extra
+        20,
+        D,
+        2,
+        attention=mechanism,
+        attention_kwargs=attention,
+        max_block_size=12,
+        pos_enc=pos_enc,
+        **extra,
     )
     idx = torch.randint(0, 20, (4, 12), generator=torch.Generator().manual_seed(0))
     train(model, (idx[:, :-1], idx[:, 1:]))
     torch.save(model.state_dict(), tmp_path / "lm.pt")
     again = LanguageModel(
-        20, D, 2, mechanism, attention, max_block_size=12, pos_enc=pos_enc, **extra
+        20,
+        D,
+        2,
+        attention=mechanism,
+        attention_kwargs=attention,
+        max_block_size=12,
+        pos_enc=pos_enc,
+        **extra,
     )
     again.load_state_dict(torch.load(tmp_path / "lm.pt", weights_only=True))
     model.eval(), again.eval()
@@ -71,7 +85,17 @@ def test_seq2seq_trains(mechanism):
     attention, extra, _ = MECHANISMS[mechanism]
     torch.manual_seed(0)
     model = Seq2Seq(
-        10, 12, D, 1, 1, mechanism, attention, mechanism, attention, dict(n_heads=2), **extra
+        10,
+        12,
+        D,
+        1,
+        1,
+        encoder_attention=mechanism,
+        encoder_attention_kwargs=attention,
+        decoder_attention=mechanism,
+        decoder_attention_kwargs=attention,
+        cross_attention_kwargs=dict(n_heads=2),
+        **extra,
     )
     src = torch.randint(0, 10, (4, 7), generator=torch.Generator().manual_seed(1))
     tgt = torch.randint(0, 12, (4, 6), generator=torch.Generator().manual_seed(2))
@@ -84,7 +108,9 @@ def test_seq2seq_trains(mechanism):
 def test_vision_classifier_trains(mechanism, pool):
     attention, extra, _ = MECHANISMS[mechanism]
     torch.manual_seed(0)
-    model = VisionClassifier((3, 8, 8), 4, 3, D, 1, mechanism, attention, pool=pool, **extra)
+    model = VisionClassifier(
+        (3, 8, 8), 4, 3, D, 1, attention=mechanism, attention_kwargs=attention, pool=pool, **extra
+    )
     images = torch.randn(6, 3, 8, 8, generator=torch.Generator().manual_seed(3))
     train(model, (images, torch.arange(6) % 3))
 
@@ -92,7 +118,13 @@ def test_vision_classifier_trains(mechanism, pool):
 def test_language_model_is_causal_and_backends_agree():
     torch.manual_seed(0)
     model = LanguageModel(
-        20, D, 2, "dual", dict(n_heads_sa=1, n_heads_ra=1), max_block_size=12, **SYMBOLS
+        20,
+        D,
+        2,
+        attention="dual",
+        attention_kwargs=dict(n_heads_sa=1, n_heads_ra=1),
+        max_block_size=12,
+        **SYMBOLS,
     ).eval()
     idx = torch.randint(0, 20, (2, 10))
     changed = idx.clone()
@@ -109,22 +141,30 @@ def test_per_layer_retrievers_and_untied_embeddings():
         20,
         D,
         3,
-        "relational",
-        dict(n_heads=2),
+        attention="relational",
+        attention_kwargs=dict(n_heads=2),
         shared_symbol_retriever=False,
         tie_weights=False,
         **SYMBOLS,
     )
     assert len(model.symbol_retriever) == 3
     assert model.token_embedder.weight is not model.final_out.weight
-    shared = LanguageModel(20, D, 3, "relational", dict(n_heads=2), **SYMBOLS)
+    shared = LanguageModel(
+        20, D, 3, attention="relational", attention_kwargs=dict(n_heads=2), **SYMBOLS
+    )
     assert shared.token_embedder.weight is shared.final_out.weight
 
 
 def test_torch_compile_smoke():
     torch.manual_seed(0)
     model = LanguageModel(
-        20, D, 1, "standard", dict(n_heads=2), max_block_size=8, backend="sdpa"
+        20,
+        D,
+        1,
+        attention="standard",
+        attention_kwargs=dict(n_heads=2),
+        max_block_size=8,
+        backend="sdpa",
     ).eval()
     idx = torch.randint(0, 20, (2, 8))
     compiled = torch.compile(model)
@@ -144,13 +184,17 @@ def test_torch_compile_smoke():
     ],
 )
 def test_language_model_input_errors(call, match):
-    model = LanguageModel(20, D, 1, "standard", dict(n_heads=2), max_block_size=12)
+    model = LanguageModel(
+        20, D, 1, attention="standard", attention_kwargs=dict(n_heads=2), max_block_size=12
+    )
     with pytest.raises(ValueError, match=match):
         call(model)
 
 
 def test_vision_and_config_errors():
-    model = VisionClassifier((3, 8, 8), 4, 3, D, 1, "standard", dict(n_heads=2))
+    model = VisionClassifier(
+        (3, 8, 8), 4, 3, D, 1, attention="standard", attention_kwargs=dict(n_heads=2)
+    )
     with pytest.raises(ValueError, match=r"\(B, 3, 8, 8\), got \(2, 3, 8, 9\)"):
         model(torch.randn(2, 3, 8, 9))
     with pytest.raises(ValueError, match="not divisible into 3x3 patches"):
@@ -158,13 +202,15 @@ def test_vision_and_config_errors():
     with pytest.raises(ValueError, match="pool='max'"):
         VisionClassifier((3, 8, 8), 4, 3, D, 1, pool="max")
     with pytest.raises(ValueError, match="Did you mean 'rmsnorm'"):
-        Block(D, attention_kwargs=dict(n_heads=2), norm_type="rms")
+        Block(d_model=D, attention_kwargs=dict(n_heads=2), norm_type="rms")
     with pytest.raises(ValueError, match="Did you mean 'swiglu'"):
-        Block(D, attention_kwargs=dict(n_heads=2), activation="swiglo")
+        Block(d_model=D, attention_kwargs=dict(n_heads=2), activation="swiglo")
     with pytest.raises(ValueError, match="positional encoding: 'rotary'"):
-        LanguageModel(20, D, 1, "standard", dict(n_heads=2), pos_enc="rotary")
+        LanguageModel(
+            20, D, 1, attention="standard", attention_kwargs=dict(n_heads=2), pos_enc="rotary"
+        )
     with pytest.raises(ValueError, match="context must be given exactly when"):
-        Block(D, attention_kwargs=dict(n_heads=2))(
+        Block(d_model=D, attention_kwargs=dict(n_heads=2))(
             torch.randn(1, 3, D), context=torch.randn(1, 2, D)
         )
 
@@ -175,17 +221,25 @@ def test_vision_and_config_errors():
 def test_block_variants_take_a_module_or_a_name(norm_first, norm_type, activation):
     torch.manual_seed(0)
     by_name = Block(
-        D, "standard", dict(n_heads=2), None, activation, 0.0, norm_first, norm_type, causal=True
+        d_model=D,
+        attention="standard",
+        attention_kwargs=dict(n_heads=2),
+        dff=None,
+        activation=activation,
+        dropout=0.0,
+        norm_first=norm_first,
+        norm_type=norm_type,
+        causal=True,
     )
     by_module = Block(
-        D,
-        az.build("standard", d_model=D, n_heads=2),
-        None,
-        None,
-        activation,
-        0.0,
-        norm_first,
-        norm_type,
+        d_model=D,
+        attention=az.build("standard", d_model=D, n_heads=2),
+        attention_kwargs=None,
+        dff=None,
+        activation=activation,
+        dropout=0.0,
+        norm_first=norm_first,
+        norm_type=norm_type,
         causal=True,
     )
     by_module.load_state_dict(by_name.state_dict())
@@ -233,7 +287,9 @@ def test_msa_mechanisms_train_in_a_block_stack(mechanism, kwargs):
     """MSA attention is not for token sequences; it runs in the generic block on (B, R, C, D)."""
     assert mechanism in NOT_SEQUENCE
     torch.manual_seed(0)
-    stack = torch.nn.Sequential(*(Block(D, mechanism, kwargs) for _ in range(2)))
+    stack = torch.nn.Sequential(
+        *(Block(d_model=D, attention=mechanism, attention_kwargs=kwargs) for _ in range(2))
+    )
     msa, target = torch.randn(3, 4, 6, D), torch.randn(3, 4, 6, D)
     opt = torch.optim.AdamW(stack.parameters(), lr=3e-3)
     losses = []
@@ -252,7 +308,9 @@ def test_sequence_classifier_trains(mechanism):
 
     attention, extra, _ = MECHANISMS[mechanism]
     torch.manual_seed(0)
-    model = SequenceClassifier(20, 3, D, 1, mechanism, attention, max_len=8, **extra)
+    model = SequenceClassifier(
+        20, 3, D, 1, attention=mechanism, attention_kwargs=attention, max_len=8, **extra
+    )
     idx = torch.randint(0, 20, (6, 8), generator=torch.Generator().manual_seed(4))
     train(model, (idx, torch.arange(6) % 3))
     with pytest.raises(ValueError, match="pool='max'"):

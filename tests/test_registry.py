@@ -6,7 +6,8 @@ from hypothesis import given
 
 import attn_zoo as az
 from attn_zoo.kernels.dispatch import Capabilities
-from attn_zoo.kernels.softmax import FEATURES, softmax_attention
+from attn_zoo.kernels.softmax import softmax_attention
+from attn_zoo.kernels.softmax.family import FEATURES
 from attn_zoo.kernels.softmax.naive import naive
 from attn_zoo.mechanisms.standard import StandardAttention
 from attn_zoo.testing import (

@@ -77,16 +77,25 @@ def test_cpp_paper_widths_and_strided_inputs(is_causal):
 @pytest.mark.parametrize(
     "change, match",
     [
-        ({"rel_activation": "relu"}, "rel_activation"),
-        ({"attn_mask": torch.ones(1, 1, 5, 5, dtype=torch.bool)}, "attn_mask"),
-        ({"dropout_p": 0.1}, "dropout_p"),
-        ({"blocks": (16, 0, 16, 16)}, "blocks"),
+        ({"rel_activation": "relu"}, "identity rel_activation only"),
+        ({"attn_mask": torch.ones(1, 1, 5, 5, dtype=torch.bool)}, "takes no attn_mask"),
+        ({"dropout_p": 0.1}, "has no dropout"),
+        ({"k_len": 0}, "needs at least one key"),
     ],
 )
-def test_cpp_names_what_it_cannot_take(change, match):
+def test_cpp_refuses_by_its_declared_capabilities(change, match):
+    """The refusal reasons come from the capabilities registered with the backend."""
+    k_len = change.pop("k_len", 5)
+    x = RelationalProblem(q_len=5, k_len=k_len).inputs()
+    with pytest.raises(ValueError, match=f"'cpp'.*{match}"):
+        relational_attention(**{**x, **change}, backend="cpp")
+
+
+@needs_cpp
+def test_cpp_checks_its_tile_sizes():
     x = RelationalProblem(q_len=5, k_len=5).inputs()
-    with pytest.raises(ValueError, match=f"'cpp' cannot take .*{match}"):
-        cpp(**{**x, **change})
+    with pytest.raises(ValueError, match="blocks=.*four positive tile sizes"):
+        cpp(**x, blocks=(16, 0, 16, 16))
 
 
 @needs_cpp

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import attn_zoo as az
-from attn_zoo.nn.rotary import Rotary, rotary_tables
+from attn_zoo.kernels.rotary import Rotary, rotary_tables
 from attn_zoo.testing import assert_mechanism_backends_agree
 
 RETRIEVERS = [

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from ablations import runner
+from ablations.cli import main
 from ablations.runner import Progress, check_cells, make_executor, run_grid
 from ablations.spec import SpecError, load_grid
 from ablations.store import ResultsStore, config_key
-from attn_zoo.cli import main
 
 GRID = """
 name = "tiny"
@@ -138,7 +138,7 @@ def test_process_pool_and_ray_give_the_thread_worker_metrics(tmp_path):
 def test_sigkill_midway_then_resume_loses_and_duplicates_nothing(tmp_path):
     path = grid_file(tmp_path, steps=300)
     spec = load_grid(path)
-    command = [sys.executable, "-m", "attn_zoo.cli", "ablate", "run", str(path), "--workers", "1"]
+    command = [sys.executable, "-m", "ablations.cli", "ablate", "run", str(path), "--workers", "1"]
     run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     done_before = {}

@@ -34,7 +34,6 @@ answer tokens, an end token, then `IGNORE_INDEX` padding. Teacher forcing: the d
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar
@@ -43,7 +42,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from attn_zoo.kernels.dispatch import unknown_name_error
+from attn_zoo.names import Registry
 
 KINDS = ("classification", "language_model", "seq2seq", "image_classification")
 IGNORE_INDEX = -1
@@ -104,39 +103,31 @@ def distinct_tokens(n: int, k: int, vocab_size: int, generator: torch.Generator)
 
 
 T = TypeVar("T", bound=type[Task])
-_TASKS: dict[str, type[Task]] = {}
+TASKS: Registry[type[Task]] = Registry("task", base=Task)
 
 
 def register_task(name: str) -> Callable[[T], T]:
     """Class decorator: make a `Task` dataclass buildable as `build_task(name, ...)`."""
 
     def decorate(cls: T) -> T:
-        if name in _TASKS:
-            raise ValueError(f"task {name!r} is already registered ({_TASKS[name].__name__})")
-        if cls.kind not in KINDS:
-            raise ValueError(f"task {name!r} has kind {cls.kind!r}; valid: {', '.join(KINDS)}")
-        _TASKS[name] = cls
-        return cls
+        if getattr(cls, "kind", None) not in KINDS:
+            kind = getattr(cls, "kind", None)
+            raise ValueError(f"task {name!r} has kind {kind!r}; valid: {', '.join(KINDS)}")
+        return TASKS.register(name, cls)
 
     return decorate
 
 
 def list_tasks() -> list[str]:
     """Names of the registered tasks, sorted."""
-    return sorted(_TASKS)
+    return TASKS.names()
 
 
 def task_arguments(name: str) -> list[str]:
     """The keyword arguments `build_task(name, ...)` accepts."""
-    if name not in _TASKS:
-        raise unknown_name_error("task", name, _TASKS)
-    return [f.name for f in dataclasses.fields(_TASKS[name]) if f.init]
+    return TASKS.kwargs(name) or []
 
 
 def build_task(name: str, **kwargs: object) -> Task:
     """The task `name` with `kwargs` overriding its defaults; ValueError on a bad name or kwarg."""
-    valid = task_arguments(name)
-    for key in kwargs:
-        if key not in valid:
-            raise unknown_name_error(f"argument of task {name!r}", key, valid)
-    return _TASKS[name](**kwargs)
+    return TASKS.build(name, **kwargs)

@@ -32,13 +32,13 @@ import torch
 from torch import nn
 
 from attn_zoo.interop import dual_attention_models as builders
-from attn_zoo.kernels.dispatch import unknown_name_error
 from attn_zoo.mechanisms import (
     AttentionMechanism,
     DualAttention,
     RelationalAttention,
     StandardAttention,
 )
+from attn_zoo.names import unknown_name_error
 from attn_zoo.symbols import (
     PositionalSymbolRetriever,
     PositionRelativeSymbolRetriever,

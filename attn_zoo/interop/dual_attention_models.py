@@ -16,7 +16,7 @@ outputs are the same.
 from __future__ import annotations
 
 from attn_zoo.models import LanguageModel, Seq2Seq, VisionClassifier
-from attn_zoo.nn.block import Block
+from attn_zoo.models.block import Block
 
 WIDTH_KWARGS = ("d_model", "symbol_dim")
 NOT_PORTED = "is not available in attn_zoo"
@@ -58,17 +58,17 @@ def EncoderBlock(
 ) -> Block:
     attention = dict(n_heads=n_heads, add_bias_out=bias, **(attn_kwargs or {}))
     return Block(
-        d_model,
-        "standard",
-        attention,
-        dff,
-        activation,
-        dropout_rate,
-        norm_first,
-        norm_type,
-        causal,
-        None,
-        bias,
+        d_model=d_model,
+        attention="standard",
+        attention_kwargs=attention,
+        dff=dff,
+        activation=activation,
+        dropout=dropout_rate,
+        norm_first=norm_first,
+        norm_type=norm_type,
+        causal=causal,
+        cross_attention=None,
+        bias=bias,
     )
 
 
@@ -87,17 +87,17 @@ def DecoderBlock(
     attention = dict(n_heads=n_heads, add_bias_out=bias)
     cross = dict(n_heads=n_heads, add_bias_out=bias)  # reference: n_heads_cross is ignored
     return Block(
-        d_model,
-        "standard",
-        attention,
-        dff,
-        activation,
-        dropout_rate,
-        norm_first,
-        norm_type,
-        causal,
-        cross,
-        bias,
+        d_model=d_model,
+        attention="standard",
+        attention_kwargs=attention,
+        dff=dff,
+        activation=activation,
+        dropout=dropout_rate,
+        norm_first=norm_first,
+        norm_type=norm_type,
+        causal=causal,
+        cross_attention=cross,
+        bias=bias,
     )
 
 
@@ -119,17 +119,17 @@ def DualAttnEncoderBlock(
 ) -> Block:
     attention = _dual(n_heads_sa, n_heads_ra, sa_kwargs, ra_kwargs, ra_type, share_attn_params)
     return Block(
-        d_model,
-        "dual",
-        attention,
-        dff,
-        activation,
-        dropout_rate,
-        norm_first,
-        norm_type,
-        causal,
-        None,
-        bias,
+        d_model=d_model,
+        attention="dual",
+        attention_kwargs=attention,
+        dff=dff,
+        activation=activation,
+        dropout=dropout_rate,
+        norm_first=norm_first,
+        norm_type=norm_type,
+        causal=causal,
+        cross_attention=None,
+        bias=bias,
     )
 
 
@@ -154,17 +154,17 @@ def DualAttnDecoderBlock(
     attention = _dual(n_heads_sa, n_heads_ra, sa_kwargs, ra_kwargs, ra_type, share_attn_params)
     cross = dict(n_heads=n_heads_cross, **(cross_kwargs or {}))
     return Block(
-        d_model,
-        "dual",
-        attention,
-        dff,
-        activation,
-        dropout_rate,
-        norm_first,
-        norm_type,
-        causal,
-        cross,
-        bias,
+        d_model=d_model,
+        attention="dual",
+        attention_kwargs=attention,
+        dff=dff,
+        activation=activation,
+        dropout=dropout_rate,
+        norm_first=norm_first,
+        norm_type=norm_type,
+        causal=causal,
+        cross_attention=cross,
+        bias=bias,
     )
 
 
@@ -199,18 +199,18 @@ def TransformerLM(
         raise ValueError(f"block_kwargs keys {sorted(block_kwargs)}: only 'attn_kwargs' is ported")
     return LanguageModel(
         vocab_size,
-        d_model,
-        n_layers,
-        "standard",
-        attention,
-        dff,
-        activation,
-        dropout_rate,
-        norm_first,
-        norm_type,
-        max_block_size,
-        _pos_enc(pos_enc_type),
-        bias,
+        d_model=d_model,
+        n_layers=n_layers,
+        attention="standard",
+        attention_kwargs=attention,
+        dff=dff,
+        activation=activation,
+        dropout=dropout_rate,
+        norm_first=norm_first,
+        norm_type=norm_type,
+        max_block_size=max_block_size,
+        pos_enc=_pos_enc(pos_enc_type),
+        bias=bias,
     )
 
 
@@ -241,17 +241,17 @@ def DualAttnTransformerLM(
     attention = _dual(n_heads_sa, n_heads_ra, sa_kwargs, ra_kwargs, ra_type, share_attn_params)
     model = LanguageModel(
         vocab_size,
-        d_model,
-        n_layers,
-        "dual",
-        attention,
-        dff,
-        activation,
-        dropout_rate,
-        norm_first,
-        norm_type,
-        max_block_size,
-        _pos_enc(pos_enc_type),
+        d_model=d_model,
+        n_layers=n_layers,
+        attention="dual",
+        attention_kwargs=attention,
+        dff=dff,
+        activation=activation,
+        dropout=dropout_rate,
+        norm_first=norm_first,
+        norm_type=norm_type,
+        max_block_size=max_block_size,
+        pos_enc=_pos_enc(pos_enc_type),
         bias=True,  # reference: the LM's bias is not passed on
         symbol_retrieval=symbol_retrieval,
         symbol_retrieval_kwargs=_retriever_kwargs(
@@ -341,14 +341,14 @@ def _seq2seq(
     return Seq2Seq(
         _token_vocab(input_spec, "input_spec"),
         _token_vocab(output_spec, "output_spec"),
-        d_model,
-        n_enc,
-        n_dec,
-        enc_attn,
-        enc_kwargs,
-        dec_attn,
-        dec_kwargs,
-        cross,
+        d_model=d_model,
+        n_layers_enc=n_enc,
+        n_layers_dec=n_dec,
+        encoder_attention=enc_attn,
+        encoder_attention_kwargs=enc_kwargs,
+        decoder_attention=dec_attn,
+        decoder_attention_kwargs=dec_kwargs,
+        cross_attention_kwargs=cross,
         in_block_size=in_block_size,
         out_block_size=out_block_size,
         pos_enc="sinusoidal",
@@ -456,16 +456,16 @@ def VisionTransformer(
         shape,
         patch,
         num_classes,
-        d_model,
-        n_layers,
-        "standard",
-        dict(n_heads=n_heads, add_bias_out=bias),
-        dff,
-        activation,
-        dropout_rate,
-        norm_first,
-        norm_type,
-        pool,
+        d_model=d_model,
+        n_layers=n_layers,
+        attention="standard",
+        attention_kwargs=dict(n_heads=n_heads, add_bias_out=bias),
+        dff=dff,
+        activation=activation,
+        dropout=dropout_rate,
+        norm_first=norm_first,
+        norm_type=norm_type,
+        pool=pool,
         final_norm=False,
         bias=bias,
     )
@@ -497,16 +497,16 @@ def VisionDualAttnTransformer(
         shape,
         patch,
         num_classes,
-        d_model,
-        n_layers,
-        "dual",
-        _dual(n_heads_sa, n_heads_ra, sa_kwargs, ra_kwargs, ra_type, False),
-        dff,
-        activation,
-        dropout_rate,
-        norm_first,
-        norm_type,
-        pool,
+        d_model=d_model,
+        n_layers=n_layers,
+        attention="dual",
+        attention_kwargs=_dual(n_heads_sa, n_heads_ra, sa_kwargs, ra_kwargs, ra_type, False),
+        dff=dff,
+        activation=activation,
+        dropout=dropout_rate,
+        norm_first=norm_first,
+        norm_type=norm_type,
+        pool=pool,
         final_norm=False,
         bias=bias,
         symbol_retrieval=symbol_retrieval,

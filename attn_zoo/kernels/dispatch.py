@@ -11,16 +11,22 @@ name:
 - a tier name (``naive``, ``chunked``, ``fused``) that is not itself registered picks the
   highest-priority backend of that tier that fits;
 - ``auto`` picks the highest-priority backend that fits; each refusal is logged once.
+
+A family is defined once (`define_family`: its name, how to check a call's inputs and how to
+describe it) and its backends register themselves in their own files (`register_backend`).
+Calling the family, ``family(backend, **kwargs)``, checks the inputs, selects and runs; the
+capabilities a backend declares are the only source of its refusals.
 """
 
 from __future__ import annotations
 
-import difflib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
+
+from attn_zoo.names import Registry, unknown_name_error
 
 log = logging.getLogger("attn_zoo")
 
@@ -37,14 +43,6 @@ class UnsupportedCallError(ValueError):
     def __init__(self, message: str, reasons: dict[str, str]):
         super().__init__(message)
         self.reasons = reasons
-
-
-def unknown_name_error(kind: str, name: object, valid: Iterable[str]) -> ValueError:
-    """A ValueError naming the bad `name`, the closest valid one and all valid ones."""
-    valid = sorted(valid)
-    close = difflib.get_close_matches(str(name), valid, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return ValueError(f"unknown {kind}: {name!r}.{hint} Valid: {', '.join(valid) or '(none)'}.")
 
 
 @dataclass(frozen=True)
@@ -118,15 +116,21 @@ class Backend:
 class KernelFamily:
     """A named operation and its registered backends.
 
-    `describe` maps the kernel's keyword arguments (those its backends take) to the `Call`
-    they make; the testing kit uses it to know which backends serve a problem.
+    check:    the kernel's keyword arguments -> the same, validated and normalised (e.g. the
+              mask viewed as 4-D); raises ValueError naming the bad argument.
+    describe: the (checked) keyword arguments -> the `Call` they make, for backend choice; the
+              testing kit uses it to know which backends serve a problem.
     """
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, name: str, check: Callable[..., dict], describe: Callable[..., Call]):
+        self.name, self.check, self.describe = name, check, describe
         self.backends: dict[str, Backend] = {}
-        self.describe: Callable[..., Call] | None = None
         self._logged: set[tuple[str, str]] = set()
+
+    def __call__(self, backend: str = "auto", **kwargs):
+        """Check the inputs, choose the backend named `backend` for them, run it."""
+        kwargs = self.check(**kwargs)
+        return self.select(backend, self.describe(**kwargs)).fn(**kwargs)
 
     def register(self, backend: Backend) -> None:
         if backend.tier not in TIERS:
@@ -188,13 +192,18 @@ class KernelFamily:
         return True, f"available on {device}{picked}"
 
 
-FAMILIES: dict[str, KernelFamily] = {}
+FAMILIES: Registry[KernelFamily] = Registry("kernel family")
+
+
+def define_family(
+    name: str, check: Callable[..., dict], describe: Callable[..., Call]
+) -> KernelFamily:
+    """Create and register the kernel family `name` (see `KernelFamily`)."""
+    return FAMILIES.register(name, KernelFamily(name, check, describe))
 
 
 def family(name: str) -> KernelFamily:
-    """The kernel family `name`, created on first use."""
-    if name not in FAMILIES:
-        FAMILIES[name] = KernelFamily(name)
+    """The kernel family `name` (ValueError with the valid names if there is none)."""
     return FAMILIES[name]
 
 
@@ -207,7 +216,9 @@ def register_backend(
     capabilities: Capabilities,
     available: Callable[[], str | None] | None = None,
 ) -> Callable[[Callable], Callable]:
-    """Decorator: register `fn` as backend `name` of kernel family `family_name`.
+    """Decorator: register `fn` as backend `name` of kernel family `family_name`; returns `fn`
+    unchanged (the raw kernel: call it through the family, which checks the call against the
+    capabilities declared here).
 
     >>> @register_backend("softmax", "mine", tier="fused", priority=5,
     ...                   capabilities=Capabilities(features=frozenset({"grad"})))

@@ -11,7 +11,8 @@ from typing import ClassVar
 
 from torch import nn
 
-from attn_zoo.kernels.dispatch import family, unknown_name_error
+from attn_zoo.kernels.dispatch import family
+from attn_zoo.names import unknown_name_error
 
 
 class AttentionMechanism(nn.Module):

@@ -14,29 +14,17 @@ kernel family at that tier.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
-from attn_zoo.kernels.dispatch import TIERS, unknown_name_error
+from attn_zoo.kernels.dispatch import TIERS
+from attn_zoo.kernels.rotary import Rotary
 from attn_zoo.mechanisms.base import AttentionMechanism
+from attn_zoo.mechanisms.registry import MECHANISMS, register_mechanism
 from attn_zoo.mechanisms.relational import RelationalAttention, retriever_or_none
 from attn_zoo.mechanisms.standard import StandardAttention
-from attn_zoo.nn.rotary import Rotary
-from attn_zoo.registry import register_mechanism
 from attn_zoo.symbols import RelativeSymbols
 
 BRANCH_FIXED = {"d_model", "n_heads", "total_n_heads", "dropout", "backend"}
-
-
-def _check_branch_kwargs(name: str, kwargs: dict | None, cls: type) -> dict:
-    valid = [
-        p for p in inspect.signature(cls.__init__).parameters if p not in BRANCH_FIXED | {"self"}
-    ]
-    for key in kwargs or {}:
-        if key not in valid:
-            raise unknown_name_error(f"{name} key", key, valid)
-    return dict(kwargs or {})
 
 
 @register_mechanism("dual")
@@ -66,8 +54,9 @@ class DualAttention(AttentionMechanism):
             )
         if ra_type != "relational_attention":
             raise ValueError(f"ra_type={ra_type!r}: only 'relational_attention' is available")
-        sa_kwargs = _check_branch_kwargs("sa_kwargs", sa_kwargs, StandardAttention)
-        ra_kwargs = _check_branch_kwargs("ra_kwargs", ra_kwargs, RelationalAttention)
+        sa_kwargs, ra_kwargs = dict(sa_kwargs or {}), dict(ra_kwargs or {})
+        MECHANISMS.check_kwargs("standard", sa_kwargs, BRANCH_FIXED, where="sa_kwargs")
+        MECHANISMS.check_kwargs("relational", ra_kwargs, BRANCH_FIXED, where="ra_kwargs")
         super().__init__(backend)
         total = n_heads_sa + n_heads_ra
         common = dict(d_model=d_model, total_n_heads=total, dropout=dropout, backend=backend)

@@ -22,10 +22,10 @@ from einops import rearrange
 from torch import nn
 
 from attn_zoo.kernels.linear import linear_attention
+from attn_zoo.kernels.rotary import Rotary
 from attn_zoo.mechanisms.base import AttentionMechanism
+from attn_zoo.mechanisms.registry import register_mechanism
 from attn_zoo.mechanisms.standard import check_heads
-from attn_zoo.nn.rotary import Rotary
-from attn_zoo.registry import register_mechanism
 
 
 @register_mechanism("linear")

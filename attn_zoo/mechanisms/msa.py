@@ -38,8 +38,8 @@ from torch import nn
 
 from attn_zoo.kernels.softmax import softmax_attention
 from attn_zoo.mechanisms.base import AttentionMechanism
+from attn_zoo.mechanisms.registry import register_mechanism
 from attn_zoo.mechanisms.standard import check_heads
-from attn_zoo.registry import register_mechanism
 
 
 class MSAAttention(AttentionMechanism):

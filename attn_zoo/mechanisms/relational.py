@@ -26,11 +26,11 @@ from torch import nn
 from attn_zoo.kernels.relational import relational_attention
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
 from attn_zoo.kernels.relational.naive import relation_tensor
+from attn_zoo.kernels.rotary import Rotary
 from attn_zoo.kernels.softmax.naive import attention_weights
 from attn_zoo.mechanisms.base import AttentionMechanism
+from attn_zoo.mechanisms.registry import register_mechanism
 from attn_zoo.mechanisms.standard import check_heads
-from attn_zoo.nn.rotary import Rotary
-from attn_zoo.registry import register_mechanism
 from attn_zoo.symbols import RelativeSymbols, build_symbol_retriever, list_symbol_retrievers
 
 

@@ -17,11 +17,11 @@ import torch
 from einops import rearrange
 from torch import nn
 
+from attn_zoo.kernels.rotary import Rotary
 from attn_zoo.kernels.softmax import softmax_attention
 from attn_zoo.kernels.softmax.naive import attention_weights
 from attn_zoo.mechanisms.base import AttentionMechanism
-from attn_zoo.nn.rotary import Rotary
-from attn_zoo.registry import register_mechanism
+from attn_zoo.mechanisms.registry import register_mechanism
 
 
 def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None, total_n_heads: int | None):

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attn_zoo.models.block import BlockConfig
 from attn_zoo.models.common import (
     check_tokens,
     make_blocks,
@@ -20,7 +21,7 @@ from attn_zoo.models.common import (
     sequence_positions,
     symbol_retrievers,
 )
-from attn_zoo.nn.norms import create_norm
+from attn_zoo.models.norms import create_norm
 
 
 class SequenceClassifier(nn.Module):
@@ -28,40 +29,31 @@ class SequenceClassifier(nn.Module):
         self,
         vocab_size: int,
         num_classes: int,
-        d_model: int,
-        n_layers: int,
-        attention: str = "standard",
-        attention_kwargs: dict | None = None,
-        dff: int | None = None,
-        activation: str = "relu",
-        dropout: float = 0.0,
-        norm_first: bool = True,
-        norm_type: str = "layernorm",
+        d_model: int | None = None,
+        n_layers: int = 1,
         max_len: int = 512,
         pos_enc: str = "learned",
         pool: str = "mean",
-        symbol_retrieval: str | None = None,
-        symbol_retrieval_kwargs: dict | None = None,
-        shared_symbol_retriever: bool = True,
-        backend: str = "auto",
+        config: BlockConfig | None = None,
+        **block_settings,
     ):
+        """block_settings: `BlockConfig` fields (attention, attention_kwargs, dff, ...), or a
+        whole `config`; the blocks are never causal. pool: "mean" or "first"."""
         super().__init__()
         if pool not in ("mean", "first"):
             raise ValueError(f"pool={pool!r}: valid are 'mean', 'first'")
+        if d_model is not None:
+            block_settings["d_model"] = d_model
+        c = BlockConfig.resolve(config, **block_settings, causal=False)
+        self.config = c
         self.vocab_size, self.max_len, self.pool = vocab_size, max_len, pool
-        self.token_embedder = nn.Embedding(vocab_size, d_model)
-        self.dropout = nn.Dropout(dropout)
-        self.symbol_retriever = symbol_retrievers(
-            symbol_retrieval, symbol_retrieval_kwargs, d_model, n_layers, shared_symbol_retriever
-        )
-        self.blocks = make_blocks(
-            n_layers, d_model=d_model, attention=attention, attention_kwargs=attention_kwargs,
-            dff=dff, activation=activation, dropout=dropout, norm_first=norm_first,
-            norm_type=norm_type, causal=False, backend=backend,
-        )  # fmt: skip
-        self.pos_enc = sequence_positions(pos_enc, d_model, max_len, self.blocks)
-        self.norm = create_norm(d_model, norm_type)
-        self.final_out = nn.Linear(d_model, num_classes)
+        self.token_embedder = nn.Embedding(vocab_size, c.d_model)
+        self.dropout = nn.Dropout(c.dropout)
+        self.symbol_retriever = symbol_retrievers(c, n_layers)
+        self.blocks = make_blocks(n_layers, c)
+        self.pos_enc = sequence_positions(pos_enc, c.d_model, max_len, self.blocks)
+        self.norm = create_norm(c.d_model, c.norm_type)
+        self.final_out = nn.Linear(c.d_model, num_classes)
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attn_zoo.nn.block import Block
-from attn_zoo.nn.positional import build_positional
+from attn_zoo.models.block import Block, BlockConfig
+from attn_zoo.models.positional import build_positional
 from attn_zoo.symbols import build_symbol_retriever
 
 
@@ -26,16 +26,16 @@ def sequence_positions(
     return build_positional(pos_enc, d_model, max_len, **rope)
 
 
-def symbol_retrievers(
-    name: str | None, kwargs: dict | None, d_model: int, n_layers: int, shared: bool
-) -> nn.Module | None:
+def symbol_retrievers(config: BlockConfig, n_layers: int) -> nn.Module | None:
     """None, one retriever shared by all layers, or a ModuleList of one per layer."""
-    if name is None:
+    if config.symbol_retrieval is None:
         return None
-    if shared:
-        return build_symbol_retriever(name, d_model, **(kwargs or {}))
+    kwargs = config.symbol_retrieval_kwargs or {}
+    if config.shared_symbol_retriever:
+        return build_symbol_retriever(config.symbol_retrieval, config.d_model, **kwargs)
     return nn.ModuleList(
-        build_symbol_retriever(name, d_model, **(kwargs or {})) for _ in range(n_layers)
+        build_symbol_retriever(config.symbol_retrieval, config.d_model, **kwargs)
+        for _ in range(n_layers)
     )
 
 
@@ -54,8 +54,11 @@ def run_blocks(blocks: nn.ModuleList, retrievers, h: torch.Tensor, **call) -> to
     return h
 
 
-def make_blocks(n_layers: int, **block_kwargs) -> nn.ModuleList:
-    return nn.ModuleList(Block(**block_kwargs) for _ in range(n_layers))
+def make_blocks(n_layers: int, config: BlockConfig) -> nn.ModuleList:
+    """`n_layers` blocks of `config` (n_layers >= 1)."""
+    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
+        raise ValueError(f"n_layers={n_layers!r}: must be an integer >= 1")
+    return nn.ModuleList(Block(config) for _ in range(n_layers))
 
 
 def check_tokens(name: str, idx: torch.Tensor, vocab_size: int, max_len: int | None) -> None:

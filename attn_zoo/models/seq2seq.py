@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attn_zoo.models.block import BlockConfig
 from attn_zoo.models.common import check_tokens, make_blocks, run_blocks, symbol_retrievers
-from attn_zoo.nn.norms import create_norm
-from attn_zoo.nn.positional import build_positional
+from attn_zoo.models.norms import create_norm
+from attn_zoo.models.positional import build_positional
 
 
 class Seq2Seq(nn.Module):
@@ -24,39 +25,38 @@ class Seq2Seq(nn.Module):
         self,
         src_vocab_size: int,
         tgt_vocab_size: int,
-        d_model: int,
-        n_layers_enc: int,
-        n_layers_dec: int,
+        d_model: int | None = None,
+        n_layers_enc: int = 1,
+        n_layers_dec: int = 1,
         encoder_attention: str = "standard",
         encoder_attention_kwargs: dict | None = None,
         decoder_attention: str = "standard",
         decoder_attention_kwargs: dict | None = None,
         cross_attention_kwargs: dict | None = None,
-        dff: int | None = None,
-        activation: str = "relu",
-        dropout: float = 0.0,
-        norm_first: bool = True,
-        norm_type: str = "layernorm",
         in_block_size: int = 512,
         out_block_size: int = 512,
         pos_enc: str = "sinusoidal",
         scale_embeddings: bool = True,
         final_norm: bool = True,
-        bias: bool = True,
         out_bias: bool = True,
         loss_ignore_idx: int = -1,
         out_dim: int | None = None,
         encoder_block_kwargs: dict | None = None,
         decoder_block_kwargs: dict | None = None,
-        symbol_retrieval: str | None = None,
-        symbol_retrieval_kwargs: dict | None = None,
-        backend: str = "auto",
+        config: BlockConfig | None = None,
+        **block_settings,
     ):
-        """cross_attention_kwargs: the decoder's standard cross-attention (default: n_heads
-        of the decoder attention, or 1). out_dim: logits width (default tgt_vocab_size).
-        encoder_block_kwargs / decoder_block_kwargs: `Block` kwargs for one stack only (e.g.
-        a different dff, or causal=False). One symbol retriever serves every layer."""
+        """block_settings: `BlockConfig` fields both stacks share (dff, activation, dropout, ...),
+        or a whole `config`; encoder_block_kwargs / decoder_block_kwargs: fields for one stack
+        only (e.g. a different dff, or causal=False). cross_attention_kwargs: the decoder's
+        standard cross-attention (default: n_heads of the decoder attention, or 1). out_dim:
+        logits width (default tgt_vocab_size). One symbol retriever serves every layer."""
         super().__init__()
+        if d_model is not None:
+            block_settings["d_model"] = d_model
+        c = BlockConfig.resolve(config, **block_settings, shared_symbol_retriever=True)
+        self.config = c
+        d_model = c.d_model
         self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         self.in_block_size, self.out_block_size = in_block_size, out_block_size
         self.loss_ignore_idx = loss_ignore_idx
@@ -65,27 +65,22 @@ class Seq2Seq(nn.Module):
         scale = {"scale": scale_embeddings} if pos_enc == "sinusoidal" else {}
         self.source_pos = build_positional(pos_enc, d_model, in_block_size, **scale)
         self.target_pos = build_positional(pos_enc, d_model, out_block_size, **scale)
-        self.symbol_retriever = symbol_retrievers(
-            symbol_retrieval, symbol_retrieval_kwargs, d_model, 1, True
-        )
-        common = dict(
-            d_model=d_model, dff=dff, activation=activation, dropout=dropout,
-            norm_first=norm_first, norm_type=norm_type, bias=bias, backend=backend,
-        )  # fmt: skip
+        self.symbol_retriever = symbol_retrievers(c, 1)
+        encoder = {"attention": encoder_attention, "attention_kwargs": encoder_attention_kwargs}
         self.encoder_blocks = make_blocks(
-            n_layers_enc,
-            attention=encoder_attention,
-            attention_kwargs=encoder_attention_kwargs,
-            **{**common, **(encoder_block_kwargs or {})},
+            n_layers_enc, BlockConfig.resolve(c, **{**encoder, **(encoder_block_kwargs or {})})
         )
         if cross_attention_kwargs is None:
             cross_attention_kwargs = {"n_heads": (decoder_attention_kwargs or {}).get("n_heads", 1)}
-        self.decoder_blocks = make_blocks(
-            n_layers_dec, attention=decoder_attention, attention_kwargs=decoder_attention_kwargs,
-            **{**common, "causal": True, "cross_attention": cross_attention_kwargs,
-               **(decoder_block_kwargs or {})},
-        )  # fmt: skip
-        self.norm = create_norm(d_model, norm_type if final_norm else "none")
+        decoder = {
+            "attention": decoder_attention,
+            "attention_kwargs": decoder_attention_kwargs,
+            "causal": True,
+            "cross_attention": cross_attention_kwargs,
+        }
+        decoder = BlockConfig.resolve(c, **{**decoder, **(decoder_block_kwargs or {})})
+        self.decoder_blocks = make_blocks(n_layers_dec, decoder)
+        self.norm = create_norm(d_model, c.norm_type if final_norm else "none")
         self.final_out = nn.Linear(d_model, out_dim or tgt_vocab_size, bias=out_bias)
 
     def encode(self, src: torch.Tensor) -> torch.Tensor:

@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from einops.layers.torch import Rearrange
 from torch import nn
 
+from attn_zoo.models.block import BlockConfig
 from attn_zoo.models.common import make_blocks, run_blocks, symbol_retrievers
-from attn_zoo.nn.norms import create_norm
+from attn_zoo.models.norms import create_norm
 
 
 class VisionClassifier(nn.Module):
@@ -25,25 +26,24 @@ class VisionClassifier(nn.Module):
         image_shape: tuple[int, int, int],
         patch_size: int | tuple[int, int],
         num_classes: int,
-        d_model: int,
-        n_layers: int,
-        attention: str = "standard",
-        attention_kwargs: dict | None = None,
-        dff: int | None = None,
-        activation: str = "gelu",
-        dropout: float = 0.0,
-        norm_first: bool = True,
-        norm_type: str = "layernorm",
+        d_model: int | None = None,
+        n_layers: int = 1,
         pool: str = "cls",
         final_norm: bool = True,
-        bias: bool = True,
-        symbol_retrieval: str | None = None,
-        symbol_retrieval_kwargs: dict | None = None,
-        shared_symbol_retriever: bool = True,
-        backend: str = "auto",
+        config: BlockConfig | None = None,
+        **block_settings,
     ):
-        """image_shape (channels, height, width); patch_size (height, width) or one int."""
+        """image_shape (channels, height, width); patch_size (height, width) or one int;
+        block_settings: `BlockConfig` fields (activation defaults to gelu here), or a whole
+        `config`; the blocks are never causal."""
         super().__init__()
+        if d_model is not None:
+            block_settings["d_model"] = d_model
+        if config is None:
+            block_settings.setdefault("activation", "gelu")
+        c = BlockConfig.resolve(config, **block_settings, causal=False)
+        self.config = c
+        d_model = c.d_model
         channels, height, width = image_shape
         ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else patch_size
         if height % ph or width % pw:
@@ -60,16 +60,10 @@ class VisionClassifier(nn.Module):
         )
         self.pos_embedding = nn.Parameter(torch.randn(1, n_patches + 1, d_model))
         self.cls_token = nn.Parameter(torch.randn(1, 1, d_model))
-        self.dropout = nn.Dropout(dropout)
-        self.symbol_retriever = symbol_retrievers(
-            symbol_retrieval, symbol_retrieval_kwargs, d_model, n_layers, shared_symbol_retriever
-        )
-        self.blocks = make_blocks(
-            n_layers, d_model=d_model, attention=attention, attention_kwargs=attention_kwargs,
-            dff=dff, activation=activation, dropout=dropout, norm_first=norm_first,
-            norm_type=norm_type, causal=False, bias=bias, backend=backend,
-        )  # fmt: skip
-        self.norm = create_norm(d_model, norm_type if final_norm else "none")
+        self.dropout = nn.Dropout(c.dropout)
+        self.symbol_retriever = symbol_retrievers(c, n_layers)
+        self.blocks = make_blocks(n_layers, c)
+        self.norm = create_norm(d_model, c.norm_type if final_norm else "none")
         self.final_out = nn.Linear(d_model, num_classes)
 
     def forward(

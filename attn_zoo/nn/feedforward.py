@@ -1,39 +1,6 @@
-"""The position-wise feed-forward block.
+"""Deprecated: moved to attn_zoo.models.feedforward (this path is removed in attn_zoo 0.3)."""
 
-    relu/gelu/...: linear2(act(linear1 x))          dff defaults to 4 d
-    swiglu:        linear2(silu(linear1 x) * linear3 x)   dff defaults to int(8 d / 3)
+from attn_zoo.models import feedforward as new
+from attn_zoo.names import deprecated_alias
 
-Names, defaults and parameter keys follow `dual_attention.model_utils.FeedForwardBlock`
-(gelu is the tanh approximation there).
-"""
-
-from __future__ import annotations
-
-import torch
-from torch import nn
-
-from attn_zoo.kernels.dispatch import unknown_name_error
-from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
-
-ACTIVATIONS = {k: v for k, v in REL_ACTIVATIONS.items() if k != "softmax"}
-
-
-class FeedForward(nn.Module):
-    def __init__(
-        self, d_model: int, dff: int | None = None, activation: str = "relu", use_bias: bool = False
-    ):
-        super().__init__()
-        if activation != "swiglu" and activation not in ACTIVATIONS:
-            raise unknown_name_error("activation", activation, [*ACTIVATIONS, "swiglu"])
-        self.activation = activation
-        if dff is None:
-            dff = int(2 / 3 * 4 * d_model) if activation == "swiglu" else 4 * d_model
-        self.linear1 = nn.Linear(d_model, dff, bias=use_bias)
-        self.linear2 = nn.Linear(dff, d_model, bias=use_bias)
-        if activation == "swiglu":
-            self.linear3 = nn.Linear(d_model, dff, bias=use_bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d_model) -> (..., d_model)
-        if self.activation == "swiglu":
-            return self.linear2(nn.functional.silu(self.linear1(x)) * self.linear3(x))
-        return self.linear2(ACTIVATIONS[self.activation](self.linear1(x)))
+deprecated_alias(__name__, new)

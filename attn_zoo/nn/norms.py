@@ -1,41 +1,6 @@
-"""Normalisation layers by name: layernorm, rmsnorm, none."""
+"""Deprecated: moved to attn_zoo.models.norms (this path is removed in attn_zoo 0.3)."""
 
-from __future__ import annotations
+from attn_zoo.models import norms as new
+from attn_zoo.names import deprecated_alias
 
-import torch
-from torch import nn
-
-from attn_zoo.kernels.dispatch import unknown_name_error
-
-
-class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019).
-
-    As in the `dual-attention` reference (and LLaMA), the normalisation is computed in float32
-    and cast back before the weight multiplies, also for float64 inputs.
-    """
-
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(
-            x
-        ) * self.weight
-
-
-NORMS = {
-    "layernorm": lambda d: nn.LayerNorm(d),
-    "rmsnorm": RMSNorm,
-    "none": lambda d: nn.Identity(),
-}
-
-
-def create_norm(dim: int, norm_type: str) -> nn.Module:
-    """The norm named `norm_type` over the last `dim` features."""
-    if norm_type not in NORMS:
-        raise unknown_name_error("norm_type", norm_type, NORMS)
-    return NORMS[norm_type](dim)
+deprecated_alias(__name__, new)

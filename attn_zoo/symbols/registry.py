@@ -1,40 +1,28 @@
-"""The registry of symbol retrievers."""
+"""The registry of symbol retrievers (where relational attention's symbols come from)."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 
 from torch import nn
 
-from attn_zoo.kernels.dispatch import unknown_name_error
+from attn_zoo.names import Registry
 
-SYMBOL_RETRIEVERS: dict[str, type[nn.Module]] = {}
+SYMBOL_RETRIEVERS: Registry[type[nn.Module]] = Registry("symbol_retrieval", base=nn.Module)
 
 
 def register_symbol_retriever(name: str) -> Callable[[type], type]:
     """Class decorator: make a retriever buildable as `name`. Its constructor's first
     argument is the symbol width (the model's d_model)."""
-
-    def decorate(cls: type) -> type:
-        SYMBOL_RETRIEVERS[name] = cls
-        return cls
-
-    return decorate
+    return SYMBOL_RETRIEVERS.register(name)
 
 
 def list_symbol_retrievers() -> list[str]:
-    return sorted(SYMBOL_RETRIEVERS)
+    return SYMBOL_RETRIEVERS.names()
 
 
 def build_symbol_retriever(name: str, d_model: int, **kwargs) -> nn.Module:
     """Build retriever `name` for symbols of width `d_model`; kwargs checked by name."""
-    if name not in SYMBOL_RETRIEVERS:
-        raise unknown_name_error("symbol_retrieval", name, SYMBOL_RETRIEVERS)
-    cls = SYMBOL_RETRIEVERS[name]
-    params = list(inspect.signature(cls.__init__).parameters)[1:]
-    width, valid = params[0], params[1:]
-    for key in kwargs:
-        if key not in valid:
-            raise unknown_name_error(f"symbol_retrieval_kwargs key for {name!r}", key, valid)
-    return cls(**{width: d_model}, **kwargs)
+    width = SYMBOL_RETRIEVERS.kwargs(name)[0]
+    SYMBOL_RETRIEVERS.check_kwargs(name, kwargs, exclude=[width], where="symbol_retrieval_kwargs")
+    return SYMBOL_RETRIEVERS[name](**{width: d_model}, **kwargs)

@@ -2,8 +2,7 @@
 
 The reference runs in float64 on the very values the backend sees (inputs drawn in float64,
 cast to the backend's dtype, cast back up for the reference); gradients are taken for one
-random cotangent. Tolerances per dtype fit the measured error of correct kernels
-(../shared/DESIGN.md):
+random cotangent. Tolerances per dtype fit the measured error of correct kernels:
 
     float64  atol 1e-10 rtol 1e-8     float32   atol 1e-5 rtol 1e-4 (grads atol 5e-5)
     float16  atol 1e-2  rtol 5e-3     bfloat16  atol 5e-2 rtol 2e-2

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from attn_zoo.kernels.dispatch import UnsupportedCallError
-from attn_zoo.registry import build, list_backends
+from attn_zoo.mechanisms.registry import build, list_backends
 from attn_zoo.testing.agreement import disagreements
 
 

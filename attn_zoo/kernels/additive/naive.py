@@ -19,6 +19,8 @@ weights: memory O(B H N^2); the scan backend is O(N). Half precision is computed
 import torch
 from einops import einsum, repeat
 
+from attn_zoo.kernels.additive.family import FEATURES
+from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.softmax.masks import allowed_keys
 from attn_zoo.kernels.softmax.naive import masked_softmax, upcast_half
 
@@ -31,6 +33,9 @@ def pool(scores: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor | Non
     return einsum(masked_softmax(rows, allowed), values, "b h t i, b h i d -> b h t d")
 
 
+@register_backend(
+    "additive", "naive", tier="naive", priority=0, capabilities=Capabilities(FEATURES)
+)
 def naive(
     q: torch.Tensor,  # (B, H, N, d)
     k: torch.Tensor,  # (B, H, N, d)

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from einops import einsum, rearrange
 
+from attn_zoo.kernels.additive.family import FEATURES
+from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.softmax.masks import causal_mask
 from attn_zoo.kernels.softmax.naive import masked_softmax, upcast_half
 
@@ -77,6 +79,19 @@ def global_pool(scores: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return pooled[:, :, None].expand_as(values)
 
 
+@register_backend(
+    "additive",
+    "scan",
+    tier="chunked",
+    priority=10,
+    capabilities=Capabilities(
+        FEATURES - {"mask"},
+        why={
+            "mask": "the scan pools each prefix once for all queries, so it serves only masks "
+            "that do not depend on the query (shape (B, H, 1, N), e.g. padding); use 'naive'"
+        },
+    ),
+)
 def scan(
     q: torch.Tensor,  # (B, H, N, d)
     k: torch.Tensor,  # (B, H, N, d)

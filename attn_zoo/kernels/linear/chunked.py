@@ -17,7 +17,9 @@ keys; masks that differ per query need the naive backend.
 import torch
 from einops import einsum
 
+from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import repeat_kv
+from attn_zoo.kernels.linear.family import FEATURES
 from attn_zoo.kernels.linear.naive import elu_feature_map, normalise
 from attn_zoo.kernels.softmax.masks import causal_mask
 from attn_zoo.kernels.softmax.naive import upcast_half
@@ -25,6 +27,19 @@ from attn_zoo.kernels.softmax.naive import upcast_half
 CHUNK = 64
 
 
+@register_backend(
+    "linear",
+    "chunked",
+    tier="chunked",
+    priority=10,
+    capabilities=Capabilities(
+        FEATURES - {"mask"},
+        why={
+            "mask": "the chunkwise form shares its key sums across queries, so it serves only "
+            "masks that do not depend on the query (shape (B, H, 1, M), e.g. padding); use 'naive'"
+        },
+    ),
+)
 def chunked(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)

@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from einops import einsum
 
+from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import repeat_kv
+from attn_zoo.kernels.linear.family import FEATURES
 from attn_zoo.kernels.softmax.masks import allowed_keys
 from attn_zoo.kernels.softmax.naive import upcast_half
 
@@ -30,6 +32,7 @@ def normalise(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tenso
     return numerator / torch.where(empty, 1.0, denominator)[..., None]
 
 
+@register_backend("linear", "naive", tier="naive", priority=0, capabilities=Capabilities(FEATURES))
 def naive(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)

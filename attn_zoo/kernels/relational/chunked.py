@@ -18,8 +18,10 @@ into the 2K+1 relative-position buckets first. Training memory O(N x block).
 import torch
 from einops import einsum, rearrange
 
+from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import group_queries
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
+from attn_zoo.kernels.relational.family import FEATURES
 from attn_zoo.kernels.relational.naive import default_scales, relative_index
 from attn_zoo.kernels.softmax.chunked import BLOCK, Tiles
 from attn_zoo.kernels.softmax.naive import upcast_half
@@ -171,6 +173,15 @@ class ChunkedRelationalAttention(torch.autograd.Function):
         return dq, dk, dqr, dkr, dv, dv_rel, *([None] * 8)
 
 
+# On CPU the tiled kernel beats value augmentation at every N measured (512..4096, d_model 512,
+# 4 heads: 0.42x vs 0.59x the reference's time at N=2048); on CUDA the SDPA kernels should win.
+@register_backend(
+    "relational",
+    "chunked",
+    tier="chunked",
+    priority={"cpu": 40, "cuda": 10},
+    capabilities=Capabilities(FEATURES),
+)
 def chunked(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.relational.naive import default_scales
 
 SOURCE = Path(__file__).with_name("cpp_kernel.cpp")
@@ -123,6 +124,27 @@ class CppRelationalAttention(torch.autograd.Function):
         return *grads, None, None, None, None
 
 
+# The fastest backend on CPU where it builds.
+@register_backend(
+    "relational",
+    "cpp",
+    tier="fused",
+    priority={"cpu": 50},
+    available=cpp_missing,
+    capabilities=Capabilities(
+        frozenset({"grad", "causal", "gqa"}),
+        devices=frozenset({"cpu"}),
+        dtypes=frozenset({torch.float32}),
+        why={
+            "cuda": "the C++ kernel runs on CPU; on CUDA 'sdpa' and 'triton' serve",
+            "mask": "the C++ kernel takes no attn_mask (causal only)",
+            "dropout": "the C++ kernel has no dropout",
+            "rel_activation": "the C++ kernel computes identity rel_activation only",
+            "relative_symbols": "the C++ kernel reads absolute symbol values v, not v_rel",
+            "no_keys": "the C++ kernel needs at least one key",
+        },
+    ),
+)
 def cpp(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)
@@ -138,21 +160,12 @@ def cpp(
     dropout_p: float = 0.0,
     blocks: tuple[int, int, int, int] | None = None,  # default: BLOCKS[is_causal]
 ) -> torch.Tensor:  # (B, H, N, hd + R)
+    """The raw kernel: relational_attention(..., backend="cpp") checks a call against the
+    capabilities registered above; `blocks` (tile sizes) is this backend's own argument."""
     blocks = BLOCKS[bool(is_causal)] if blocks is None else tuple(blocks)
-    unsupported = {
-        "rel_activation": rel_activation != "identity",
-        "v_rel (relative symbols)": v_rel is not None,
-        "attn_mask": attn_mask is not None,
-        "dropout_p": dropout_p > 0,
-        "dtype (float32 only)": q.dtype != torch.float32,
-        "device (CPU only)": q.device.type != "cpu",
-        "keys (at least one)": k.shape[2] == 0,
-        f"blocks={blocks} (four positive tile sizes)": len(blocks) != 4 or min(blocks) < 1,
-    }
-    if any(unsupported.values()):
+    if len(blocks) != 4 or min(blocks) < 1:
         raise ValueError(
-            "relational backend 'cpp' cannot take "
-            + ", ".join(name for name, bad in unsupported.items() if bad)
+            f"relational backend 'cpp': blocks={blocks} must be four positive tile sizes"
         )
     _ops()  # built, or the reason it cannot be
     scale, rel_scale = default_scales(q, qr, scale, rel_scale)

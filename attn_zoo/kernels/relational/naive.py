@@ -16,8 +16,10 @@ import torch
 import torch.nn.functional as F
 from einops import einsum
 
+from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import repeat_kv
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
+from attn_zoo.kernels.relational.family import FEATURES
 from attn_zoo.kernels.softmax.naive import attention_weights, upcast_half
 
 
@@ -48,6 +50,9 @@ def relation_tensor(
     return REL_ACTIVATIONS[rel_activation](raw)
 
 
+@register_backend(
+    "relational", "naive", tier="naive", priority=0, capabilities=Capabilities(FEATURES)
+)
 def naive(
     q: torch.Tensor,  # (B, H, N, dk) attention queries
     k: torch.Tensor,  # (B, Hkv, M, dk) attention keys

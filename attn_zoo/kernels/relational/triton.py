@@ -46,6 +46,8 @@ import contextlib
 
 import torch
 
+from attn_zoo.kernels.dispatch import Capabilities, register_backend
+from attn_zoo.kernels.relational.family import FEATURES
 from attn_zoo.kernels.relational.naive import default_scales
 
 try:
@@ -491,6 +493,26 @@ class TritonRelationalAttention(torch.autograd.Function):
         return *(g.to(t.dtype) for g, t in grads), None, None, None, None, None, None
 
 
+# Flash-style Triton kernels (CUDA). Below chunked on CUDA for `auto` until the compiled kernel has
+# been checked and timed on a GPU; ask for it by name.
+@register_backend(
+    "relational",
+    "triton",
+    tier="fused",
+    priority=5,
+    available=triton_missing,
+    capabilities=Capabilities(
+        FEATURES - {"dropout", "relative_symbols"},
+        devices=frozenset({"cuda"}),
+        dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
+        why={
+            "cpu": "Triton kernels need a CUDA GPU (on CPU only the Triton interpreter runs them, "
+            "for tests)",
+            "dropout": "the Triton kernel has no dropout",
+            "relative_symbols": "the Triton kernel reads absolute symbol values v, not v_rel",
+        },
+    ),
+)
 def triton_relational(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)
@@ -509,10 +531,6 @@ def triton_relational(
     """Relational attention by the Triton kernels (see module docstring)."""
     if triton is None:
         raise RuntimeError(triton_missing())
-    if v_rel is not None or v is None:
-        raise ValueError("the triton backend takes absolute symbols v, not v_rel")
-    if dropout_p > 0:
-        raise ValueError(f"the triton backend has no dropout (dropout_p={dropout_p})")
     if not q.is_cuda and not _interpreted():
         raise ValueError(
             f"the triton backend needs CUDA tensors, got {q.device} (on CPU it runs only "

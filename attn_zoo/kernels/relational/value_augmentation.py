@@ -1,4 +1,4 @@
-"""Relational attention by value augmentation on torch SDPA (DESIGN.md, reformulation 1).
+"""Relational attention by value augmentation on torch SDPA.
 
 With identity activation, sum_j a_ij r_ij^l = rel_scale <qr_i^l, sum_j a_ij kr_j^l>: the
 relational part is ordinary attention whose values are the relation keys, followed by a
@@ -15,10 +15,26 @@ Exact only for identity rel_activation and absolute symbols.
 import torch
 from einops import einsum, rearrange, repeat
 
+from attn_zoo.kernels.dispatch import Capabilities, register_backend
+from attn_zoo.kernels.relational.family import FEATURES
 from attn_zoo.kernels.relational.naive import default_scales
 from attn_zoo.kernels.softmax.sdpa import sdpa
 
 
+# Value augmentation on torch SDPA: the fused kernel on CUDA until `triton` has been timed there.
+@register_backend(
+    "relational",
+    "sdpa",
+    tier="fused",
+    priority=30,
+    capabilities=Capabilities(
+        FEATURES - {"rel_activation", "relative_symbols"},
+        why={
+            "rel_activation": "value augmentation is exact only for identity rel_activation",
+            "relative_symbols": "value augmentation needs absolute symbols",
+        },
+    ),
+)
 def value_augmentation(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)
@@ -33,11 +49,6 @@ def value_augmentation(
     rel_activation: str = "identity",
     dropout_p: float = 0.0,
 ) -> torch.Tensor:  # (B, H, N, hd + R)
-    if rel_activation != "identity" or v_rel is not None:
-        raise ValueError(
-            "relational attention by value augmentation needs rel_activation='identity' and "
-            "absolute symbols"
-        )
     scale, rel_scale = default_scales(q, qr, scale, rel_scale)
     n_rel, hd = qr.shape[1], v.shape[-1]
     q, k = q.contiguous(), k.contiguous()  # once, not in each of the SDPA calls below

@@ -19,7 +19,9 @@ Half-precision inputs are computed in float32.
 import torch
 from einops import einsum, rearrange
 
+from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import group_queries
+from attn_zoo.kernels.softmax.family import FEATURES
 from attn_zoo.kernels.softmax.masks import causal_mask
 from attn_zoo.kernels.softmax.naive import upcast_half
 
@@ -136,6 +138,9 @@ class ChunkedAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None
 
 
+@register_backend(
+    "softmax", "chunked", tier="chunked", priority=10, capabilities=Capabilities(FEATURES)
+)
 def chunked(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)

@@ -9,6 +9,8 @@ import functools
 
 import torch
 
+from attn_zoo.kernels.dispatch import Capabilities, register_backend
+from attn_zoo.kernels.softmax.family import FEATURES, LOW_AND_SINGLE
 from attn_zoo.kernels.softmax.masks import allowed_keys
 
 
@@ -37,6 +39,19 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
+@register_backend(
+    "softmax",
+    "flex",
+    tier="fused",
+    priority=20,
+    available=flex_missing,
+    capabilities=Capabilities(
+        FEATURES - {"dropout"},
+        dtypes=LOW_AND_SINGLE,
+        grad_devices=frozenset({"cuda"}),
+        why={"grad": "FlexAttention has no backward on CPU", "dropout": "FlexAttention has none"},
+    ),
+)
 def flex(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)

@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 from einops import einsum
 
+from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import repeat_kv
+from attn_zoo.kernels.softmax.family import FEATURES
 from attn_zoo.kernels.softmax.masks import allowed_keys
 
 
@@ -47,6 +49,7 @@ def attention_weights(
     )
 
 
+@register_backend("softmax", "naive", tier="naive", priority=0, capabilities=Capabilities(FEATURES))
 def naive(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)

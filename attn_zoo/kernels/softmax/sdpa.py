@@ -11,10 +11,13 @@ Grouped kv heads are repeated to the query heads.
 import torch
 import torch.nn.functional as F
 
+from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import repeat_kv
+from attn_zoo.kernels.softmax.family import FEATURES
 from attn_zoo.kernels.softmax.masks import allowed_keys, unmask_empty_rows
 
 
+@register_backend("softmax", "sdpa", tier="fused", priority=30, capabilities=Capabilities(FEATURES))
 def sdpa(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)

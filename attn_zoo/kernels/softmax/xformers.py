@@ -9,6 +9,8 @@ and unit-tested on CPU.
 import torch
 from einops import rearrange, repeat
 
+from attn_zoo.kernels.dispatch import Capabilities, register_backend
+from attn_zoo.kernels.softmax.family import FEATURES, LOW_AND_SINGLE
 from attn_zoo.kernels.softmax.masks import allowed_keys, unmask_empty_rows
 
 CAUSAL = "causal"  # stands for xformers.ops.fmha.attn_bias.LowerTriangularMask (top-left)
@@ -50,6 +52,19 @@ def from_xformers_layout(out: torch.Tensor) -> torch.Tensor:
     return rearrange(out, "b n h g d -> b (h g) n d")
 
 
+@register_backend(
+    "softmax",
+    "xformers",
+    tier="fused",
+    priority=25,
+    available=xformers_missing,
+    capabilities=Capabilities(
+        FEATURES,
+        devices=frozenset({"cuda"}),
+        dtypes=LOW_AND_SINGLE,
+        why={"cpu": "xformers has no CPU kernels"},
+    ),
+)
 def xformers(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)

@@ -1,0 +1,275 @@
+"""The ``attn-zoo`` command.
+
+attn-zoo bench [--suite softmax relational dual mechanisms] [--lengths ...] [--also-non-causal]
+               [--ra-backends ...] [--csv-dir DIR] [--report DIR]
+attn-zoo ablate run GRID [--executor local|ray] [--address ADDR] [--workers N] [--set k=v]
+                         [--dry-run] [--retry-failed]
+attn-zoo ablate status GRID [--set k=v]
+attn-zoo report GRID_OR_STORE [--out DIR] [--target T] [--note TEXT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+DTYPES = ("bfloat16", "float16", "float32")
+SUITES = ("softmax", "relational", "dual", "mechanisms")
+DEFAULT_LENGTHS = {"softmax": [256, 512, 1024, 2048, 4096], "relational": [512, 1024, 2048, 4096]}
+
+
+def _title(suite: str, args: argparse.Namespace, causal: bool) -> str:
+    causal = "causal" if causal else "non-causal"
+    if suite == "softmax":
+        return (
+            f"softmax attention kernel: batch {args.batch}, {args.heads} heads of width "
+            f"{args.head_dim}, {causal}, {args.dtype}"
+        )
+    if suite == "mechanisms":
+        return (
+            f"attention layers: d_model {args.d_model}, {args.heads} heads, batch 1, {causal}, "
+            "float32; ratios to standard attention on SDPA"
+        )
+    heads = args.ra_heads if suite == "relational" else f"{args.ra_heads}+{args.ra_heads}"
+    return (
+        f"{suite} attention layer: d_model {args.d_model}, {heads} heads, batch 1, {causal}, "
+        "float32; standard_sdpa: standard attention with the same heads on SDPA"
+    )
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The bench command line that repeats this run, every setting spelled out."""
+    words = ["attn-zoo", "bench", "--suite", *args.suite]
+    if args.lengths:
+        words += ["--lengths", *map(str, args.lengths)]
+    if args.backends:
+        words += ["--backends", *args.backends]
+    if args.ra_backends:
+        words += ["--ra-backends", *args.ra_backends]
+    options = {
+        "--repeats": args.repeats, "--device": args.device, "--batch": args.batch,
+        "--heads": args.heads, "--head-dim": args.head_dim, "--dtype": args.dtype,
+        "--d-model": args.d_model, "--ra-heads": args.ra_heads,
+        "--csv-dir": args.csv_dir, "--report": args.report,
+    }  # fmt: skip
+    for option, value in options.items():
+        if value is not None:
+            words += [option, str(value)]
+    flags = {
+        "--no-causal": args.no_causal,
+        "--also-non-causal": args.also_non_causal,
+        "--no-memory": args.no_memory,
+    }
+    words += [flag for flag, on in flags.items() if on]
+    return shlex.join(words)
+
+
+def _bench(args: argparse.Namespace) -> None:
+    from ablations.bench import (
+        bench_mechanisms,
+        bench_relational,
+        bench_softmax,
+        machine,
+        write_bench_report,
+    )
+
+    print(f"machine: {machine()}")
+    tables, settings = {}, {}
+    modes = [not args.no_causal] + ([False] if args.also_non_causal and not args.no_causal else [])
+    for suite, causal in ((suite, causal) for suite in args.suite for causal in modes):
+        lengths = args.lengths or DEFAULT_LENGTHS.get(suite, DEFAULT_LENGTHS["relational"])
+        name = suite if causal == modes[0] else f"{suite}_noncausal"
+        if suite == "softmax":
+            table = bench_softmax(
+                lengths=lengths, backends=args.backends, repeats=args.repeats, device=args.device,
+                batch=args.batch, heads=args.heads, head_dim=args.head_dim,
+                causal=causal, dtype=args.dtype, memory=not args.no_memory,
+            )  # fmt: skip
+        elif suite == "mechanisms":
+            table = bench_mechanisms(
+                lengths=lengths, repeats=args.repeats, d_model=args.d_model,
+                heads=args.heads, causal=causal, device=args.device,
+                memory=not args.no_memory,
+            )  # fmt: skip
+        else:
+            table = bench_relational(
+                suite, lengths=lengths, repeats=args.repeats, d_model=args.d_model,
+                heads=args.ra_heads, causal=causal, device=args.device,
+                memory=not args.no_memory, backends=args.ra_backends,
+            )  # fmt: skip
+        tables[name] = table
+        settings[name] = f"{_title(suite, args, causal)}, median of {args.repeats}"
+        print(f"\n{settings[name]}")
+        print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}", na_rep="-"))
+        if args.csv_dir:
+            path = Path(args.csv_dir) / f"bench_{name}.csv"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            table.to_csv(path, index=False)
+            print(f"wrote {path}")
+    if args.report:
+        title = f"Attention benchmarks: {', '.join(args.suite)} on {args.device}"
+        out = write_bench_report(tables, args.report, title, settings, _command(args))
+        print(f"\nwrote {out}/report.md, {out}/index.html and the CSVs and plots beside them")
+
+
+def _load_grid(path: str, overrides: list[str]):
+    from ablations.spec import SpecError, load_grid
+
+    try:
+        return load_grid(path, overrides)
+    except SpecError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+def _cell_table(spec) -> pd.DataFrame:
+    """One row per cell of `spec`: its labels, status in the store and main metrics."""
+    import pandas as pd
+
+    from ablations.store import ResultsStore, config_key
+
+    rows = {row["key"]: row for row in ResultsStore(spec.store).rows()}
+    records = []
+    for cell in spec.cells():
+        row = rows.get(config_key(cell.config()), {})
+        metrics = row.get("metrics") or {}
+        records.append(
+            {
+                "task": cell.task,
+                "size": cell.size["label"],
+                "mechanism": cell.mechanism,
+                "seed": cell.seed,
+                "status": row.get("status", "todo"),
+                "steps": metrics.get("steps"),
+                "test_acc": metrics.get("test_acc"),
+            }
+        )
+    return pd.DataFrame(records).astype({"steps": "Int64"})
+
+
+def _ablate_run(args: argparse.Namespace) -> int:
+    from ablations.runner import check_cells, run_grid
+    from ablations.spec import SpecError
+
+    spec = _load_grid(args.grid, args.set)
+    try:
+        if args.dry_run:
+            check_cells(spec)
+            table = _cell_table(spec)
+            print(table.to_string(index=False, na_rep="-"))
+            print(f"\n{len(table)} cells; store {spec.store}; by status:")
+            print(table["status"].value_counts().to_string())
+            return 0
+        counts = run_grid(
+            spec, executor=args.executor, workers=args.workers, address=args.address,
+            retry_failed=args.retry_failed, interval=args.interval,
+        )  # fmt: skip
+    except SpecError as err:
+        raise SystemExit(f"error: {err}") from None
+    return 1 if counts["failed"] else 0
+
+
+def _ablate_status(args: argparse.Namespace) -> int:
+    spec = _load_grid(args.grid, args.set)
+    table = _cell_table(spec)
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}", na_rep="-"))
+    counts = table["status"].value_counts()
+    print(f"\ngrid {spec.name!r}, store {spec.store}: " + ", ".join(
+        f"{n} {status}" for status, n in counts.items()
+    ))  # fmt: skip
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from ablations.report import write_report
+
+    source = Path(args.source)
+    if source.suffix == ".toml":
+        spec = _load_grid(args.source, args.set)
+        store, name = spec.store, spec.name
+    else:
+        store, name = source, source.stem
+    out = Path(args.out or Path("reports") / name)
+    write_report(store, out, title=args.title, target=args.target, note=args.note)
+    print(f"wrote {out}/report.md, {out}/index.html and the CSVs and plots beside them")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="attn-zoo", description="attn_zoo command line")
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("bench", help="time and peak memory of every backend over N")
+    b.add_argument("--suite", nargs="+", choices=SUITES, default=list(SUITES))
+    b.add_argument("--lengths", type=int, nargs="+", default=None, help="default per suite")
+    b.add_argument("--repeats", type=int, default=5)
+    b.add_argument("--no-causal", action="store_true")
+    b.add_argument(
+        "--also-non-causal", action="store_true",
+        help="measure each suite causal, then non-causal (tables <suite>, <suite>_noncausal)",
+    )  # fmt: skip
+    b.add_argument("--device", default="cpu")
+    b.add_argument("--no-memory", action="store_true", help="skip the peak memory measurement")
+    b.add_argument("--csv-dir", default=None, help="also write bench_<suite>.csv files here")
+    b.add_argument(
+        "--report", default=None, metavar="DIR",
+        help="also write a report here: report.md, index.html, CSVs and plots",
+    )  # fmt: skip
+    k = b.add_argument_group("softmax suite")
+    k.add_argument("--backends", nargs="+", default=None, help="default: all usable here")
+    k.add_argument("--batch", type=int, default=1)
+    k.add_argument("--heads", type=int, default=8)
+    k.add_argument("--head-dim", type=int, default=64)
+    k.add_argument("--dtype", choices=DTYPES, default="float32")
+    r = b.add_argument_group("relational and dual suites")
+    r.add_argument("--d-model", type=int, default=512)
+    r.add_argument(
+        "--ra-heads", type=int, default=4, help="relational heads (dual: and as many standard)"
+    )
+    r.add_argument(
+        "--ra-backends", nargs="+", default=None,
+        help="our backends to time (default: auto and all); reference and standard_sdpa always",
+    )  # fmt: skip
+    b.set_defaults(func=_bench)
+
+    a = sub.add_parser("ablate", help="run grids of mechanism x size x task x seed")
+    asub = a.add_subparsers(dest="action", required=True)
+    run = asub.add_parser("run", help="train every unfinished cell of a grid (resumable)")
+    status = asub.add_parser("status", help="the status and metrics of every cell of a grid")
+    for q in (run, status):
+        q.add_argument("grid", help="a grid spec (TOML), e.g. ablations/grids/demo.toml")
+        q.add_argument(
+            "--set", action="append", default=[], metavar="KEY=VALUE",
+            help="override a spec value, e.g. --set training.steps=50 (repeatable)",
+        )  # fmt: skip
+    run.add_argument("--executor", choices=("local", "ray"), default="local")
+    run.add_argument("--address", default=None, help="Ray cluster address (default: local Ray)")
+    run.add_argument("--workers", type=int, default=None, help="parallel cells (default: cores)")
+    run.add_argument("--dry-run", action="store_true", help="list the cells, train nothing")
+    run.add_argument("--retry-failed", action="store_true", help="run failed cells again")
+    run.add_argument("--interval", type=float, default=10.0, help="seconds between status lines")
+    run.set_defaults(func=_ablate_run)
+    status.set_defaults(func=_ablate_status)
+
+    r = sub.add_parser("report", help="tables, plots, markdown and HTML of a grid's results")
+    r.add_argument("source", help="a grid spec (.toml) or its results store (.sqlite)")
+    r.add_argument("--out", default=None, help="folder to write (default: reports/<grid name>)")
+    r.add_argument("--target", type=float, default=None, help="metric for steps-to-target")
+    r.add_argument("--title", default=None)
+    r.add_argument("--note", default=None, help="a paragraph under the header, e.g. a conclusion")
+    r.add_argument("--set", action="append", default=[], help="overrides of a grid spec")
+    r.set_defaults(func=_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The relational kernel family: its inputs, the call they make, the features backends declare.
+
+    q (B, H, N, dk), k (B, Hkv, M, dk): the attention; qr (B, R, N, dr), kr (B, R, M, dr): the
+    relations r_ij^l = act(rel_scale <qr_i^l, kr_j^l>); symbol values either absolute,
+    v (B, Hkv, M, hd), or relative, v_rel (Hkv, 2K+1, hd) read at clip(j - i, -K, K) + K.
+
+Features a call may need (`describe_call`): ``grad``, ``mask``, ``causal``, ``dropout``,
+``gqa``, ``rel_activation`` (anything but identity), ``relative_symbols`` (v_rel), ``no_keys``
+(M = 0).
+"""
+
+import torch
+
+from attn_zoo.kernels.dispatch import Call, define_family
+from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
+from attn_zoo.kernels.softmax.family import check_mask
+
+FEATURES = frozenset(
+    {"grad", "mask", "causal", "dropout", "gqa", "rel_activation", "relative_symbols", "no_keys"}
+)
+
+
+def check_inputs(
+    q, k, qr, kr, v=None, v_rel=None, attn_mask=None, is_causal=False, scale=None,
+    rel_scale=None, rel_activation="identity", dropout_p=0.0,
+) -> dict:  # fmt: skip
+    """The call's keyword arguments, validated, with the mask viewed as 4-D."""
+    for name, t in (("q", q), ("k", k), ("qr", qr), ("kr", kr)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D, got shape {tuple(t.shape)}")
+    b, h, n, dk = q.shape
+    hkv, m = k.shape[1], k.shape[2]
+    if k.shape[0] != b or k.shape[-1] != dk or h % hkv:
+        raise ValueError(f"k {tuple(k.shape)} does not fit q {tuple(q.shape)}: same batch and "
+                         f"width, kv heads dividing {h}")  # fmt: skip
+    if qr.shape[0] != b or qr.shape[2] != n or kr.shape != (b, qr.shape[1], m, qr.shape[3]):
+        raise ValueError(f"qr {tuple(qr.shape)} / kr {tuple(kr.shape)} must be (B, R, N, dr) / "
+                         f"(B, R, M, dr) with B={b}, N={n}, M={m}")  # fmt: skip
+    if (v is None) == (v_rel is None):
+        raise ValueError("give exactly one of v (absolute symbols) and v_rel (relative symbols)")
+    if v is not None and v.shape[:3] != (b, hkv, m):
+        raise ValueError(f"v {tuple(v.shape)} must be (B, Hkv, M, hd) = ({b}, {hkv}, {m}, hd)")
+    if v_rel is not None and (v_rel.dim() != 3 or v_rel.shape[0] != hkv or v_rel.shape[1] % 2 == 0):
+        raise ValueError(f"v_rel {tuple(v_rel.shape)} must be (Hkv, 2K+1, hd) with Hkv={hkv}")
+    if rel_activation not in REL_ACTIVATIONS:
+        raise ValueError(f"rel_activation={rel_activation!r}: valid are {sorted(REL_ACTIVATIONS)}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p={dropout_p}: must be in [0, 1)")
+    return dict(
+        q=q, k=k, qr=qr, kr=kr, v=v, v_rel=v_rel, attn_mask=check_mask(attn_mask, q, k),
+        is_causal=is_causal, scale=scale, rel_scale=rel_scale, rel_activation=rel_activation,
+        dropout_p=dropout_p,
+    )  # fmt: skip
+
+
+def describe_call(
+    q, k, qr, kr, v=None, v_rel=None, attn_mask=None, is_causal=False, scale=None,
+    rel_scale=None, rel_activation="identity", dropout_p=0.0,
+) -> Call:  # fmt: skip
+    """The `Call` a relational attention call makes (for backend choice)."""
+    tensors = [t for t in (q, k, qr, kr, v, v_rel) if t is not None]
+    needs = {
+        "grad": torch.is_grad_enabled() and any(t.requires_grad for t in tensors),
+        "mask": attn_mask is not None,
+        "causal": is_causal,
+        "dropout": dropout_p > 0,
+        "gqa": k.shape[1] != q.shape[1],
+        "rel_activation": rel_activation != "identity",
+        "relative_symbols": v_rel is not None,
+        "no_keys": k.shape[2] == 0,
+    }
+    return Call(q.device.type, q.dtype, frozenset(f for f, used in needs.items() if used))
+
+
+RELATIONAL = define_family("relational", check_inputs, describe_call)

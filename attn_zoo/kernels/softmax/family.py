@@ -1,0 +1,79 @@
+"""The softmax kernel family: its inputs, the call they make, the features backends declare.
+
+    q (B, H, N, dk), k (B, Hkv, M, dk), v (B, Hkv, M, dv), H a multiple of Hkv (grouped-query
+    heads); attn_mask boolean (True = may attend) broadcastable to (B, H, N, M); causal
+    alignment top-left; scale defaulting to 1/sqrt(dk); dropout on the attention weights.
+
+Features a call may need (`describe_call`): ``grad``, ``mask``, ``causal``, ``dropout``,
+``dv_ne_dk`` (value width != key width), ``gqa`` (fewer kv heads than query heads).
+"""
+
+import torch
+
+from attn_zoo.kernels.dispatch import Call, define_family
+
+FEATURES = frozenset({"grad", "mask", "causal", "dropout", "dv_ne_dk", "gqa"})
+LOW_AND_SINGLE = frozenset({torch.float16, torch.bfloat16, torch.float32})
+
+
+def check_mask(attn_mask, q, k) -> torch.Tensor | None:
+    """Validate a boolean mask against q (B, H, N, .) and k (B, ., M, .); 4-D view or None."""
+    if attn_mask is None:
+        return None
+    if attn_mask.dtype != torch.bool:
+        raise ValueError(f"attn_mask must be boolean (True = may attend), got {attn_mask.dtype}")
+    target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
+    if len(shape) > 4 or any(s not in (1, t) for s, t in zip(shape, target, strict=True)):
+        raise ValueError(
+            f"attn_mask shape {tuple(attn_mask.shape)} does not broadcast to "
+            f"(B, H, N, M) = {target}"
+        )
+    return attn_mask.reshape(shape).to(q.device)
+
+
+def check_qkv(q, k, v, attn_mask, dropout_p) -> torch.Tensor | None:
+    """Validate shapes and options; returns the mask viewed as 4-D (or None)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(
+                f"{name} must be 4-D (B, heads, length, width), got shape {tuple(t.shape)}"
+            )
+        if t.dtype != q.dtype or t.device != q.device:
+            raise ValueError(f"{name} is {t.dtype} on {t.device}; q is {q.dtype} on {q.device}")
+    if k.shape[:3] != v.shape[:3] or k.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"k {tuple(k.shape)} and v {tuple(v.shape)} must share batch, heads and length with "
+            f"each other and batch with q {tuple(q.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q width {q.shape[-1]} != k width {k.shape[-1]}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"q heads {q.shape[1]} must be a multiple of kv heads {k.shape[1]}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p={dropout_p}: must be in [0, 1)")
+    return check_mask(attn_mask, q, k)
+
+
+def check_inputs(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0) -> dict:
+    """The call's keyword arguments, validated, with the mask viewed as 4-D."""
+    mask = check_qkv(q, k, v, attn_mask, dropout_p)
+    return dict(
+        q=q, k=k, v=v, attn_mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p
+    )
+
+
+def describe_call(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0) -> Call:
+    """The `Call` a softmax attention call makes (for backend choice)."""
+    needs = {
+        "grad": torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
+        "mask": attn_mask is not None,
+        "causal": is_causal,
+        "dropout": dropout_p > 0,
+        "dv_ne_dk": v.shape[-1] != k.shape[-1],
+        "gqa": k.shape[1] != q.shape[1],
+    }
+    return Call(q.device.type, q.dtype, frozenset(f for f, used in needs.items() if used))
+
+
+SOFTMAX = define_family("softmax", check_inputs, describe_call)
