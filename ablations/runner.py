@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from ablations.spec import Cell, GridSpec, SpecError
-from ablations.store import FINISHED, ResultsStore, config_key, error_summary
+from ablations.store import FINISHED, ClaimError, ResultsStore, config_key, error_summary
 from ablations.train import environment, smoke_test, train_cell
 
 EXECUTORS = ("local", "ray")
@@ -350,11 +350,18 @@ def run_grid(
     progress = Progress(todo, len(cells), pool.slots, interval, out)
     commit = source_commit()
     running: dict[object, tuple[str, Cell]] = {}
+    claimed: set[str] = set()  # claims of this run not yet finished or released
+    beat = time.monotonic()
     try:
         while todo or running:
             while todo and len(running) < pool.slots:
                 cell = todo.pop(0)
-                key = store.start(cell.config())
+                key = store.claim(cell.config(), retry_failed=retry_failed)
+                if key is None:  # finished meanwhile, or being trained by another live run
+                    progress.pending[_kind(cell)] -= 1
+                    progress.print(f"skipped  {cell_label(cell)}: finished or held by another run")
+                    continue
+                claimed.add(key)
                 running[pool.submit(cell.config(), spec.checkpoints)] = (key, cell)
                 progress.started(key, cell)
             for handle, outcome in pool.wait(list(running), timeout=1.0):
@@ -362,12 +369,24 @@ def run_grid(
                 outcome["environment"] = dict(outcome.get("environment") or {}, commit=commit)
                 if "state" in outcome:
                     store.save_checkpoint(key, outcome.pop("state"))
-                store.finish(key, **outcome)
+                try:
+                    store.finish(key, **outcome)
+                except ClaimError as err:  # our claim went stale and another run took it
+                    claimed.discard(key)
+                    progress.running.pop(key, None)
+                    progress.print(f"dropped: {err}")
+                    continue
+                claimed.discard(key)
                 progress.finished(key, outcome)
+            if time.monotonic() - beat >= store.lease / 4:
+                store.heartbeat(claimed)
+                beat = time.monotonic()
             for key, step, loss in pool.drain():
                 progress.step(key, step, loss)
             progress.tick()
     finally:
         pool.close()
+        for key in claimed:  # interrupted: give the cells in flight back to any run
+            store.release(key)
     progress.print(progress.status_line())
     return progress.counts

@@ -3,25 +3,50 @@
 A cell is keyed by the hash of its fully resolved config (canonical JSON, SHA-256), so running
 a grid again finds the cells that are done. Every write is one transaction (SQLite WAL), so a
 run killed at any point (SIGKILL included) leaves each row either as it was before the write
-or as it is after: a cell that was running when the run died is still `running` and is simply
-run again; no finished row is lost or duplicated.
+or as it is after.
+
+Runs share a store through claims: `claim` marks a cell `running` with the run's owner id
+("host:pid:uuid") and a heartbeat time, in one `BEGIN IMMEDIATE` transaction, and only if no
+other live run holds it and it is not finished. Only the owner can `finish` or `release` its
+claim; `heartbeat` keeps it fresh. A claim is stale (and can be taken over) when its heartbeat
+is older than the lease, or when its owner was a process of this host that is no longer alive.
+A done or diverged row is never overwritten; a failed one only by a claim with `retry_failed`.
+
+    store = ResultsStore("grid.sqlite")
+    key = store.claim(config, owner)           # None: finished, or held by a live run
+    if key is not None:
+        store.finish(key, "done", metrics, curve, environment, owner=owner)
+
+`ResultsStore(path, readonly=True)` reads a store without writing anything (for status and
+reports): it never creates the file, its folder or the schema, and reads a store whose file or
+folder is read-only.
 
 Statuses: running, done, failed (with its traceback), diverged (NaN/inf loss, at its step).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
+import socket
 import sqlite3
+import stat
 import time
-from collections.abc import Iterator, Mapping
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 
 import pandas as pd
 
 STATUSES = ("running", "done", "failed", "diverged")
 FINISHED = ("done", "failed", "diverged")
+LEASE = 60.0  # seconds without a heartbeat after which a claim is stale
+TIMEOUT = 30.0  # seconds a write waits for another process's transaction
+FRAME_COLUMNS = ("key", "status", "error", "started", "finished", "curve")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cells (
@@ -33,9 +58,21 @@ CREATE TABLE IF NOT EXISTS cells (
     environment TEXT,
     error TEXT,
     started REAL,
-    finished REAL
+    finished REAL,
+    owner TEXT,
+    heartbeat REAL
 )
 """
+# Columns added after the first schema: a store written before them gets them on opening.
+ADDED_COLUMNS = {"owner": "TEXT", "heartbeat": "REAL"}
+
+
+class StoreError(ValueError):
+    """The results store cannot be opened, read or written; the message names its path."""
+
+
+class ClaimError(RuntimeError):
+    """A write to a cell the writer does not hold a claim on (it would overwrite another's)."""
 
 
 def error_summary(error: str | None) -> str:
@@ -50,30 +87,178 @@ def config_key(config: Mapping) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+def new_owner() -> str:
+    """A fresh owner id for claims: "{hostname}:{pid}:{random hex}"."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process `pid` of this host exists (True when it cannot be told)."""
+    if pid <= 0 or os.name == "nt":  # os.kill(pid, 0) is no probe on Windows
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. PermissionError: it exists, under another user
+        return True
+    return True
+
+
+def claim_is_stale(owner: str | None, heartbeat: float | None, lease: float = LEASE) -> bool:
+    """Whether a `running` claim can be taken over: no owner or heartbeat (a row of the old
+    schema), a heartbeat older than `lease` seconds, or an owner process of this host that is
+    not alive."""
+    if owner is None or heartbeat is None or time.time() - heartbeat > lease:
+        return True
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    return host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid))
+
+
+def _folder_writable(folder: Path) -> bool:
+    """Whether files can be created in `folder`: writable for us and not marked read-only
+    (no write bit at all, which root would otherwise ignore)."""
+    return os.access(folder, os.W_OK) and bool(stat.S_IMODE(folder.stat().st_mode) & 0o222)
+
+
 class ResultsStore:
-    """Rows of one grid in the SQLite file at `path` (created with its folder if missing)."""
+    """Rows of one grid in the SQLite file at `path`.
 
-    def __init__(self, path: str | Path):
+    Write mode (default) creates the file, its folder and the schema, and adds the columns of
+    `ADDED_COLUMNS` to a store of an older schema. `readonly=True` only reads: a missing store
+    is a FileNotFoundError, and nothing is created or changed. A store that is not SQLite, is
+    damaged or has no cells table raises StoreError naming the path. `owner` is the default
+    owner of this handle's claims; `lease` the seconds after which a claim without heartbeat
+    is stale."""
+
+    def __init__(self, path: str | Path, readonly: bool = False, lease: float = LEASE):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute(SCHEMA)
+        self.readonly = readonly
+        self.lease = lease
+        self.owner = new_owner()
+        if readonly:
+            if not self.path.exists():
+                raise FileNotFoundError(errno.ENOENT, "no results store", str(self.path))
+            self._target = f"file:{quote(str(self.path.resolve()))}?mode=ro"
+            wal = [Path(f"{self.path}-{end}").exists() for end in ("wal", "shm")]
+            if not _folder_writable(self.path.parent) and not all(wal):
+                # SQLite cannot create the WAL index here: read the main file as it is.
+                self._target += "&immutable=1"
+            with self._connect() as db:
+                tables = db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+                if ("cells",) not in tables.fetchall():
+                    raise StoreError(f"{self.path} is not a readable results store: no cells table")
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._target = f"file:{quote(str(self.path.resolve()))}"
+            with self._connect() as db:
+                db.execute("PRAGMA journal_mode=WAL")
+            with self._connect(write=True) as db:
+                db.execute(SCHEMA)
+                present = {row[1] for row in db.execute("PRAGMA table_info(cells)")}
+                for column, kind in ADDED_COLUMNS.items():
+                    if column not in present:
+                        db.execute(f"ALTER TABLE cells ADD COLUMN {column} {kind}")
 
-    def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.path, timeout=30)
+    @contextmanager
+    def _connect(self, write: bool = False) -> Iterator[sqlite3.Connection]:
+        """A connection, closed on the way out; with `write`, the body is one BEGIN IMMEDIATE
+        transaction (committed, or rolled back on an exception). sqlite3.DatabaseError becomes
+        StoreError naming the path."""
+        if write and self.readonly:
+            raise StoreError(f"{self.path} is opened read-only: it cannot be written")
+        try:
+            db = sqlite3.connect(self._target, uri=True, timeout=TIMEOUT, isolation_level=None)
+            try:
+                if write:
+                    db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield db
+                except BaseException:
+                    if db.in_transaction:
+                        db.rollback()
+                    raise
+                if db.in_transaction:
+                    db.execute("COMMIT")
+            finally:
+                db.close()
+        except sqlite3.DatabaseError as err:
+            raise self._store_error(err) from err
 
-    def start(self, config: Mapping) -> str:
-        """Mark the cell of `config` running (a re-run replaces an unfinished row); its key."""
+    def _store_error(self, err: sqlite3.DatabaseError) -> StoreError:
+        name = getattr(err, "sqlite_errorname", "")
+        if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+            what = f"is locked by another process (waited {TIMEOUT:.0f} s)"
+        elif name.startswith("SQLITE_READONLY"):
+            what = "cannot be written (read-only file or folder?)"
+        else:
+            what = "is not a readable results store"
+        return StoreError(f"{self.path} {what}: {type(err).__name__}: {err}")
+
+    # Claims -------------------------------------------------------------------------------
+
+    def claim(
+        self, config: Mapping, owner: str | None = None, *, retry_failed: bool = False
+    ) -> str | None:
+        """Claim the cell of `config` for `owner` (default: this handle's) in one transaction:
+        its key, or None when it is done or diverged, failed (unless `retry_failed`), or held
+        by another live claim. A claim marks the row running with a fresh heartbeat and
+        clears any earlier outcome."""
+        owner = owner or self.owner
         key = config_key(config)
-        with self._connect() as db:
+        with self._connect(write=True) as db:
+            row = db.execute(
+                "SELECT status, owner, heartbeat FROM cells WHERE key=?", (key,)
+            ).fetchone()
+            if row is not None:
+                status, holder, heartbeat = row
+                claimable = (status == "failed" and retry_failed) or (
+                    status == "running" and claim_is_stale(holder, heartbeat, self.lease)
+                )
+                if not claimable:
+                    return None
+            now = time.time()
             db.execute(
-                "INSERT INTO cells (key, config, status, started) VALUES (?, ?, 'running', ?) "
-                "ON CONFLICT(key) DO UPDATE SET status='running', started=excluded.started, "
-                "metrics=NULL, curve=NULL, error=NULL, finished=NULL",
-                (key, json.dumps(config, sort_keys=True, default=str), time.time()),
+                "INSERT INTO cells (key, config, status, owner, heartbeat, started) "
+                "VALUES (?, ?, 'running', ?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+                "status='running', owner=excluded.owner, heartbeat=excluded.heartbeat, "
+                "started=excluded.started, metrics=NULL, curve=NULL, environment=NULL, "
+                "error=NULL, finished=NULL",
+                (key, json.dumps(config, sort_keys=True, default=str), owner, now, now),
             )
         return key
+
+    def start(self, config: Mapping) -> str:
+        """Deprecated (use `claim`): claim the cell of `config` for this handle; its key.
+        ClaimError when it cannot be claimed."""
+        key = self.claim(config)
+        if key is None:
+            raise ClaimError(
+                f"cell {config_key(config)} in {self.path} is finished or held by a live run"
+            )
+        return key
+
+    def heartbeat(self, keys: Iterable[str], owner: str | None = None) -> int:
+        """Refresh the heartbeat of `owner`'s running claims among `keys`; how many it held."""
+        owner = owner or self.owner
+        rows = [(time.time(), key, owner) for key in keys]
+        if not rows:
+            return 0
+        with self._connect(write=True) as db:
+            return db.executemany(
+                "UPDATE cells SET heartbeat=? WHERE key=? AND owner=? AND status='running'", rows
+            ).rowcount
+
+    def release(self, key: str, owner: str | None = None) -> bool:
+        """Give back `owner`'s claim of `key` unfinished (its row is deleted, so any run can
+        claim the cell at once); whether it was held."""
+        owner = owner or self.owner
+        with self._connect(write=True) as db:
+            deleted = db.execute(
+                "DELETE FROM cells WHERE key=? AND owner=? AND status='running'", (key, owner)
+            ).rowcount
+        return deleted == 1
 
     def finish(
         self,
@@ -83,19 +268,31 @@ class ResultsStore:
         curve: list | None = None,
         environment: Mapping | None = None,
         error: str | None = None,
+        *,
+        owner: str | None = None,
     ) -> None:
-        """Record the outcome of cell `key` in one transaction."""
+        """Record the outcome of cell `key` in one transaction, only if `owner` (default: this
+        handle's) still holds its claim; else ClaimError (it would overwrite another run's)."""
         if status not in FINISHED:
             raise ValueError(f"status={status!r}: a finished cell is one of {FINISHED}")
-        with self._connect() as db:
-            updated = db.execute(
+        owner = owner or self.owner
+        with self._connect(write=True) as db:
+            row = db.execute("SELECT status, owner FROM cells WHERE key=?", (key,)).fetchone()
+            if row is None:
+                raise ClaimError(f"no cell {key} in {self.path}: claim it first")
+            if row != ("running", owner):
+                raise ClaimError(
+                    f"cell {key} in {self.path} is {row[0]} and held by {row[1]}, not by "
+                    f"{owner}: finishing it would overwrite another run's result"
+                )
+            db.execute(
                 "UPDATE cells SET status=?, metrics=?, curve=?, environment=?, error=?, finished=? "
                 "WHERE key=?",
                 (status, json.dumps(metrics), json.dumps(curve), json.dumps(environment), error,
                  time.time(), key),
-            ).rowcount  # fmt: skip
-        if not updated:
-            raise KeyError(f"no cell {key} in {self.path}: call start() first")
+            )  # fmt: skip
+
+    # Checkpoints --------------------------------------------------------------------------
 
     def checkpoint_path(self, key: str) -> Path:
         """Where cell `key`'s trained weights are kept (grids with checkpoints = true)."""
@@ -103,12 +300,16 @@ class ResultsStore:
 
     def save_checkpoint(self, key: str, state: bytes) -> Path:
         """Write `state` (torch.save bytes) for cell `key` atomically; its path."""
+        if self.readonly:
+            raise StoreError(f"{self.path} is opened read-only: it cannot be written")
         path = self.checkpoint_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
         partial.write_bytes(state)
         partial.replace(path)
         return path
+
+    # Readers ------------------------------------------------------------------------------
 
     def status(self, config: Mapping) -> str | None:
         """The status of `config`'s cell, or None if it never started."""
@@ -126,16 +327,20 @@ class ResultsStore:
             return {key for (key,) in rows.fetchall()}
 
     def rows(self) -> Iterator[dict]:
+        """Every row as a dict (JSON fields decoded), in the order the cells started."""
         with self._connect() as db:
             db.row_factory = sqlite3.Row
-            for row in db.execute("SELECT * FROM cells ORDER BY started"):
-                row = dict(row)
-                for field in ("config", "metrics", "curve", "environment"):
-                    row[field] = None if row[field] is None else json.loads(row[field])
-                yield row
+            rows = [dict(row) for row in db.execute("SELECT * FROM cells ORDER BY started")]
+        for row in rows:
+            for field in ("config", "metrics", "curve", "environment"):
+                row[field] = None if row[field] is None else json.loads(row[field])
+            for column in ADDED_COLUMNS:  # a read-only store of the old schema lacks them
+                row.setdefault(column, None)
+            yield row
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per cell: key, status, error, times, then config.* and metrics.* columns."""
+        """One row per cell: key, status, error, times, then config.* and metrics.* columns,
+        and curve (an empty store gives those first columns and no rows)."""
         records = []
         for row in self.rows():
             record = {k: row[k] for k in ("key", "status", "error", "started", "finished")}
@@ -143,4 +348,4 @@ class ResultsStore:
             record.update({f"metrics.{k}": v for k, v in (row["metrics"] or {}).items()})
             record["curve"] = row["curve"]
             records.append(record)
-        return pd.DataFrame(records)
+        return pd.DataFrame(records) if records else pd.DataFrame(columns=list(FRAME_COLUMNS))

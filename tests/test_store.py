@@ -1,14 +1,28 @@
-"""The results store: keys, statuses, export, and no row lost or duplicated under SIGKILL."""
+"""The results store: keys, statuses, export, no row lost or duplicated under SIGKILL, read-only
+opening that writes nothing, corrupt stores named, and stores of the old schema migrated."""
 
 import os
+import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from ablations.store import ResultsStore, config_key
+from ablations.store import ClaimError, ResultsStore, StoreError, config_key
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The schema of the stores written before claims (no owner, no heartbeat).
+OLD_SCHEMA = """
+CREATE TABLE cells (
+    key TEXT PRIMARY KEY, config TEXT NOT NULL, status TEXT NOT NULL, metrics TEXT, curve TEXT,
+    environment TEXT, error TEXT, started REAL, finished REAL
+)
+"""
 
 
 def test_keys_are_canonical():
@@ -20,31 +34,31 @@ def test_lifecycle_and_dataframe(tmp_path):
     store = ResultsStore(tmp_path / "grid" / "results.sqlite")
     done = {"task": "same_pair", "seed": 0}
     failed = {"task": "same_pair", "seed": 1}
-    key = store.start(done)
+    key = store.claim(done)
     assert store.status(done) == "running" and store.finished_keys() == set()
     store.finish(
         key, "done", metrics={"acc": 0.9}, curve=[[10, 0.5], [20, 0.9]], environment={"torch": "x"}
     )
-    store.finish(store.start(failed), "failed", error="Traceback ...")
+    store.finish(store.claim(failed), "failed", error="Traceback ...")
     assert store.status(done) == "done" and store.status({"seed": 9}) is None
     assert store.finished_keys() == {config_key(done), config_key(failed)}
     frame = store.to_dataframe()
     assert list(frame.status) == ["done", "failed"]
     assert frame.loc[0, "metrics.acc"] == 0.9 and frame.loc[0, "curve"] == [[10, 0.5], [20, 0.9]]
     assert frame.loc[1, "error"] == "Traceback ..." and frame.loc[1, "config.seed"] == 1
+    assert {row["owner"] for row in store.rows()} == {store.owner}
     with pytest.raises(ValueError, match="status='running'"):
         store.finish(key, "running")
-    with pytest.raises(KeyError, match="call start"):
+    with pytest.raises(ClaimError, match="claim it first"):
         store.finish("nope", "done")
+    with pytest.raises(ClaimError, match="finished or held"):  # the deprecated start()
+        store.start(done)
 
 
-def test_restart_replaces_an_unfinished_row(tmp_path):
-    store = ResultsStore(tmp_path / "r.sqlite")
-    config = {"seed": 3}
-    store.start(config)
-    store.finish(store.start(config), "diverged", metrics={"step": 7})
-    frame = store.to_dataframe()
-    assert len(frame) == 1 and frame.loc[0, "status"] == "diverged"
+def test_an_empty_store_has_its_dataframe_columns(tmp_path):
+    frame = ResultsStore(tmp_path / "r.sqlite").to_dataframe()
+    assert frame.empty
+    assert list(frame.columns) == ["key", "status", "error", "started", "finished", "curve"]
 
 
 WRITER = textwrap.dedent(
@@ -53,10 +67,9 @@ WRITER = textwrap.dedent(
     from ablations.store import ResultsStore
     store = ResultsStore(sys.argv[1])
     for seed in range(1_000):
-        config = {"seed": seed}
-        if store.status(config) in ("done", "failed", "diverged"):
+        key = store.claim({"seed": seed})
+        if key is None:
             continue
-        key = store.start(config)
         print(seed, flush=True)
         store.finish(key, "done", metrics={"seed": seed})
     """
@@ -66,7 +79,7 @@ WRITER = textwrap.dedent(
 def test_sigkill_midway_then_resume_loses_and_duplicates_nothing(tmp_path):
     path = tmp_path / "r.sqlite"
     writer = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True, cwd=REPO
     )
     for _ in range(50):  # let it record some cells, then kill it without warning
         writer.stdout.readline()
@@ -77,10 +90,145 @@ def test_sigkill_midway_then_resume_loses_and_duplicates_nothing(tmp_path):
     done_before = set(before[before.status == "done"]["config.seed"])
     assert len(done_before) >= 49 and before.key.is_unique
     resumed = subprocess.run(
-        [sys.executable, "-c", WRITER, str(path)], capture_output=True, text=True, check=True
+        [sys.executable, "-c", WRITER, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
     )
     rerun = {int(line) for line in resumed.stdout.split()}
     assert rerun.isdisjoint(done_before)  # finished cells are skipped
+    # the cell the killed writer held (if any) was taken over: its owner is dead
+    assert set(before[before.status == "running"]["config.seed"]) <= rerun
     after = store.to_dataframe()
     assert after.key.is_unique and len(after) == 1_000 and set(after.status) == {"done"}
     assert (after["metrics.seed"] == after["config.seed"]).all()
+
+
+# Read-only opening ------------------------------------------------------------------------
+
+
+def filled_store(path: Path, cells: int = 3) -> ResultsStore:
+    store = ResultsStore(path)
+    for seed in range(cells):
+        store.finish(store.claim({"seed": seed}), "done", metrics={"seed": seed})
+    return store
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
+
+
+def test_a_read_only_store_is_read_and_left_untouched(tmp_path):
+    folder = tmp_path / "grid"
+    path = folder / "results.sqlite"
+    filled_store(path)
+    before = snapshot(folder)
+    assert list(before) == ["results.sqlite"]
+    path.chmod(0o444)
+    folder.chmod(0o555)  # root ignores these bits: the store must not rely on them to stop it
+    try:
+        store = ResultsStore(path, readonly=True)
+        assert store.status({"seed": 1}) == "done" and len(store.finished_keys()) == 3
+        frame = store.to_dataframe()
+        assert list(frame["metrics.seed"]) == [0, 1, 2]
+        with pytest.raises(StoreError, match="read-only"):
+            store.claim({"seed": 7})
+        with pytest.raises(StoreError, match="read-only"):
+            store.finish(config_key({"seed": 1}), "failed")
+        assert snapshot(folder) == before  # same bytes and mtime, no -wal or -shm file
+    finally:
+        folder.chmod(0o755)
+        path.chmod(0o644)
+
+
+def test_read_only_opening_sees_rows_still_in_the_write_ahead_log(tmp_path):
+    store = filled_store(tmp_path / "r.sqlite", cells=1)
+    live = sqlite3.connect(store.path)  # another connection keeps the WAL from being folded in
+    live.execute("SELECT count(*) FROM cells").fetchall()
+    try:
+        store.finish(store.claim({"seed": 5}), "diverged", metrics={"diverged_at": 3})
+        assert Path(f"{store.path}-wal").stat().st_size > 0
+        reader = ResultsStore(store.path, readonly=True)
+        assert reader.status({"seed": 5}) == "diverged" and len(list(reader.rows())) == 2
+    finally:
+        live.close()
+
+
+def test_read_only_opening_of_a_missing_store_creates_nothing(tmp_path):
+    for path in (tmp_path / "results.sqlite", tmp_path / "no" / "such" / "results.sqlite"):
+        with pytest.raises(FileNotFoundError, match=re.escape(str(path))):
+            ResultsStore(path, readonly=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+# Corrupt stores ---------------------------------------------------------------------------
+
+
+def corrupt_stores(folder: Path) -> list[Path]:
+    """A text file named results.sqlite, and a real store cut to half its size."""
+    text = folder / "text" / "results.sqlite"
+    text.parent.mkdir()
+    text.write_text("key,status\nabc,done\n" * 20)
+    truncated = folder / "truncated" / "results.sqlite"
+    store = ResultsStore(truncated)
+    for seed in range(200):
+        store.finish(store.claim({"seed": seed}), "done", curve=[[step, 0.5] for step in range(20)])
+    data = truncated.read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    return [text, truncated]
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_a_corrupt_store_is_one_error_naming_its_path(tmp_path, readonly):
+    for path in corrupt_stores(tmp_path):
+        data = path.read_bytes()
+        with pytest.raises(StoreError, match="not a readable results store") as caught:
+            ResultsStore(path, readonly=readonly).to_dataframe()
+        assert str(path) in str(caught.value) and isinstance(caught.value, ValueError)
+        assert path.read_bytes() == data
+
+
+def test_read_only_opening_of_an_sqlite_file_without_cells_is_a_store_error(tmp_path):
+    path = tmp_path / "other.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE t (x)")
+    db.close()
+    with pytest.raises(StoreError, match=re.escape(f"{path} is not a readable results store")):
+        ResultsStore(path, readonly=True)
+
+
+# Old schema -------------------------------------------------------------------------------
+
+
+def test_a_store_of_the_old_schema_is_migrated_and_still_reads(tmp_path):
+    path = tmp_path / "old.sqlite"
+    done, running = {"seed": 0}, {"seed": 1}
+    with sqlite3.connect(path) as db:
+        db.execute(OLD_SCHEMA)
+        db.execute(
+            "INSERT INTO cells VALUES (?, ?, 'done', '{\"acc\": 1.0}', '[]', '{}', NULL, 1.0, 2.0)",
+            (config_key(done), '{"seed": 0}'),
+        )
+        db.execute(
+            "INSERT INTO cells (key, config, status, started) VALUES (?, ?, 'running', 3.0)",
+            (config_key(running), '{"seed": 1}'),
+        )
+    db.close()
+
+    reader = ResultsStore(path, readonly=True)  # read as it is: no migration
+    assert [row["owner"] for row in reader.rows()] == [None, None]
+    with sqlite3.connect(path) as db:
+        assert "owner" not in {row[1] for row in db.execute("PRAGMA table_info(cells)")}
+    db.close()
+
+    store = ResultsStore(path)
+    with sqlite3.connect(path) as db:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(cells)")}
+    db.close()
+    assert {"owner", "heartbeat"} <= columns
+    assert ResultsStore(path).status(done) == "done"  # opening a migrated store again is fine
+    frame = store.to_dataframe()
+    assert list(frame.status) == ["done", "running"] and frame.loc[0, "metrics.acc"] == 1.0
+    assert store.claim(done) is None  # a finished row of the old schema stays as it is
+    assert store.claim(running) == config_key(running)  # a running one has no live owner
