@@ -140,7 +140,7 @@ def test_share_attn_params_ties_the_branches():
             lambda: az.build(
                 "dual", d_model=16, n_heads_sa=2, n_heads_ra=2, ra_kwargs=dict(n_relation=2)
             ),
-            "ra_kwargs key: 'n_relation'. Did you mean 'n_relations'",
+            "key of ra_kwargs .mechanism 'relational'.: 'n_relation'. Did you mean 'n_relations'",
         ),
         (
             lambda: az.build("dual", d_model=16, n_heads_sa=0, n_heads_ra=0),

@@ -159,18 +159,22 @@ def test_capabilities_cover_what_the_kernel_does():
 
 
 @needs_triton
-def test_direct_calls_refuse_what_dispatch_would():
+def test_direct_calls_check_their_own_arguments():
+    """The raw kernel checks what only it knows (CUDA or the interpreter, its tile size); what
+    it cannot serve is refused through dispatch, by its declared capabilities."""
     from attn_zoo.kernels.relational.triton import _interpreted
 
     x = RelationalProblem().inputs()
     if not _interpreted():  # compiled kernels (TRITON_INTERPRET unset), CPU tensors
         with pytest.raises(ValueError, match="needs CUDA tensors"):
             triton_relational(**x)
-    with pytest.raises(ValueError, match="no dropout"):
-        triton_relational(**x, dropout_p=0.1)
-    v_rel = torch.randn(2, 5, 4)
-    with pytest.raises(ValueError, match="not v_rel"):
-        triton_relational(**{**x, "v": None, "v_rel": v_rel})
+    else:
+        with pytest.raises(ValueError, match="block=24"):
+            triton_relational(**x, block=24)
+    triton = family("relational").backends["triton"]
+    assert "no dropout" in triton.refusal(Call("cuda", torch.float32, frozenset({"dropout"})))
+    v_rel = Call("cuda", torch.float32, frozenset({"relative_symbols"}))
+    assert "not v_rel" in triton.refusal(v_rel)
 
 
 def test_imports_and_reports_missing_without_triton():
