@@ -11,6 +11,7 @@ attn-zoo report GRID_OR_STORE [--out DIR] [--target T] [--note TEXT]
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -22,6 +23,35 @@ if TYPE_CHECKING:
 DTYPES = ("bfloat16", "float16", "float32")
 SUITES = ("softmax", "relational", "dual", "mechanisms")
 DEFAULT_LENGTHS = {"softmax": [256, 512, 1024, 2048, 4096], "relational": [512, 1024, 2048, 4096]}
+
+
+def number(kind: type, low: float, high: float | None = None, low_open: bool = False):
+    """An argparse `type=`: a `kind` (int, or a finite float) >= `low` (> `low` with `low_open`)
+    and <= `high`; anything else an ArgumentTypeError naming the valid range (exit status 2)."""
+    if high is None:
+        valid = f"{kind.__name__} {'>' if low_open else '>='} {low:g}"
+    else:
+        valid = f"{kind.__name__} in {'(' if low_open else '['}{low:g}, {high:g}]"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if (
+            value is None
+            or (kind is float and not math.isfinite(value))
+            or (value <= low if low_open else value < low)
+            or (high is not None and value > high)
+        ):
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: valid is {valid}")
+        return value
+
+    parse.__name__ = valid
+    return parse
+
+
+COUNT = number(int, 1)  # workers, repeats, sizes, lengths
 
 
 def _title(suite: str, args: argparse.Namespace, causal: bool) -> str:
@@ -131,9 +161,13 @@ def _cell_table(spec) -> pd.DataFrame:
     """One row per cell of `spec`: its labels, status in the store and main metrics."""
     import pandas as pd
 
-    from ablations.store import ResultsStore, config_key
+    from ablations.store import ResultsStore, StoreError, config_key
 
-    rows = {row["key"]: row for row in ResultsStore(spec.store).rows()}
+    try:  # read-only: status and dry runs never create or change a store
+        store = ResultsStore(spec.store, readonly=True) if spec.store.exists() else None
+        rows = {row["key"]: row for row in store.rows()} if store else {}
+    except StoreError as err:
+        raise SystemExit(f"error: {err}") from None
     records = []
     for cell in spec.cells():
         row = rows.get(config_key(cell.config()), {})
@@ -205,8 +239,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("bench", help="time and peak memory of every backend over N")
     b.add_argument("--suite", nargs="+", choices=SUITES, default=list(SUITES))
-    b.add_argument("--lengths", type=int, nargs="+", default=None, help="default per suite")
-    b.add_argument("--repeats", type=int, default=5)
+    b.add_argument("--lengths", type=COUNT, nargs="+", default=None, help="default per suite")
+    b.add_argument("--repeats", type=COUNT, default=5)
     b.add_argument("--no-causal", action="store_true")
     b.add_argument(
         "--also-non-causal", action="store_true",
@@ -221,14 +255,14 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     k = b.add_argument_group("softmax suite")
     k.add_argument("--backends", nargs="+", default=None, help="default: all usable here")
-    k.add_argument("--batch", type=int, default=1)
-    k.add_argument("--heads", type=int, default=8)
-    k.add_argument("--head-dim", type=int, default=64)
+    k.add_argument("--batch", type=COUNT, default=1)
+    k.add_argument("--heads", type=COUNT, default=8)
+    k.add_argument("--head-dim", type=COUNT, default=64)
     k.add_argument("--dtype", choices=DTYPES, default="float32")
     r = b.add_argument_group("relational and dual suites")
-    r.add_argument("--d-model", type=int, default=512)
+    r.add_argument("--d-model", type=COUNT, default=512)
     r.add_argument(
-        "--ra-heads", type=int, default=4, help="relational heads (dual: and as many standard)"
+        "--ra-heads", type=COUNT, default=4, help="relational heads (dual: and as many standard)"
     )
     r.add_argument(
         "--ra-backends", nargs="+", default=None,
@@ -248,17 +282,24 @@ def parser() -> argparse.ArgumentParser:
         )  # fmt: skip
     run.add_argument("--executor", choices=("local", "ray"), default="local")
     run.add_argument("--address", default=None, help="Ray cluster address (default: local Ray)")
-    run.add_argument("--workers", type=int, default=None, help="parallel cells (default: cores)")
+    run.add_argument("--workers", type=COUNT, default=None, help="parallel cells (default: cores)")
     run.add_argument("--dry-run", action="store_true", help="list the cells, train nothing")
     run.add_argument("--retry-failed", action="store_true", help="run failed cells again")
-    run.add_argument("--interval", type=float, default=10.0, help="seconds between status lines")
+    run.add_argument(
+        "--interval",
+        type=number(float, 0, low_open=True),
+        default=10.0,
+        help="seconds between status lines",
+    )
     run.set_defaults(func=_ablate_run)
     status.set_defaults(func=_ablate_status)
 
     r = sub.add_parser("report", help="tables, plots, markdown and HTML of a grid's results")
     r.add_argument("source", help="a grid spec (.toml) or its results store (.sqlite)")
     r.add_argument("--out", default=None, help="folder to write (default: reports/<grid name>)")
-    r.add_argument("--target", type=float, default=None, help="metric for steps-to-target")
+    r.add_argument(
+        "--target", type=number(float, 0, 1), default=None, help="metric for steps-to-target"
+    )
     r.add_argument("--title", default=None)
     r.add_argument("--note", default=None, help="a paragraph under the header, e.g. a conclusion")
     r.add_argument("--set", action="append", default=[], help="overrides of a grid spec")

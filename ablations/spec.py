@@ -2,8 +2,9 @@
 validated whole before anything runs, and expanded into cells.
 
     name = "demo"
-    seeds = [0, 1, 2]
-    store = "results/demo.sqlite"              # optional; default results/<name>.sqlite
+    seeds = [0, 1, 2]                           # distinct ints in [0, 2**63); default [0]
+    store = "results/demo.sqlite"               # optional; default results/<name>.sqlite;
+                                                # relative to this file's folder (see below)
     checkpoints = false                         # optional; true keeps each cell's weights
 
     [[tasks]]
@@ -14,15 +15,15 @@ validated whole before anything runs, and expanded into cells.
 
     [[sizes]]                                   # model sizes (one is fine)
     label = "small"
-    d_model = 64
-    n_layers = 2
+    d_model = 64                                # ints >= 1; also dff (int >= 1) and
+    n_layers = 2                                # dropout (float in [0, 1))
 
     [[mechanisms]]
     label = "relational"
     name = "relational"
     kwargs = { n_heads = 4 }
 
-    [training]
+    [training]                                  # TRAINING: every key, default and range
     steps = 500
     batch_size = 64
     lr = 1e-3
@@ -33,46 +34,116 @@ validated whole before anything runs, and expanded into cells.
 
 A cell is one (task, size, mechanism, seed) with everything resolved; `--set key=value`
 overrides (dotted keys, TOML values: ``--set training.steps=50``) apply before validation.
-Every error names the file, the key, the bad value and the valid choices.
+
+Validation refuses, before anything is built or written, every value that could not train:
+unknown keys and names, wrong types (a bool is not an int; an int is a float), values out of
+range (`TRAINING`, `SIZE_KEYS`), duplicate seeds or labels, include/exclude entries whose keys
+are not axes (`AXES`) or whose labels do not exist, and a grid with no cells. Then each task
+of the grid is built with its kwargs and each (mechanism, size) pair as one attention layer,
+cheaply, so a bad kwarg value is refused too, blamed on the task or the mechanism it belongs
+to. Every error is a one-line `SpecError` naming the file, the key, the bad value and the
+valid range or choices.
+
+The store path (in the file or from ``--set store=...``) is a string resolved relative to the
+folder of the grid file, not the working directory: a grid and its results move together and
+``attn-zoo ablate run`` gives the same store from any folder. An absolute path is used as is.
 """
 
 from __future__ import annotations
 
 import difflib
 import itertools
+import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from ablations.tasks import list_tasks, task_arguments
-from attn_zoo.mechanisms.registry import list_mechanisms, mechanism_kwargs
-
-TRAINING_DEFAULTS = {
-    "steps": 500,
-    "batch_size": 64,
-    "lr": 1e-3,
-    "weight_decay": 0.01,
-    "warmup_steps": 50,
-    "schedule": "cosine",
-    "grad_clip": 1.0,
-    "eval_every": 50,
-    "early_stop_target": 0.0,
-}
-SCHEDULES = ("cosine", "constant")
-TOP_LEVEL = (
-    "name", "seeds", "store", "checkpoints", "tasks", "sizes", "mechanisms", "training", "grid"
-)  # fmt: skip
-SIZE_KEYS = {"label": str, "d_model": int, "n_layers": int, "dff": int, "dropout": float}
-AXES = ("task", "size", "mechanism", "seed")
+from ablations.tasks import build_task, list_tasks, task_arguments
+from attn_zoo.mechanisms.registry import MECHANISMS, list_mechanisms
+from attn_zoo.models.block import build_attention
 
 
 class SpecError(ValueError):
     """A grid spec that cannot run, with the file, key, value and valid choices."""
+
+
+def _is(value: object, kind: type) -> bool:
+    """isinstance, except that a bool is only a bool and an int is also a float."""
+    if isinstance(value, bool):
+        return kind is bool
+    return isinstance(value, (int, float) if kind is float else kind)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one value may be: of `kind` (see `_is`) with `ok(value)` true, `valid` saying so
+    in messages; or, with `choices`, one of them."""
+
+    kind: type
+    valid: str
+    ok: Callable[[object], bool] = lambda value: True
+    choices: tuple = ()
+
+    def check(self, path: Path, key: str, value: object) -> None:
+        if self.choices:
+            if not _is(value, self.kind) or value not in self.choices:
+                raise _fail(path, key, value, self.choices)
+            return
+        try:
+            good = _is(value, self.kind) and self.ok(value)
+        except (OverflowError, TypeError):  # e.g. math.isfinite of an int beyond floats
+            good = False
+        if not good:
+            raise SpecError(f"{path}: {key} = {value!r} must be {self.valid}")
+
+
+def _int(low: int) -> Rule:
+    return Rule(int, f"int >= {low}", lambda v: v >= low)
+
+
+def _float(valid: str, ok: Callable[[float], bool]) -> Rule:
+    return Rule(float, f"a finite float {valid}", lambda v: math.isfinite(v) and ok(v))
+
+
+LABEL = Rule(str, "a non-empty str", lambda v: v != "")
+SEED = Rule(int, "int in [0, 2**63)", lambda v: 0 <= v < 2**63)
+STORE = Rule(str, "a non-empty str (a path, relative to the grid file's folder)", lambda v: v != "")
+SCHEDULES = ("cosine", "constant")
+
+TRAINING: dict[str, tuple[object, Rule]] = {  # key: (default, what it may be)
+    "steps": (500, _int(1)),
+    "batch_size": (64, _int(1)),
+    "lr": (1e-3, _float("> 0", lambda v: v > 0)),
+    "weight_decay": (0.01, _float(">= 0", lambda v: v >= 0)),
+    "warmup_steps": (50, _int(0)),
+    "schedule": ("cosine", Rule(str, "a schedule", choices=SCHEDULES)),
+    "grad_clip": (1.0, _float("> 0 (the gradient-norm bound)", lambda v: v > 0)),
+    "eval_every": (50, _int(1)),
+    "early_stop_target": (0.0, _float("in [0, 1] (0: never stop early)", lambda v: 0 <= v <= 1)),
+}
+TRAINING_DEFAULTS = {key: default for key, (default, _) in TRAINING.items()}
+SIZE_KEYS = {
+    "label": LABEL,
+    "d_model": _int(1),
+    "n_layers": _int(1),
+    "dff": _int(1),
+    "dropout": _float("in [0, 1)", lambda v: 0 <= v < 1),
+}
+TOP_LEVEL = (
+    "name", "seeds", "store", "checkpoints", "tasks", "sizes", "mechanisms", "training", "grid"
+)  # fmt: skip
+TOP_LEVEL_VALUES = {"name": LABEL, "store": STORE, "checkpoints": Rule(bool, "a bool")}
+ENTRY_KEYS = {"tasks": ("name", "label", "kwargs"), "mechanisms": ("label", "name", "kwargs")}
+REQUIRED = {"tasks": ("name",), "sizes": ("label", "d_model", "n_layers"), "mechanisms": ("name",)}
+AXES = ("task", "size", "mechanism", "seed")
 
 
 @dataclass(frozen=True)
@@ -100,7 +171,7 @@ class GridSpec:
     path: Path
     name: str
     seeds: list[int]
-    store: Path
+    store: Path  # the store's path joined to the grid file's folder
     tasks: list[dict]
     sizes: list[dict]
     mechanisms: list[dict]
@@ -155,25 +226,38 @@ class GridSpec:
         )
 
 
-def _fail(path, key, value, valid) -> SpecError:
+def _fail(path, key, value, valid, what: str = "") -> SpecError:
     valid = [str(v) for v in valid]
     close = difflib.get_close_matches(str(value), valid, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    return SpecError(f"{path}: {key} = {value!r} is not valid.{hint} Valid: {', '.join(valid)}")
+    return SpecError(
+        f"{path}: {key} = {value!r} is not valid{what}.{hint} Valid: {', '.join(valid)}"
+    )
 
 
-def _check_type(path, key, value, kind) -> None:
-    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        ok = True
-    if not ok:
-        raise SpecError(f"{path}: {key} = {value!r} must be {kind.__name__}")
-
-
-def _check_keys(path, where, table: dict, valid) -> None:
+def _check_keys(path, where, table: dict, valid, what: str = "") -> None:
     for key in table:
         if key not in valid:
-            raise _fail(path, f"{where}{key} (key)", key, valid)
+            raise _fail(path, f"{where}{key} (key)", key, valid, what)
+
+
+def _table(path, key: str, value: object) -> dict:
+    if not isinstance(value, dict):
+        raise SpecError(f"{path}: {key} = {value!r} must be a table, e.g. {{ key = value }}")
+    return value
+
+
+def _tables(path, key: str, value: object, empty_ok: bool = False) -> list[dict]:
+    if not isinstance(value, list) or not (value or empty_ok):
+        need = "a list" if empty_ok else "a non-empty list"
+        raise SpecError(f"{path}: {key} = {value!r} must be {need} of tables")
+    for i, item in enumerate(value):
+        _table(path, f"{key}[{i}]", item)
+    return value
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(f"{type(err).__name__}: {err}".split())
 
 
 def apply_overrides(raw: dict, overrides: list[str], path) -> dict:
@@ -196,100 +280,173 @@ def apply_overrides(raw: dict, overrides: list[str], path) -> dict:
     return raw
 
 
+def _check_seeds(path, seeds: object) -> list[int]:
+    if not isinstance(seeds, list) or not seeds:
+        raise SpecError(f"{path}: seeds = {seeds!r} must be a non-empty list of distinct ints")
+    first: dict[int, int] = {}
+    for i, seed in enumerate(seeds):
+        SEED.check(path, f"seeds[{i}]", seed)
+        if seed in first:
+            raise SpecError(
+                f"{path}: seeds[{i}] = {seed!r} repeats seeds[{first[seed]}]; seeds must be "
+                f"distinct (got {seeds})"
+            )
+        first[seed] = i
+    return seeds
+
+
+def _check_entries(path, key: str, entries: list[dict]) -> None:
+    """Keys, names, labels (defaulting to the name) and kwargs of the tasks, sizes or
+    mechanisms; labels unique."""
+    taken: dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        where = f"{key}[{i}]"
+        _check_keys(path, f"{where}.", entry, ENTRY_KEYS.get(key, SIZE_KEYS))
+        for required in REQUIRED[key]:
+            if required not in entry:
+                raise SpecError(f"{path}: {where} is missing {required!r}")
+        if key == "sizes":
+            for name, value in entry.items():
+                SIZE_KEYS[name].check(path, f"{where}.{name}", value)
+        else:
+            names = list_tasks() if key == "tasks" else list_mechanisms()
+            if not isinstance(entry["name"], str) or entry["name"] not in names:
+                raise _fail(path, f"{where}.name", entry["name"], names)
+            entry.setdefault("label", entry["name"])
+            LABEL.check(path, f"{where}.label", entry["label"])
+            kwargs = _table(path, f"{where}.kwargs", entry.get("kwargs", {}))
+            if key == "tasks":
+                valid = task_arguments(entry["name"])
+                what = f" for task {entry['label']!r}"
+            else:
+                valid = MECHANISMS.kwargs(entry["name"])  # None: it takes any
+                if valid is not None:  # the model fills d_model and backend in itself
+                    valid = [k for k in valid if k not in ("d_model", "backend")]
+                what = f" for mechanism {entry['label']!r}"
+            if valid is not None:
+                _check_keys(path, f"{where}.kwargs.", kwargs, valid, what)
+        label = entry["label"]
+        if label in taken:
+            raise SpecError(
+                f"{path}: {where}.label = {label!r} repeats {key}[{taken[label]}].label; "
+                f"labels must be unique within {key} (a label defaults to the name)"
+            )
+        taken[label] = i
+
+
+def _check_training(path, given: dict) -> dict:
+    _check_keys(path, "training.", given, TRAINING)
+    for key, value in given.items():
+        TRAINING[key][1].check(path, f"training.{key}", value)
+    return {**TRAINING_DEFAULTS, **given}
+
+
+def _check_grid_rules(path, grid: dict, valid: dict[str, list]) -> tuple[list, list]:
+    """grid.exclude and grid.include: lists of tables of axes; include names every axis.
+    Labels must exist; an excluded seed must be one of the seeds, an included one any seed."""
+    _check_keys(path, "grid.", grid, ("exclude", "include"))
+    rules = {}
+    for kind in ("exclude", "include"):
+        rules[kind] = _tables(path, f"grid.{kind}", grid.get(kind, []), empty_ok=True)
+        for i, rule in enumerate(rules[kind]):
+            where = f"grid.{kind}[{i}]"
+            _check_keys(path, f"{where}.", rule, AXES)
+            if kind == "include" and set(rule) != set(AXES):
+                raise SpecError(f"{path}: {where} = {rule!r} must name all of {', '.join(AXES)}")
+            if not rule:
+                raise SpecError(
+                    f"{path}: {where} = {{}} must name one or more of {', '.join(AXES)}"
+                )
+            for axis, value in rule.items():
+                if axis == "seed":
+                    SEED.check(path, f"{where}.seed", value)
+                    if kind == "include":
+                        continue
+                if not _is(value, int if axis == "seed" else str) or value not in valid[axis]:
+                    raise _fail(path, f"{where}.{axis}", value, valid[axis])
+    return rules["exclude"], rules["include"]
+
+
+def _check_builds(path, cells: list[Cell]) -> None:
+    """Build each task with its kwargs and each (mechanism, size) as one attention layer
+    (cheap: no data, one layer), turning any exception into a SpecError blaming it."""
+    tasks, layers = set(), set()
+    for cell in cells:
+        if cell.task not in tasks:
+            tasks.add(cell.task)
+            try:
+                build_task(cell.task_name, **cell.task_kwargs)
+            except Exception as err:
+                raise SpecError(
+                    f"{path}: task {cell.task!r} (name {cell.task_name!r}) cannot be built with "
+                    f"kwargs {cell.task_kwargs}: {_one_line(err)}"
+                ) from err
+        layer = (cell.mechanism, cell.size["label"])
+        if layer not in layers:
+            layers.add(layer)
+            try:
+                with torch.random.fork_rng(devices=[]):  # leave the global RNG as it was
+                    build_attention(
+                        cell.mechanism_name,
+                        cell.size["d_model"],
+                        cell.mechanism_kwargs,
+                        cell.size.get("dropout", 0.0),
+                        "auto",
+                    )
+            except Exception as err:
+                raise SpecError(
+                    f"{path}: mechanism {cell.mechanism!r} (name {cell.mechanism_name!r}) cannot "
+                    f"be built with kwargs {cell.mechanism_kwargs} at size "
+                    f"{cell.size['label']!r} (d_model {cell.size['d_model']}): {_one_line(err)}"
+                ) from err
+
+
 def load_grid(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
     """Read, override, validate and return the grid at `path`; raises SpecError."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise SpecError(f"{path}: cannot read the grid spec: {err}") from err
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise SpecError(f"{path}: cannot read the grid spec: {_one_line(err)}") from err
     raw = apply_overrides(raw, overrides or [], path)
     _check_keys(path, "", raw, TOP_LEVEL)
     for key in ("name", "tasks", "sizes", "mechanisms"):
         if key not in raw:
             raise SpecError(f"{path}: missing {key!r}")
-    _check_type(path, "name", raw["name"], str)
-    seeds = raw.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds:
-        raise SpecError(f"{path}: seeds = {seeds!r} must be a non-empty list of integers")
-    for seed in seeds:
-        _check_type(path, "seeds[]", seed, int)
-
-    tasks = raw["tasks"]
-    for i, task in enumerate(tasks):
-        _check_keys(path, f"tasks[{i}].", task, ("name", "label", "kwargs"))
-        if task.get("name") not in list_tasks():
-            raise _fail(path, f"tasks[{i}].name", task.get("name"), list_tasks())
-        task.setdefault("label", task["name"])
-        _check_keys(
-            path, f"tasks[{i}].kwargs.", task.get("kwargs", {}), task_arguments(task["name"])
-        )
-
-    for i, size in enumerate(raw["sizes"]):
-        _check_keys(path, f"sizes[{i}].", size, SIZE_KEYS)
-        for key in ("label", "d_model", "n_layers"):
-            if key not in size:
-                raise SpecError(f"{path}: sizes[{i}] is missing {key!r}")
-        for key, value in size.items():
-            _check_type(path, f"sizes[{i}].{key}", value, SIZE_KEYS[key])
-
-    for i, mech in enumerate(raw["mechanisms"]):
-        _check_keys(path, f"mechanisms[{i}].", mech, ("label", "name", "kwargs"))
-        if mech.get("name") not in list_mechanisms():
-            raise _fail(path, f"mechanisms[{i}].name", mech.get("name"), list_mechanisms())
-        mech.setdefault("label", mech["name"])
-        valid = [k for k in mechanism_kwargs(mech["name"]) if k not in ("d_model", "backend")]
-        _check_keys(path, f"mechanisms[{i}].kwargs.", mech.get("kwargs", {}), valid)
-    for kind, items, label in (
-        ("tasks", tasks, "label"),
-        ("sizes", raw["sizes"], "label"),
-        ("mechanisms", raw["mechanisms"], "label"),
-    ):
-        labels = [item[label] for item in items]
-        if len(set(labels)) != len(labels):
-            raise SpecError(f"{path}: {kind} {label}s must be unique, got {labels}")
-
-    training = dict(TRAINING_DEFAULTS)
-    _check_keys(path, "training.", raw.get("training", {}), TRAINING_DEFAULTS)
-    for key, value in raw.get("training", {}).items():
-        _check_type(path, f"training.{key}", value, type(TRAINING_DEFAULTS[key]))
-        training[key] = value
-    if training["schedule"] not in SCHEDULES:
-        raise _fail(path, "training.schedule", training["schedule"], SCHEDULES)
-
-    grid = raw.get("grid", {})
-    _check_keys(path, "grid.", grid, ("exclude", "include"))
-    valid_values = {
-        "task": [t["label"] for t in tasks],
+    for key, rule in TOP_LEVEL_VALUES.items():
+        if key in raw:
+            rule.check(path, key, raw[key])
+    seeds = _check_seeds(path, raw.get("seeds", [0]))
+    for key in ("tasks", "sizes", "mechanisms"):
+        _check_entries(path, key, _tables(path, key, raw[key]))
+    training = _check_training(path, _table(path, "training", raw.get("training", {})))
+    valid = {
+        "task": [t["label"] for t in raw["tasks"]],
         "size": [s["label"] for s in raw["sizes"]],
         "mechanism": [m["label"] for m in raw["mechanisms"]],
         "seed": seeds,
     }
-    for kind in ("exclude", "include"):
-        for i, rule in enumerate(grid.get(kind, [])):
-            _check_keys(path, f"grid.{kind}[{i}].", rule, AXES)
-            if kind == "include" and set(rule) != set(AXES):
-                raise SpecError(
-                    f"{path}: grid.include[{i}] must name all of {AXES}, got {sorted(rule)}"
-                )
-            for axis, value in rule.items():
-                if kind == "exclude" and value not in valid_values[axis]:
-                    raise _fail(path, f"grid.{kind}[{i}].{axis}", value, valid_values[axis])
-                if kind == "include" and axis != "seed" and value not in valid_values[axis]:
-                    raise _fail(path, f"grid.{kind}[{i}].{axis}", value, valid_values[axis])
-    store = Path(raw.get("store", f"results/{raw['name']}.sqlite"))
-    checkpoints = raw.get("checkpoints", False)
-    _check_type(path, "checkpoints", checkpoints, bool)
-    return GridSpec(
+    exclude, include = _check_grid_rules(path, _table(path, "grid", raw.get("grid", {})), valid)
+    spec = GridSpec(
         path,
         raw["name"],
         seeds,
-        store,
-        tasks,
+        path.parent / raw.get("store", f"results/{raw['name']}.sqlite"),
+        raw["tasks"],
         raw["sizes"],
         raw["mechanisms"],
         training,
-        grid.get("exclude", []),
-        grid.get("include", []),
-        checkpoints,
+        exclude,
+        include,
+        raw.get("checkpoints", False),
     )
+    cells = spec.cells()
+    if not cells:
+        shape = " x ".join(str(len(v)) for v in valid.values())
+        raise SpecError(
+            f"{path}: grid.exclude = {exclude!r} leaves no cell of the {shape} "
+            f"(tasks x sizes x mechanisms x seeds) and grid.include adds none; a grid needs at "
+            f"least one cell"
+        )
+    _check_builds(path, cells)
+    return spec
