@@ -9,6 +9,13 @@
     curves_<task>.png    validation accuracy vs step, per mechanism (and size): mean, min-max band
     vs_params_<task>.png test accuracy vs parameters, one point per mechanism and size
     vs_train_size_<family>.png  test accuracy vs n_train, where a task family's n_train varies
+    attention_<cell>.png attention maps of checkpointed cells (ablations.attention)
+
+where <task>, <family> and <cell> are `label_file_name`'s slug and hash of the label (e.g.
+``curves_pairs-v64_3fa2c1d0.png``): two labels never share a file, and no label can name a file
+outside the folder. Labels and notes are shown as text on both pages (see
+ablations.report_pages); a missing or unreadable checkpoint leaves its attention map out with
+a note. The folder is written whole or not at all: see `write_report`.
 
 A task is grouped by its label (`config["task"]`). A task family is a registered task with its
 kwargs other than the split sizes (e.g. ``relational_games (problem=same)``): the training-set
@@ -18,6 +25,9 @@ Failed, diverged and unfinished cells are listed in their own section, never dro
 
 from __future__ import annotations
 
+import os
+import shutil
+import uuid
 from datetime import datetime
 from pathlib import Path
 
@@ -25,7 +35,14 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ablations.attention import attention_blocks
-from ablations.report_pages import file_name, label_colours, new_figure, write_pages
+from ablations.report_pages import (
+    label_colours,
+    label_file_name,
+    new_figure,
+    path_in,
+    plot_text,
+    write_pages,
+)
 from ablations.store import ResultsStore, error_summary
 
 SUMMARY_COLUMNS = [
@@ -44,6 +61,7 @@ SUMMARY_COLUMNS = [
     "step_ms",
 ]
 SPLIT_SIZES = ("n_train", "n_validation", "n_test")
+REPORT_SUFFIXES = (".md", ".html", ".csv", ".png")  # what a report folder may hold
 LINESTYLES = ["-", "--", ":", "-."]
 MARKERS = ["o", "s", "^", "D", "v"]
 
@@ -202,14 +220,14 @@ def _plot_curves(task: str, done: pd.DataFrame, colours: dict) -> Figure | None:
         if not runs:
             continue
         frame = pd.concat(runs, axis=1).sort_index().ffill()
-        label = mechanism if len(sizes) == 1 else f"{mechanism} ({size})"
+        label = plot_text(mechanism if len(sizes) == 1 else f"{mechanism} ({size})")
         style = LINESTYLES[sizes.index(size) % len(LINESTYLES)]
         colour = colours[mechanism]
         ax.plot(frame.index, frame.mean(axis=1), style, color=colour, label=label)
         ax.fill_between(frame.index, frame.min(axis=1), frame.max(axis=1), color=colour, alpha=0.2)
     if not ax.lines:
         return None
-    ax.set(xlabel="step", ylabel="validation accuracy", title=f"{task}: learning curves")
+    ax.set(xlabel="step", ylabel="validation accuracy", title=plot_text(f"{task}: learning curves"))
     ax.legend(fontsize="small")
     return figure
 
@@ -223,6 +241,7 @@ def _plot_vs_params(task: str, table: pd.DataFrame, colours: dict) -> Figure | N
     sizes = list(dict.fromkeys(table["size"]))
     for _, row in table.iterrows():
         label = row.mechanism if len(sizes) == 1 else f"{row.mechanism} ({row['size']})"
+        label = plot_text(label)
         marker = MARKERS[sizes.index(row["size"]) % len(MARKERS)]
         error = 0.0 if pd.isna(row.test_acc_std) else row.test_acc_std
         ax.errorbar(
@@ -230,7 +249,8 @@ def _plot_vs_params(task: str, table: pd.DataFrame, colours: dict) -> Figure | N
             color=colours[row.mechanism], label=label,
         )  # fmt: skip
     ax.set_xscale("log")
-    ax.set(xlabel="parameters", ylabel="test accuracy", title=f"{task}: accuracy vs parameters")
+    title = plot_text(f"{task}: accuracy vs parameters")
+    ax.set(xlabel="parameters", ylabel="test accuracy", title=title)
     ax.legend(fontsize="small")
     return figure
 
@@ -263,7 +283,7 @@ def _plot_vs_train_size(task_name: str, done: pd.DataFrame, colours: dict) -> Fi
     sizes = list(dict.fromkeys(done["size"]))
     for (size, mechanism), group in done.groupby(["size", "mechanism"], sort=False):
         stats = group.groupby("n_train").test_acc.agg(["mean", "std"]).fillna({"std": 0.0})
-        label = mechanism if len(sizes) == 1 else f"{mechanism} ({size})"
+        label = plot_text(mechanism if len(sizes) == 1 else f"{mechanism} ({size})")
         style = LINESTYLES[sizes.index(size) % len(LINESTYLES)]
         ax.errorbar(
             stats.index, stats["mean"], yerr=stats["std"], fmt="o" + style, capsize=3,
@@ -274,7 +294,7 @@ def _plot_vs_train_size(task_name: str, done: pd.DataFrame, colours: dict) -> Fi
     ax.set_xticks(n_train, labels=[f"{n:.0f}" for n in n_train])
     ax.minorticks_off()
     ax.set(xlabel="training examples (n_train)", ylabel="test accuracy")
-    ax.set_title(f"{task_name}: accuracy vs training-set size")
+    ax.set_title(plot_text(f"{task_name}: accuracy vs training-set size"))
     ax.legend(fontsize="small")
     return figure
 
@@ -340,25 +360,98 @@ def write_report(
     target: float | None = None,
     note: str | None = None,
 ) -> Path:
-    """Write the report of `store` (a ResultsStore or the path of its SQLite file) into
-    `out_dir` (created if missing): report.md, index.html, summary.csv, cells.csv and the PNG
-    plots, with attention maps of the cells that kept checkpoints. `target` is the validation
-    accuracy for steps-to-target (default: the cells' training.early_stop_target when
-    nonzero); `note` a paragraph shown under the header (e.g. the conclusion). Returns
-    `out_dir`."""
+    """Write the report of `store` (a ResultsStore or the path of its SQLite file) into the
+    folder `out_dir`: report.md, index.html, summary.csv, cells.csv and the PNG plots, with
+    attention maps of the cells that kept checkpoints. `target` is the validation accuracy for
+    steps-to-target (default: the cells' training.early_stop_target when nonzero); `note` a
+    paragraph shown under the header (e.g. the conclusion), the one text whose markdown
+    report.md keeps (raw HTML in it is escaped, see ablations.report_pages). Returns `out_dir`.
+
+    The folder belongs to the report and is written whole or not at all: the report is written
+    into a new hidden sibling folder (``.<name>.partial-<pid>-<random>``), which then replaces
+    `out_dir` (the old folder is renamed away, the new one renamed in, the old one deleted), so
+    files in `out_dir` that this report does not write are deleted with the previous report,
+    and an error on the way leaves the previous report as it was and no partial folder behind.
+    To keep other files safe, `out_dir` must be missing, empty, or a previous report: a folder
+    of .md, .html, .csv and .png files holding report.md (FileExistsError otherwise)."""
     if not isinstance(store, ResultsStore):
         if not Path(store).is_file():
             raise FileNotFoundError(f"no results store at {store}")
         store = ResultsStore(store)
-    folder = Path(out_dir)
-    folder.mkdir(parents=True, exist_ok=True)
+    final = Path(out_dir).resolve()
+    _check_replaceable(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = final.with_name(f".{final.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    partial.mkdir()
+    try:
+        _write_files(store, partial, title, target, note)
+        _replace_folder(partial, final)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)  # gone already unless something failed
+    return Path(out_dir)
+
+
+def _check_replaceable(folder: Path) -> None:
+    """FileExistsError unless `folder` is missing, empty or a previous report (only top-level
+    .md, .html, .csv and .png files or links, report.md among them): replacing it deletes what
+    it holds (a link itself, never what it points to)."""
+    if folder.parent == folder:
+        raise ValueError(f"{folder} cannot be a report folder: it has no parent")
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise NotADirectoryError(f"{folder} is not a folder: the report cannot be written there")
+    entries = list(folder.iterdir())
+    other = sorted(
+        p.name
+        for p in entries
+        if p.suffix not in REPORT_SUFFIXES or not (p.is_symlink() or p.is_file())
+    )
+    if entries and (other or not (folder / "report.md").is_file()):
+        held = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "") or "no report.md"
+        raise FileExistsError(
+            f"{folder} is not empty and not a previous report ({held}); a report replaces its "
+            "whole folder: write it to a new folder, or to an earlier report's"
+        )
+
+
+def _replace_folder(new: Path, final: Path) -> None:
+    """Put folder `new` in the place of `final`: rename the old one away, rename `new` in,
+    then delete the old one (renaming the old one back if `new` cannot be renamed in)."""
+    old = None
+    if final.exists() or final.is_symlink():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        final.rename(old)
+    try:
+        new.rename(final)
+    except BaseException:
+        if old is not None:
+            old.rename(final)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _new_file(folder: Path, name: str) -> Path:
+    """The path of a new file `name` directly inside `folder` (see report_pages.path_in);
+    FileExistsError if the report already wrote a file of that name."""
+    path = path_in(folder, name)
+    if path.exists():
+        raise FileExistsError(f"two files of the report are named {name}: a name collision")
+    return path
+
+
+def _write_files(
+    store: ResultsStore, folder: Path, title: str | None, target: float | None, note: str | None
+) -> None:
+    """Write every file of the report into the new, empty `folder`."""
     frame = store.to_dataframe()
     cells = _cells(frame)
     summary = summary_table(frame, target)
 
-    _cells_csv(frame).to_csv(folder / "cells.csv", index=False)
-    summary.to_csv(folder / "summary.csv", index=False)
-    blocks = _header(store, frame, cells, title) + ([("p", note)] if note else [])
+    _cells_csv(frame).to_csv(_new_file(folder, "cells.csv"), index=False)
+    summary.to_csv(_new_file(folder, "summary.csv"), index=False)
+    blocks = _header(store, frame, cells, title) + ([("note", note)] if note else [])
 
     colours = label_colours(cells.mechanism.dropna())
     done = cells[cells.status == "done"]
@@ -370,13 +463,14 @@ def write_report(
         ]
         for kind, figure, alt in figures:
             if figure is not None:
-                figure.savefig(folder / file_name(kind, task), dpi=100)
-                blocks.append(("img", file_name(kind, task), f"{task}: {alt}"))
+                name = label_file_name(kind, str(task))
+                figure.savefig(_new_file(folder, name), dpi=100)
+                blocks.append(("img", name, f"{task}: {alt}"))
 
     for family, group in done.dropna(subset=["n_train"]).groupby("family", sort=False):
         if group.n_train.nunique() > 1:
-            name = file_name("vs_train_size", family)
-            _plot_vs_train_size(family, group, colours).savefig(folder / name, dpi=100)
+            name = label_file_name("vs_train_size", str(family))
+            _plot_vs_train_size(family, group, colours).savefig(_new_file(folder, name), dpi=100)
             blocks += [
                 ("h2", f"Training-set size: {family}"),
                 ("p", "Test accuracy, mean ± std (seeds); bold: the best mechanism per row."),
@@ -398,4 +492,3 @@ def write_report(
         blocks.append(("table", header, rows))
 
     write_pages(blocks, folder)
-    return folder

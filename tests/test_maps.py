@@ -10,6 +10,7 @@ import torch
 import attn_zoo as az
 from ablations.attention import cell_attention_figure, load_cell_model
 from ablations.report import write_report
+from ablations.report_pages import label_file_name
 from ablations.runner import run_grid
 from ablations.spec import load_grid
 from ablations.store import ResultsStore
@@ -121,8 +122,9 @@ def test_checkpointed_cells_reload_with_their_test_accuracy_and_draw_maps(tmp_pa
     report = write_report(store, tmp_path / "report", note="A conclusion.")
     text = (report / "report.md").read_text()
     assert "## Attention maps" in text and "A conclusion." in text
-    assert "(attention_same_pair_xs_dual.png)" in text
-    image = matplotlib.image.imread(report / "attention_same_pair_xs_dual.png")
+    maps = label_file_name("attention", ("same_pair", "xs", "dual"))
+    assert f"({maps})" in text
+    image = matplotlib.image.imread(report / maps)
     assert len(set(image.reshape(-1, image.shape[-1])[:, :3].sum(1).tolist())) > 10
 
     store.checkpoint_path(row["key"]).unlink()

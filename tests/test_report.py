@@ -1,5 +1,6 @@
 """Reports: summary numbers recomputed from the fixture's own inputs, every cell accounted
-for, valid PNGs, a self-contained HTML page and stable file names."""
+for, valid PNGs, a self-contained HTML page and stable file names (slug and hash of a label).
+Safety (escaping, file names, whole writes, broken checkpoints): test_report_safety.py."""
 
 import re
 import statistics
@@ -10,6 +11,7 @@ import pytest
 from matplotlib.image import imread
 
 from ablations.report import summary_table, write_report
+from ablations.report_pages import label_file_name
 from ablations.store import ResultsStore
 
 TASKS = {  # label: (registered task name, n_train); one task at two training-set sizes
@@ -87,6 +89,12 @@ def report(grid, tmp_path_factory):
     return write_report(store.path, tmp_path_factory.mktemp("report"), target=0.8)
 
 
+def pngs_of(names: set[str], part: str) -> str:
+    """The one learning-curves file among `names` whose name holds `part`."""
+    (name,) = [n for n in names if n.startswith("curves_") and part in n]
+    return name
+
+
 def expected_row(runs: list, target: float) -> dict:
     """The summary row of one group, recomputed with plain Python."""
     accs = [metrics["test_acc"] for metrics, _ in runs]
@@ -129,9 +137,9 @@ def test_summary_matches_the_inputs(grid):
 
 def test_report_files_and_numbers(grid, report):
     _, inputs = grid
-    labels = ["same_pair", "match_pattern_n_250", "match_pattern_n_500"]
-    pngs = {f"{kind}_{label}.png" for kind in ("curves", "vs_params") for label in labels}
-    pngs.add("vs_train_size_match_pattern.png")
+    pngs = {label_file_name(kind, label) for kind in ("curves", "vs_params") for label in TASKS}
+    pngs.add(label_file_name("vs_train_size", "match_pattern"))
+    assert re.fullmatch(r"curves_match_pattern-n-250_[0-9a-f]{8}\.png", pngs_of(pngs, "n-250"))
     names = {p.name for p in report.iterdir()}
     assert names == pngs | {"report.md", "index.html", "cells.csv", "summary.csv"}
     check_summary(pd.read_csv(report / "summary.csv"), inputs, 0.8)
