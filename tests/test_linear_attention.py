@@ -37,6 +37,8 @@ class LinearProblem(AttentionProblem):
 def linear_problems(**kwargs):
     """The kit's attention problems (GQA, dv != dk, lengths 1 and odd ...), as LinearProblems."""
     kwargs.setdefault("scales", st.none())
+    # chunked serves top-left causality; bottom-right with N != M reaches it as a query mask
+    kwargs.setdefault("causal", (False, True))
     return attention_problems(**kwargs).map(
         lambda p: LinearProblem(**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)})
     )
@@ -157,7 +159,7 @@ def test_state_dict_and_backends():
         ),
         (
             lambda: az.build("linear", d_model=8, n_heads=2)(
-                torch.randn(1, 3, 8), attn_mask=torch.ones(1, 1, 3, 3)
+                torch.randn(1, 3, 8), attn_mask=torch.ones(1, 1, 3, 3, dtype=torch.int8)
             ),
             "attn_mask must be boolean",
         ),

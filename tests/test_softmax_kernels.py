@@ -154,7 +154,11 @@ def test_forcing_a_backend_that_cannot_serve_names_reason_and_alternatives():
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        (dict(attn_mask=torch.ones(4, 4)), "attn_mask must be boolean"),
+        (
+            dict(attn_mask=torch.ones(4, 4, dtype=torch.long)),
+            "attn_mask must be boolean .* or float",
+        ),
+        (dict(is_causal="bottom"), "is_causal='bottom': use False, True .top-left. or one of"),
         (
             dict(attn_mask=torch.ones(3, 4, dtype=torch.bool)),
             r"attn_mask shape \(3, 4\) does not broadcast",

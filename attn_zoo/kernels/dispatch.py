@@ -80,7 +80,8 @@ class Capabilities:
             return f"dtype {call.dtype} not supported (supports: {', '.join(names)})"
         missing = sorted(call.features - self.features)
         if missing:
-            return self._explain(missing[0], f"does not support {', '.join(missing)}")
+            explained = next((f for f in missing if f in self.why), missing[0])
+            return self._explain(explained, f"does not support {', '.join(missing)}")
         no_backward = self.grad_devices is not None and call.device not in self.grad_devices
         if "grad" in call.features and no_backward:
             return self._explain(

@@ -75,9 +75,10 @@ def disagreements(want: Mapping, got: Mapping, dtype: torch.dtype) -> list[str]:
 
 
 def cast_inputs(inputs: Mapping, dtype: torch.dtype, grads: bool) -> dict:
-    """Fresh leaf copies of the float tensors in `inputs`, cast to `dtype`."""
+    """Fresh leaf copies of the float tensors in `inputs`, cast to `dtype` (a float mask is a
+    constant: no gradient)."""
     return {
-        k: v.detach().to(dtype).requires_grad_(grads)
+        k: v.detach().to(dtype).requires_grad_(grads and k != "attn_mask")
         if torch.is_tensor(v) and v.is_floating_point()
         else v
         for k, v in inputs.items()
@@ -110,7 +111,9 @@ def assert_backends_agree(
     backends: names to check; each must serve the problem (else UnsupportedCallError).
               Default: every registered backend that serves it; the rest are reported skipped.
     kernels:  extra functions with the family's signature, checked too (name -> fn), e.g. a
-              kernel under development that is not registered.
+              kernel under development that is not registered. Every kernel gets the inputs
+              as the family passes them to backends: checked, the mask 4-D (boolean or
+              additive float), causality top-left (bottom-right calls arrive as a mask).
     grads:    also compare the gradients of every tensor input.
 
     Returns {name: "ok" or "skipped: <reason>"}; raises AssertionError on a disagreement.
@@ -119,7 +122,12 @@ def assert_backends_agree(
     dtype = problem.dtype
     drawn = problem.inputs(torch.float64)
     ref_inputs = cast_inputs(cast_inputs(drawn, dtype, False), torch.float64, grads)
-    reference = fam.backends["naive"].fn
+
+    def checked(kernel: Callable) -> Callable:
+        """`kernel` on the inputs as the family passes them (checked; top-left causality)."""
+        return lambda **inputs: kernel(**fam.check(**inputs))
+
+    reference = checked(fam.backends["naive"].fn)
     cotangent = None
     if grads:
         with torch.no_grad():
@@ -129,7 +137,7 @@ def assert_backends_agree(
     want = outputs_and_grads(reference, ref_inputs, cotangent)
 
     with torch.set_grad_enabled(grads):
-        call = fam.describe(**cast_inputs(drawn, dtype, grads))
+        call = fam.describe(**fam.check(**cast_inputs(drawn, dtype, grads)))
     report: dict[str, str] = {}
     to_check = dict(kernels or {})
     for name in backends if backends is not None else list(fam.backends):
@@ -141,7 +149,7 @@ def assert_backends_agree(
             to_check[name] = fam.backends[name].fn
 
     for name, fn in to_check.items():
-        got = outputs_and_grads(fn, cast_inputs(drawn, dtype, grads), cotangent)
+        got = outputs_and_grads(checked(fn), cast_inputs(drawn, dtype, grads), cotangent)
         if failures := disagreements(want, got, dtype):
             raise AssertionError(
                 f"{family_name} backend {name!r} disagrees with the float64 naive reference "

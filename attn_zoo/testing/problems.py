@@ -10,13 +10,20 @@ from dataclasses import dataclass
 
 import torch
 
-MASK_KINDS = ("none", "random", "key_padding", "empty_rows")
+MASK_KINDS = ("none", "random", "key_padding", "empty_rows", "additive")
+CAUSAL = (False, True, "top_left", "bottom_right")
 
 
 def make_mask(kind: str, b: int, h: int, n: int, m: int, gen: torch.Generator):
-    """A boolean mask of `kind` broadcastable to (b, h, n, m), or None for "none"."""
+    """A mask of `kind` broadcastable to (b, h, n, m), or None for "none". "additive" is a
+    float mask: values in [-2, 2] added to the scores, -inf where masked, some empty rows."""
     if kind == "none":
         return None
+    if kind == "additive":
+        keep = torch.rand(b, h, n, m, generator=gen) < 0.7
+        keep &= torch.rand(b, h, n, 1, generator=gen) < 0.8
+        bias = 4 * torch.rand(b, h, n, m, generator=gen, dtype=torch.float64) - 2
+        return bias.masked_fill(~keep, float("-inf"))
     if kind == "key_padding":  # (B, 1, 1, M): each sequence keeps a random prefix
         keep = torch.randint(0, m + 1, (b, 1, 1, 1), generator=gen)
         return torch.arange(m).view(1, 1, 1, m) < keep
@@ -26,9 +33,11 @@ def make_mask(kind: str, b: int, h: int, n: int, m: int, gen: torch.Generator):
     return mask
 
 
-def check_fields(mask: str, heads: int, kv_heads: int) -> None:
+def check_fields(mask: str, heads: int, kv_heads: int, is_causal: bool | str = False) -> None:
     if mask not in MASK_KINDS:
         raise ValueError(f"mask={mask!r}: valid kinds are {MASK_KINDS}")
+    if is_causal not in CAUSAL:
+        raise ValueError(f"is_causal={is_causal!r}: valid are {CAUSAL}")
     if heads % kv_heads:
         raise ValueError(f"heads={heads} must be a multiple of kv_heads={kv_heads}")
 
@@ -41,7 +50,8 @@ def leaves(tensors: dict, dtype: torch.dtype, device: str) -> dict:
 @dataclass(frozen=True)
 class AttentionProblem:
     """q (batch, heads, q_len, key_dim), k (batch, kv_heads, k_len, key_dim),
-    v (batch, kv_heads, k_len, value_dim), a mask of kind `mask` (see `MASK_KINDS`)."""
+    v (batch, kv_heads, k_len, value_dim), a mask of kind `mask` (see `MASK_KINDS`), causal
+    alignment `is_causal` (False, True = "top_left", or "bottom_right")."""
 
     batch: int = 1
     heads: int = 2
@@ -51,13 +61,13 @@ class AttentionProblem:
     key_dim: int = 4
     value_dim: int = 4
     mask: str = "none"
-    is_causal: bool = False
+    is_causal: bool | str = False
     scale: float | None = None
     dtype: torch.dtype = torch.float32
     seed: int = 0
 
     def __post_init__(self):
-        check_fields(self.mask, self.heads, self.kv_heads)
+        check_fields(self.mask, self.heads, self.kv_heads, self.is_causal)
 
     def attn_mask(self, gen: torch.Generator) -> torch.Tensor | None:
         return make_mask(self.mask, self.batch, self.heads, self.q_len, self.k_len, gen)
@@ -101,14 +111,14 @@ class RelationalProblem:
     max_rel_pos: int | None = None
     rel_activation: str = "identity"
     mask: str = "none"
-    is_causal: bool = False
+    is_causal: bool | str = False
     scale: float | None = None
     rel_scale: float | None = None
     dtype: torch.dtype = torch.float32
     seed: int = 0
 
     def __post_init__(self):
-        check_fields(self.mask, self.heads, self.kv_heads)
+        check_fields(self.mask, self.heads, self.kv_heads, self.is_causal)
 
     def inputs(self, dtype: torch.dtype | None = None, device: str = "cpu") -> dict:
         gen = torch.Generator().manual_seed(self.seed)

@@ -1,7 +1,8 @@
 """Hypothesis strategies for attention problems.
 
-Lengths include 1 and non-powers of two; masks include rows that see no key; kv heads divide
-the query heads (grouped-query attention); value width may differ from key width.
+Lengths include 1 and non-powers of two; masks are boolean or additive float and include rows
+that see no key; causal alignment top-left or bottom-right; kv heads divide the query heads
+(grouped-query attention); value width may differ from key width.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def attention_problems(
     max_groups: int = 3,
     max_width: int = 16,
     masks: tuple[str, ...] = MASK_KINDS,
-    causal: tuple[bool, ...] = (False, True),
+    causal: tuple[bool | str, ...] = (False, True, "bottom_right"),
     same_lengths: bool = False,
     same_widths: bool = False,
     scales: st.SearchStrategy[float | None] = SCALES,
@@ -66,7 +67,7 @@ def relational_problems(
     max_width: int = 8,
     rel_activations: tuple[str, ...] = tuple(REL_ACTIVATIONS),
     masks: tuple[str, ...] = MASK_KINDS,
-    causal: tuple[bool, ...] = (False, True),
+    causal: tuple[bool | str, ...] = (False, True, "bottom_right"),
     relative: tuple[bool, ...] = (False, True),
     scales: st.SearchStrategy[float | None] = SCALES,
 ) -> RelationalProblem:

@@ -13,6 +13,7 @@ import torch
 from attn_zoo.kernels.dispatch import Call, define_family
 from attn_zoo.kernels.linear.family import mask_features
 from attn_zoo.kernels.softmax.family import check_mask
+from attn_zoo.kernels.softmax.masks import align_causal, as_boolean
 
 FEATURES = frozenset({"grad", "mask", "key_mask", "causal"})
 
@@ -31,7 +32,8 @@ def check_inputs(q, k, v, wq, wk, attn_mask=None, is_causal=False, scale=None) -
     for name, t in (("wq", wq), ("wk", wk)):
         if t.shape != (q.shape[1], q.shape[3]):
             raise ValueError(f"{name} {tuple(t.shape)} must be (H, d) = {(q.shape[1], q.shape[3])}")
-    mask = check_mask(attn_mask, q, k)
+    mask = as_boolean(check_mask(attn_mask, q, k))
+    mask, is_causal = align_causal(mask, is_causal, q.shape[2], k.shape[2], q.device)
     return dict(q=q, k=k, v=v, wq=wq, wk=wk, attn_mask=mask, is_causal=is_causal, scale=scale)
 
 

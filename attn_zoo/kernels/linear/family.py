@@ -1,7 +1,8 @@
 """The linear kernel family: its inputs, the call they make, the features backends declare.
 
     q (B, H, N, dk), k (B, Hkv, M, dk), v (B, Hkv, M, dv), H a multiple of Hkv; attn_mask
-    boolean (True = may attend) broadcastable to (B, H, N, M); causal alignment top-left.
+    boolean (True = may attend) or float (there are no scores to add it to: its -inf entries
+    mask, the rest allow) broadcastable to (B, H, N, M); causal alignment as in masks.py.
 
 Features (`describe_call`): ``grad``, ``causal``, ``dv_ne_dk``, ``gqa``, ``key_mask`` (a mask
 that is the same for every query, shape (B, H, 1, M), e.g. padding) and ``mask`` (any other).
@@ -11,6 +12,7 @@ import torch
 
 from attn_zoo.kernels.dispatch import Call, define_family
 from attn_zoo.kernels.softmax.family import check_qkv
+from attn_zoo.kernels.softmax.masks import align_causal, as_boolean
 
 FEATURES = frozenset({"grad", "mask", "key_mask", "causal", "dv_ne_dk", "gqa"})
 
@@ -23,7 +25,8 @@ def mask_features(attn_mask: torch.Tensor | None) -> dict[str, bool]:
 
 def check_inputs(q, k, v, attn_mask=None, is_causal=False) -> dict:
     """The call's keyword arguments, validated, with the mask viewed as 4-D."""
-    mask = check_qkv(q, k, v, attn_mask, 0.0)
+    mask = as_boolean(check_qkv(q, k, v, attn_mask, 0.0))
+    mask, is_causal = align_causal(mask, is_causal, q.shape[2], k.shape[2], q.device)
     return dict(q=q, k=k, v=v, attn_mask=mask, is_causal=is_causal)
 
 

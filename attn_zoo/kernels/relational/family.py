@@ -4,7 +4,8 @@
     relations r_ij^l = act(rel_scale <qr_i^l, kr_j^l>); symbol values either absolute,
     v (B, Hkv, M, hd), or relative, v_rel (Hkv, 2K+1, hd) read at clip(j - i, -K, K) + K.
 
-Features a call may need (`describe_call`): ``grad``, ``mask``, ``causal``, ``dropout``,
+Masks and causal alignment as in the softmax family (softmax/masks.py). Features a call may
+need (`describe_call`): ``grad``, ``mask``, ``float_mask``, ``causal``, ``dropout``,
 ``gqa``, ``rel_activation`` (anything but identity), ``relative_symbols`` (v_rel), ``no_keys``
 (M = 0).
 """
@@ -14,10 +15,12 @@ import torch
 from attn_zoo.kernels.dispatch import Call, define_family
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
 from attn_zoo.kernels.softmax.family import check_mask
+from attn_zoo.kernels.softmax.masks import align_causal, is_additive
 
 FEATURES = frozenset(
-    {"grad", "mask", "causal", "dropout", "gqa", "rel_activation", "relative_symbols", "no_keys"}
-)
+    {"grad", "mask", "float_mask", "causal", "dropout", "gqa", "rel_activation",
+     "relative_symbols", "no_keys"}
+)  # fmt: skip
 
 
 def check_inputs(
@@ -46,10 +49,10 @@ def check_inputs(
         raise ValueError(f"rel_activation={rel_activation!r}: valid are {sorted(REL_ACTIVATIONS)}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p={dropout_p}: must be in [0, 1)")
+    mask, is_causal = align_causal(check_mask(attn_mask, q, k), is_causal, n, m, q.device)
     return dict(
-        q=q, k=k, qr=qr, kr=kr, v=v, v_rel=v_rel, attn_mask=check_mask(attn_mask, q, k),
-        is_causal=is_causal, scale=scale, rel_scale=rel_scale, rel_activation=rel_activation,
-        dropout_p=dropout_p,
+        q=q, k=k, qr=qr, kr=kr, v=v, v_rel=v_rel, attn_mask=mask, is_causal=is_causal,
+        scale=scale, rel_scale=rel_scale, rel_activation=rel_activation, dropout_p=dropout_p,
     )  # fmt: skip
 
 
@@ -62,6 +65,7 @@ def describe_call(
     needs = {
         "grad": torch.is_grad_enabled() and any(t.requires_grad for t in tensors),
         "mask": attn_mask is not None,
+        "float_mask": is_additive(attn_mask),
         "causal": is_causal,
         "dropout": dropout_p > 0,
         "gqa": k.shape[1] != q.shape[1],

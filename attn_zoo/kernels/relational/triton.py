@@ -502,7 +502,7 @@ class TritonRelationalAttention(torch.autograd.Function):
     priority=5,
     available=triton_missing,
     capabilities=Capabilities(
-        FEATURES - {"dropout", "relative_symbols"},
+        FEATURES - {"dropout", "relative_symbols", "float_mask"},
         devices=frozenset({"cuda"}),
         dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
         why={
@@ -510,6 +510,7 @@ class TritonRelationalAttention(torch.autograd.Function):
             "for tests)",
             "dropout": "the Triton kernel has no dropout",
             "relative_symbols": "the Triton kernel reads absolute symbol values v, not v_rel",
+            "float_mask": "the Triton kernel takes boolean masks only",
         },
     ),
 )

@@ -22,7 +22,7 @@ from einops import einsum, rearrange
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import group_queries
 from attn_zoo.kernels.softmax.family import FEATURES
-from attn_zoo.kernels.softmax.masks import causal_mask
+from attn_zoo.kernels.softmax.masks import causal_mask, is_additive, restrict
 from attn_zoo.kernels.softmax.naive import upcast_half
 
 BLOCK = 256  # fastest of 128, 256, 512 on the 2-core CPU (N=2048, fwd+bwd)
@@ -46,16 +46,16 @@ class Tiles:
         stop = min(self.m, i1) if self.is_causal else self.m
         return [(j, min(j + self.block, self.m)) for j in range(0, stop, self.block)]
 
-    def allowed(self, i0, i1, j0, j1, device):
-        """Tile mask broadcastable to (B, Hkv, G, bq, bk), or None when all is allowed."""
-        allowed = None
+    def tile_mask(self, i0, i1, j0, j1, device):
+        """The tile's mask (boolean or additive), broadcastable to (B, Hkv, G, bq, bk), or None
+        when all is allowed."""
+        mask = None
         if self.attn_mask is not None:
             tile = self.attn_mask[..., i0:i1, j0:j1]
-            allowed = rearrange(tile, "b (h g) n m -> b h g n m", h=self.shape[1])
+            mask = rearrange(tile, "b (h g) n m -> b h g n m", h=self.shape[1])
         if self.is_causal and j1 - 1 > i0:
-            causal = causal_mask(i1 - i0, j1 - j0, device, offset=i0 - j0)
-            allowed = causal if allowed is None else allowed & causal
-        return allowed
+            mask = restrict(mask, causal_mask(i1 - i0, j1 - j0, device, offset=i0 - j0))
+        return mask
 
     def keep(self, i0, i1, j0, j1, like):
         """Dropout multiplier of a tile (0 or 1/(1-p)), the same in forward and backward."""
@@ -97,8 +97,10 @@ class Tiles:
 
     def scores(self, qi, kj, scale, i0, i1, j0, j1):
         s = einsum(qi, kj, "b h g n d, b h m d -> b h g n m") * scale
-        allowed = self.allowed(i0, i1, j0, j1, s.device)
-        return s if allowed is None else s.masked_fill(~allowed, float("-inf"))
+        mask = self.tile_mask(i0, i1, j0, j1, s.device)
+        if mask is None:
+            return s
+        return s + mask if is_additive(mask) else s.masked_fill(~mask, float("-inf"))
 
 
 class ChunkedAttention(torch.autograd.Function):

@@ -1,27 +1,37 @@
 """The softmax kernel family: its inputs, the call they make, the features backends declare.
 
     q (B, H, N, dk), k (B, Hkv, M, dk), v (B, Hkv, M, dv), H a multiple of Hkv (grouped-query
-    heads); attn_mask boolean (True = may attend) broadcastable to (B, H, N, M); causal
-    alignment top-left; scale defaulting to 1/sqrt(dk); dropout on the attention weights.
+    heads); attn_mask boolean (True = may attend) or additive float (-inf = masked),
+    broadcastable to (B, H, N, M); is_causal False, True / "top_left" (j <= i, as torch SDPA) or
+    "bottom_right" (j <= i + M - N, as KV-cache decoding); scale defaulting to 1/sqrt(dk);
+    dropout on the attention weights.
 
-Features a call may need (`describe_call`): ``grad``, ``mask``, ``causal``, ``dropout``,
-``dv_ne_dk`` (value width != key width), ``gqa`` (fewer kv heads than query heads).
+Features a call may need (`describe_call`): ``grad``, ``mask``, ``float_mask`` (an additive
+mask), ``causal``, ``dropout``, ``dv_ne_dk`` (value width != key width), ``gqa`` (fewer kv
+heads than query heads). A bottom-right causal call with N != M reaches the backends as a
+``mask`` (masks.align_causal).
 """
 
 import torch
 
 from attn_zoo.kernels.dispatch import Call, define_family
+from attn_zoo.kernels.softmax.masks import align_causal, is_additive
 
-FEATURES = frozenset({"grad", "mask", "causal", "dropout", "dv_ne_dk", "gqa"})
+FEATURES = frozenset({"grad", "mask", "float_mask", "causal", "dropout", "dv_ne_dk", "gqa"})
 LOW_AND_SINGLE = frozenset({torch.float16, torch.bfloat16, torch.float32})
 
 
 def check_mask(attn_mask, q, k) -> torch.Tensor | None:
-    """Validate a boolean mask against q (B, H, N, .) and k (B, ., M, .); 4-D view or None."""
+    """Validate a mask against q (B, H, N, .) and k (B, ., M, .); its 4-D view or None."""
     if attn_mask is None:
         return None
-    if attn_mask.dtype != torch.bool:
-        raise ValueError(f"attn_mask must be boolean (True = may attend), got {attn_mask.dtype}")
+    if not isinstance(attn_mask, torch.Tensor):
+        raise ValueError(f"attn_mask must be a tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise ValueError(
+            f"attn_mask must be boolean (True = may attend) or float (added to the scores, "
+            f"-inf = masked), got {attn_mask.dtype}"
+        )
     target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
     if len(shape) > 4 or any(s not in (1, t) for s, t in zip(shape, target, strict=True)):
@@ -56,8 +66,10 @@ def check_qkv(q, k, v, attn_mask, dropout_p) -> torch.Tensor | None:
 
 
 def check_inputs(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0) -> dict:
-    """The call's keyword arguments, validated, with the mask viewed as 4-D."""
+    """The call's keyword arguments, validated, with the mask viewed as 4-D and causality
+    top-left (a bottom-right causal call with N != M becomes a mask)."""
     mask = check_qkv(q, k, v, attn_mask, dropout_p)
+    mask, is_causal = align_causal(mask, is_causal, q.shape[2], k.shape[2], q.device)
     return dict(
         q=q, k=k, v=v, attn_mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p
     )
@@ -68,6 +80,7 @@ def describe_call(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_
     needs = {
         "grad": torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
         "mask": attn_mask is not None,
+        "float_mask": is_additive(attn_mask),
         "causal": is_causal,
         "dropout": dropout_p > 0,
         "dv_ne_dk": v.shape[-1] != k.shape[-1],

@@ -1,8 +1,9 @@
 """Softmax attention on FlexAttention (torch.nn.attention.flex_attention), compiled.
 
 The mask and causal flag become a ``mask_mod`` and a block mask, so fully masked key blocks are
-skipped. Compiled once per input shape (a few seconds on CPU, cached by torch). FlexAttention
-has no backward on CPU and no dropout. A row with no allowed key gives zeros.
+skipped; a float mask's values are added by a ``score_mod``. Compiled once per input shape (a
+few seconds on CPU, cached by torch). FlexAttention has no backward on CPU and no dropout. A
+row with no allowed key gives zeros.
 """
 
 import functools
@@ -11,7 +12,7 @@ import torch
 
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.softmax.family import FEATURES, LOW_AND_SINGLE
-from attn_zoo.kernels.softmax.masks import allowed_keys
+from attn_zoo.kernels.softmax.masks import allowed_keys, as_boolean, is_additive
 
 
 def flex_missing() -> str | None:
@@ -63,18 +64,25 @@ def flex(
 ) -> torch.Tensor:  # (B, H, N, dv)
     from torch.nn.attention.flex_attention import create_block_mask
 
-    if dropout_p > 0:
-        raise ValueError(f"flex: dropout_p={dropout_p} is not supported; use dropout_p=0")
     (b, h, n, _), m = q.shape, k.shape[2]
-    block_mask = None
-    allowed = allowed_keys(attn_mask, is_causal, n, m, q.device)
+    block_mask = score_mod = None
+    mask = allowed_keys(attn_mask, is_causal, n, m, q.device)
     if attn_mask is None and is_causal:
         block_mask = _causal_block_mask(n, m, q.device)
-    elif allowed is not None:
-        allowed = allowed.expand(b, h, n, m)
+    elif mask is not None:
+        allowed = as_boolean(mask).expand(b, h, n, m)
 
         def mask_mod(bi, hi, qi, ki):
             return allowed[bi, hi, qi, ki]
 
         block_mask = create_block_mask(mask_mod, b, h, n, m, device=q.device, _compile=False)
-    return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != h)
+        if is_additive(mask):
+            bias = mask.masked_fill(~allowed, 0.0).to(q.dtype).expand(b, h, n, m)
+
+            def score_mod(score, bi, hi, qi, ki):
+                return score + bias[bi, hi, qi, ki]
+
+    return _compiled_flex()(
+        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+        enable_gqa=k.shape[1] != h,
+    )  # fmt: skip

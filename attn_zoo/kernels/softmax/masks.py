@@ -1,10 +1,28 @@
-"""Mask conventions shared by the softmax backends.
+"""Mask conventions shared by the backends.
 
-Masks are boolean, True = may attend, broadcastable to (B, H, N, M). Causal alignment is
-top-left: query i may attend key j iff j <= i (as torch SDPA's ``is_causal``).
+A mask is boolean (True = may attend) or additive float (added to the scores; -inf = masked),
+broadcastable to (B, H, N, M). Causal alignment is top-left by default: query i may attend key
+j iff j <= i (torch SDPA's ``is_causal``); bottom-right (FlashAttention, KV-cache decoding: the
+last query sees the last key) is j <= i + M - N. The kernel families turn a bottom-right call
+with N != M into an explicit mask, so backends only ever see top-left causality.
 """
 
 import torch
+
+ALIGNMENTS = ("top_left", "bottom_right")
+
+
+def causal_alignment(is_causal: bool | str) -> str | None:
+    """None (not causal), "top_left" (is_causal=True) or "bottom_right"; ValueError otherwise."""
+    if is_causal is False or is_causal is None:
+        return None
+    if is_causal is True:
+        return "top_left"
+    if is_causal in ALIGNMENTS:
+        return is_causal
+    raise ValueError(
+        f"is_causal={is_causal!r}: use False, True (top-left) or one of {', '.join(ALIGNMENTS)}"
+    )
 
 
 def causal_mask(n: int, m: int, device: torch.device | str, offset: int = 0) -> torch.Tensor:
@@ -13,14 +31,44 @@ def causal_mask(n: int, m: int, device: torch.device | str, offset: int = 0) -> 
     return torch.arange(m, device=device)[None, :] <= rows
 
 
+def is_additive(mask: torch.Tensor | None) -> bool:
+    """True for a float (additive) mask."""
+    return mask is not None and mask.dtype != torch.bool
+
+
+def restrict(mask: torch.Tensor | None, allowed: torch.Tensor) -> torch.Tensor:
+    """`mask` (bool, float or None) further restricted to the boolean `allowed`."""
+    if mask is None:
+        return allowed
+    if is_additive(mask):
+        return mask.masked_fill(~allowed, float("-inf"))
+    return mask & allowed
+
+
+def align_causal(
+    attn_mask: torch.Tensor | None, is_causal: bool | str, n: int, m: int, device
+) -> tuple[torch.Tensor | None, bool]:
+    """(mask, is_causal) with top-left causality only: a bottom-right causal call with n != m
+    becomes its explicit mask, 4-D, merged into `attn_mask` (j <= i + m - n)."""
+    alignment = causal_alignment(is_causal)
+    if alignment == "bottom_right" and n != m:
+        causal = causal_mask(n, m, device, offset=m - n).view(1, 1, n, m)
+        return restrict(attn_mask, causal), False
+    return attn_mask, alignment is not None
+
+
 def allowed_keys(
     attn_mask: torch.Tensor | None, is_causal: bool, n: int, m: int, device: torch.device
 ) -> torch.Tensor | None:
-    """The full boolean mask of a call (attn_mask and the causal mask merged), or None."""
+    """The full mask of a call (attn_mask and the causal mask merged; bool or float), or None."""
     if not is_causal:
         return attn_mask
-    causal = causal_mask(n, m, device)
-    return causal if attn_mask is None else attn_mask & causal
+    return restrict(attn_mask, causal_mask(n, m, device))
+
+
+def as_boolean(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The keys a mask lets through: a float mask's finite entries, a boolean mask itself."""
+    return mask > float("-inf") if is_additive(mask) else mask
 
 
 def unmask_empty_rows(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -29,5 +77,7 @@ def unmask_empty_rows(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Returns the new mask and `has_key` (..., N, 1) bool; multiply the kernel's output by
     `has_key` to give those rows the contract's zeros (and zero gradients).
     """
-    has_key = mask.any(dim=-1, keepdim=True)
+    has_key = as_boolean(mask).any(dim=-1, keepdim=True)
+    if is_additive(mask):
+        return mask.masked_fill(~has_key, 0.0), has_key
     return mask | ~has_key, has_key

@@ -14,7 +14,7 @@ from einops import einsum
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import repeat_kv
 from attn_zoo.kernels.softmax.family import FEATURES
-from attn_zoo.kernels.softmax.masks import allowed_keys
+from attn_zoo.kernels.softmax.masks import align_causal, allowed_keys, is_additive
 
 
 def upcast_half(x: torch.Tensor) -> torch.Tensor:
@@ -22,10 +22,13 @@ def upcast_half(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
-def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
-    """Softmax over the last dim, restricted to `allowed`; rows with nothing allowed are zero."""
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last dim under `mask` (boolean: True = allowed; float: added to the
+    scores); rows with nothing allowed are zero."""
+    if is_additive(mask):
+        scores = scores + mask
+    elif mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True).detach()
     row_max = row_max.masked_fill(row_max == float("-inf"), 0.0)
     weights = torch.exp(scores - row_max)
@@ -37,16 +40,17 @@ def attention_weights(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)
     attn_mask: torch.Tensor | None = None,
-    is_causal: bool = False,
+    is_causal: bool | str = False,
     scale: float | None = None,
 ) -> torch.Tensor:  # (B, H, N, M), float32 or wider
-    """The weights p_ij, materialised (rows with nothing allowed are zero)."""
+    """The weights p_ij, materialised (rows with nothing allowed are zero); any mask and causal
+    alignment (see masks.py)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q, k = upcast_half(q), repeat_kv(upcast_half(k), q.shape[1])
+    n, m = q.shape[2], k.shape[2]
+    attn_mask, is_causal = align_causal(attn_mask, is_causal, n, m, q.device)
     scores = einsum(q, k, "b h n d, b h m d -> b h n m") * scale
-    return masked_softmax(
-        scores, allowed_keys(attn_mask, is_causal, q.shape[2], k.shape[2], q.device)
-    )
+    return masked_softmax(scores, allowed_keys(attn_mask, is_causal, n, m, q.device))
 
 
 @register_backend("softmax", "naive", tier="naive", priority=0, capabilities=Capabilities(FEATURES))

@@ -1,7 +1,7 @@
 """Softmax attention on xformers' memory_efficient_attention (CUDA only: no CPU kernels).
 
 `xformers_inputs` converts our layout to xformers': (B, H, N, d) -> (B, N, H, d), grouped kv
-heads as 5-D (B, M, Hkv, G, d) with the group expanded, and the boolean mask to an additive
+heads as 5-D (B, M, Hkv, G, d) with the group expanded, and the mask to an additive
 bias (0 or -inf, last dim allocated to a multiple of 8 as xformers requires). It is pure torch
 and unit-tested on CPU.
 """
@@ -11,7 +11,7 @@ from einops import rearrange, repeat
 
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.softmax.family import FEATURES, LOW_AND_SINGLE
-from attn_zoo.kernels.softmax.masks import allowed_keys, unmask_empty_rows
+from attn_zoo.kernels.softmax.masks import allowed_keys, is_additive, unmask_empty_rows
 
 CAUSAL = "causal"  # stands for xformers.ops.fmha.attn_bias.LowerTriangularMask (top-left)
 
@@ -39,7 +39,10 @@ def xformers_inputs(q, k, v, attn_mask=None, is_causal=False):
     mask, has_key = unmask_empty_rows(allowed_keys(attn_mask, is_causal, n, m, q.device))
     padded = -(-m // 8) * 8
     bias = torch.zeros(b, h, n, padded, dtype=q.dtype, device=q.device)[..., :m]
-    bias.masked_fill_(~mask.expand(b, h, n, m), float("-inf"))
+    if is_additive(mask):
+        bias.copy_(mask.expand(b, h, n, m))
+    else:
+        bias.masked_fill_(~mask.expand(b, h, n, m), float("-inf"))
     if g > 1:
         bias = rearrange(bias, "b (h g) n m -> b h g n m", g=g)
     return q, k, v, bias, has_key
