@@ -32,7 +32,7 @@ from einops import rearrange
 from torch import nn
 
 from attn_zoo.kernels.softmax import softmax_attention
-from attn_zoo.mechanisms.base import AttentionMechanism
+from attn_zoo.mechanisms.base import AttentionMechanism, check_dropout, check_int
 from attn_zoo.mechanisms.registry import register_mechanism
 
 COMBINE = ("sum", "sequential")
@@ -68,7 +68,12 @@ class AxialAttention(AttentionMechanism):
         dropout: float = 0.0,
         backend: str = "auto",
     ):
-        if n_heads < 1 or (head_dim is None and d_model % n_heads):
+        check_int("d_model", d_model)
+        check_int("n_heads", n_heads)
+        check_int("n_axes", n_axes)
+        check_int("head_dim", head_dim, optional=True)
+        check_dropout(dropout)
+        if head_dim is None and d_model % n_heads:
             raise ValueError(
                 f"n_heads={n_heads}: must be >= 1 and divide d_model={d_model} (or give head_dim)"
             )

@@ -15,6 +15,22 @@ from attn_zoo.kernels.dispatch import family
 from attn_zoo.names import unknown_name_error
 
 
+def check_int(name: str, value: object, low: int = 1, optional: bool = False) -> None:
+    """ValueError naming `name` unless `value` is an int >= `low` (or None when `optional`);
+    bools are not ints here."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        none = " or None" if optional else ""
+        raise ValueError(f"{name}={value!r}: must be an integer >= {low}{none}")
+
+
+def check_dropout(dropout: object) -> None:
+    """ValueError unless 0 <= dropout < 1."""
+    if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
+        raise ValueError(f"dropout={dropout!r}: must be a number in [0, 1)")
+
+
 class AttentionMechanism(nn.Module):
     """Subclasses set `kernel_family` (the kernel they call) and call ``super().__init__(backend)``.
 

@@ -18,7 +18,7 @@ import torch
 
 from attn_zoo.kernels.dispatch import TIERS
 from attn_zoo.kernels.rotary import Rotary
-from attn_zoo.mechanisms.base import AttentionMechanism
+from attn_zoo.mechanisms.base import AttentionMechanism, check_int
 from attn_zoo.mechanisms.registry import MECHANISMS, register_mechanism
 from attn_zoo.mechanisms.relational import RelationalAttention, retriever_or_none
 from attn_zoo.mechanisms.standard import StandardAttention
@@ -43,7 +43,9 @@ class DualAttention(AttentionMechanism):
         symbol_retrieval_kwargs: dict | None = None,
         backend: str = "auto",
     ):
-        if n_heads_sa < 0 or n_heads_ra < 0 or n_heads_sa + n_heads_ra == 0:
+        check_int("n_heads_sa", n_heads_sa, low=0)
+        check_int("n_heads_ra", n_heads_ra, low=0)
+        if n_heads_sa + n_heads_ra == 0:
             raise ValueError(
                 f"n_heads_sa={n_heads_sa}, n_heads_ra={n_heads_ra}: need >= 0 each, > 0 in total"
             )

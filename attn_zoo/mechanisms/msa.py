@@ -37,7 +37,7 @@ from einops import rearrange
 from torch import nn
 
 from attn_zoo.kernels.softmax import softmax_attention
-from attn_zoo.mechanisms.base import AttentionMechanism
+from attn_zoo.mechanisms.base import AttentionMechanism, check_dropout
 from attn_zoo.mechanisms.registry import register_mechanism
 from attn_zoo.mechanisms.standard import check_heads
 
@@ -52,6 +52,7 @@ class MSAAttention(AttentionMechanism):
         self, d_model: int, n_heads: int, dropout: float, bias: bool, backend: str
     ) -> None:
         check_heads(d_model, n_heads, None, None)
+        check_dropout(dropout)
         super().__init__(backend)
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.dropout = dropout

@@ -28,7 +28,7 @@ from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
 from attn_zoo.kernels.relational.naive import relation_tensor
 from attn_zoo.kernels.rotary import Rotary
 from attn_zoo.kernels.softmax.naive import attention_weights
-from attn_zoo.mechanisms.base import AttentionMechanism
+from attn_zoo.mechanisms.base import AttentionMechanism, check_dropout, check_int
 from attn_zoo.mechanisms.registry import register_mechanism
 from attn_zoo.mechanisms.standard import check_heads
 from attn_zoo.symbols import RelativeSymbols, build_symbol_retriever, list_symbol_retrievers
@@ -62,6 +62,9 @@ class RelationalAttention(AttentionMechanism):
         backend: str = "auto",
     ):
         check_heads(d_model, n_heads, n_kv_heads, total_n_heads)
+        for name, value in (("n_relations", n_relations), ("key_dim", key_dim)):
+            check_int(name, value, optional=True)
+        check_dropout(dropout)
         if rel_activation not in REL_ACTIVATIONS:
             raise ValueError(
                 f"rel_activation={rel_activation!r}: valid are {sorted(REL_ACTIVATIONS)}"

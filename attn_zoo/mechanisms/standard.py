@@ -20,12 +20,16 @@ from torch import nn
 from attn_zoo.kernels.rotary import Rotary
 from attn_zoo.kernels.softmax import softmax_attention
 from attn_zoo.kernels.softmax.naive import attention_weights
-from attn_zoo.mechanisms.base import AttentionMechanism
+from attn_zoo.mechanisms.base import AttentionMechanism, check_dropout, check_int
 from attn_zoo.mechanisms.registry import register_mechanism
 
 
 def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None, total_n_heads: int | None):
     """Validate a head layout; raises ValueError naming the argument and what would be valid."""
+    check_int("d_model", d_model)
+    check_int("n_heads", n_heads)
+    check_int("n_kv_heads", n_kv_heads, optional=True)
+    check_int("total_n_heads", total_n_heads, optional=True)
     total = n_heads if total_n_heads is None else total_n_heads
     if n_heads < 1 or total < n_heads:
         raise ValueError(f"n_heads={n_heads}: must be >= 1 and <= total_n_heads={total}")
@@ -52,6 +56,8 @@ class StandardAttention(AttentionMechanism):
         backend: str = "auto",
     ):
         check_heads(d_model, n_heads, n_kv_heads, total_n_heads)
+        check_int("key_dim", key_dim, optional=True)
+        check_dropout(dropout)
         super().__init__(backend)
         self.n_heads = n_heads
         self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
