@@ -7,7 +7,7 @@ m.backend = "chunked"                          # same parameters, other kernel
 """
 
 from attn_zoo import mechanisms  # noqa: F401  (registers the built-in mechanisms)
-from attn_zoo.kernels import Capabilities, UnsupportedCallError, register_backend
+from attn_zoo.kernels import Capabilities, UnsupportedCallError, explain, register_backend
 from attn_zoo.mechanisms.base import AttentionMechanism
 from attn_zoo.mechanisms.registry import (
     backend_status,
@@ -27,6 +27,7 @@ __all__ = [
     "UnsupportedCallError",
     "backend_status",
     "build",
+    "explain",
     "list_backends",
     "list_mechanisms",
     "mechanism_kwargs",

@@ -3,8 +3,12 @@
 from attn_zoo.kernels.dispatch import (
     Call,
     Capabilities,
+    Choice,
     UnsupportedCallError,
+    define_family,
+    explain,
     family,
+    recording_choices,
     register_backend,
 )
 from attn_zoo.kernels.softmax import softmax_attention
@@ -12,8 +16,12 @@ from attn_zoo.kernels.softmax import softmax_attention
 __all__ = [
     "Call",
     "Capabilities",
+    "Choice",
     "UnsupportedCallError",
+    "define_family",
+    "explain",
     "family",
+    "recording_choices",
     "register_backend",
     "softmax_attention",
 ]

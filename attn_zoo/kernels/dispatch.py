@@ -21,7 +21,8 @@ capabilities a backend declares are the only source of its refusals.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -61,7 +62,22 @@ class Call:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend serves. `why` explains a refusal, keyed by feature or device name."""
+    """What a backend serves. `why` explains a refusal, keyed by feature or device name.
+
+    Feature names (a call needs those its inputs use; see each family's family.py):
+      grad              inputs require grad (a backward is needed)
+      mask, float_mask  an attention mask; float_mask: an additive float one
+      key_mask          (linear, additive) a mask that is the same for every query
+      causal            top-left causality (bottom-right with N != M arrives as a mask)
+      dropout           dropout on the attention weights
+      dv_ne_dk          value head width != key head width (softmax, linear)
+      gqa               fewer key/value heads than query heads
+      rel_activation    (relational) a relation activation other than identity
+      relative_symbols  (relational) symbol values by relative position, v_rel
+      no_keys           (relational) M = 0 keys
+    devices: device types ("cpu", "cuda"); dtypes: served dtypes; grad_devices: devices with
+    a backward (None: all).
+    """
 
     features: frozenset[str]
     devices: frozenset[str] = frozenset({"cpu", "cuda"})
@@ -169,6 +185,8 @@ class KernelFamily:
         for backend in self.candidates(name, call.device):
             reason = backend.refusal(call)
             if reason is None:
+                for record in _RECORDS:
+                    record.append(Choice(self.name, name, backend.name, call, dict(refused)))
                 return backend
             refused.append((backend.name, reason))
             if name != backend.name and (backend.name, reason) not in self._logged:
@@ -191,6 +209,48 @@ class KernelFamily:
             return False, str(err)
         picked = "" if backend.name == name else f" (picks {backend.name!r})"
         return True, f"available on {device}{picked}"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One backend choice: the family, the name asked for, the backend chosen, the call, and
+    why each backend tried before it was refused."""
+
+    family: str
+    asked: str
+    chosen: str
+    call: Call
+    refused: dict[str, str]
+
+    def __str__(self) -> str:
+        call = f"{self.call.device}, {str(self.call.dtype).removeprefix('torch.')}, " + (
+            f"features {sorted(self.call.features)}"
+        )
+        line = f"{self.family}: {self.asked!r} -> {self.chosen!r} ({call})"
+        return line + "".join(f"\n  skipped {b!r}: {r}" for b, r in self.refused.items())
+
+
+_RECORDS: list[list[Choice]] = []  # lists being filled by `recording_choices`
+
+
+@contextmanager
+def recording_choices() -> Iterator[list[Choice]]:
+    """Collect every backend choice made inside the block, in order."""
+    record: list[Choice] = []
+    _RECORDS.append(record)
+    try:
+        yield record
+    finally:
+        _RECORDS.remove(record)
+
+
+def explain(fn: Callable, *args, **kwargs) -> list[Choice]:
+    """Call `fn(*args, **kwargs)` (a module, a kernel function, a model) and return the backend
+    choices it made: which backend served each kernel call and why the ones before it were
+    refused. ``print(*explain(m, x, is_causal=True), sep="\n")``."""
+    with recording_choices() as choices:
+        fn(*args, **kwargs)
+    return choices
 
 
 FAMILIES: Registry[KernelFamily] = Registry("kernel family")
