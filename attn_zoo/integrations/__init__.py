@@ -1,0 +1,1 @@
+"""Other libraries' models running our kernels (each module imports its library lazily)."""
