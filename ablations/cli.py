@@ -159,31 +159,14 @@ def _load_grid(path: str, overrides: list[str]):
 
 def _cell_table(spec) -> pd.DataFrame:
     """One row per cell of `spec`: its labels, status in the store and main metrics."""
-    import pandas as pd
-
-    from ablations.store import ResultsStore, StoreError, config_key
+    from ablations.status import grid_status
+    from ablations.store import StoreError
 
     try:  # read-only: status and dry runs never create or change a store
-        store = ResultsStore(spec.store, readonly=True) if spec.store.exists() else None
-        rows = {row["key"]: row for row in store.rows()} if store else {}
+        frame = grid_status(spec)
     except StoreError as err:
         raise SystemExit(f"error: {err}") from None
-    records = []
-    for cell in spec.cells():
-        row = rows.get(config_key(cell.config()), {})
-        metrics = row.get("metrics") or {}
-        records.append(
-            {
-                "task": cell.task,
-                "size": cell.size["label"],
-                "mechanism": cell.mechanism,
-                "seed": cell.seed,
-                "status": row.get("status", "todo"),
-                "steps": metrics.get("steps"),
-                "test_acc": metrics.get("test_acc"),
-            }
-        )
-    return pd.DataFrame(records).astype({"steps": "Int64"})
+    return frame.drop(columns=["key", "error"])
 
 
 def _ablate_run(args: argparse.Namespace) -> int:

@@ -54,9 +54,11 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
+import os
+import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -66,6 +68,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from ablations.store import config_key
 from ablations.tasks import build_task, list_tasks, task_arguments
 from attn_zoo.mechanisms.registry import MECHANISMS, list_mechanisms
 from attn_zoo.models.block import build_attention
@@ -114,6 +117,12 @@ def _float(valid: str, ok: Callable[[float], bool]) -> Rule:
 
 
 LABEL = Rule(str, "a non-empty str", lambda v: v != "")
+# A grid name names files (results/<name>.sqlite, reports/<name>/): no path, no hidden file
+NAME = Rule(
+    str,
+    "a file-name-safe str: letters, digits, '_', '-', '.', not starting with '.'",
+    lambda v: re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*", v) is not None,
+)
 SEED = Rule(int, "int in [0, 2**63)", lambda v: 0 <= v < 2**63)
 STORE = Rule(str, "a non-empty str (a path, relative to the grid file's folder)", lambda v: v != "")
 SCHEDULES = ("cosine", "constant")
@@ -140,7 +149,7 @@ SIZE_KEYS = {
 TOP_LEVEL = (
     "name", "seeds", "store", "checkpoints", "tasks", "sizes", "mechanisms", "training", "grid"
 )  # fmt: skip
-TOP_LEVEL_VALUES = {"name": LABEL, "store": STORE, "checkpoints": Rule(bool, "a bool")}
+TOP_LEVEL_VALUES = {"name": NAME, "store": STORE, "checkpoints": Rule(bool, "a bool")}
 ENTRY_KEYS = {"tasks": ("name", "label", "kwargs"), "mechanisms": ("label", "name", "kwargs")}
 REQUIRED = {"tasks": ("name",), "sizes": ("label", "d_model", "n_layers"), "mechanisms": ("name",)}
 AXES = ("task", "size", "mechanism", "seed")
@@ -163,7 +172,23 @@ class Cell:
 
     def config(self) -> dict:
         """The resolved config that keys the cell in the results store."""
-        return {k: v for k, v in self.__dict__.items()}
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def key(self) -> str:
+        """The cell's key in the results store: a hash of its resolved config."""
+        return config_key(self.config())
+
+    @property
+    def labels(self) -> dict:
+        """Where the cell sits in the grid: task, size and mechanism labels, and seed."""
+        return {
+            "task": self.task, "size": self.size["label"], "mechanism": self.mechanism,
+            "seed": self.seed,
+        }  # fmt: skip
+
+    def __str__(self) -> str:
+        return " / ".join(str(v) for v in self.labels.values())
 
 
 @dataclass
@@ -431,7 +456,7 @@ def load_grid(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
         path,
         raw["name"],
         seeds,
-        path.parent / raw.get("store", f"results/{raw['name']}.sqlite"),
+        Path(os.path.normpath(path.parent / raw.get("store", f"results/{raw['name']}.sqlite"))),
         raw["tasks"],
         raw["sizes"],
         raw["mechanisms"],

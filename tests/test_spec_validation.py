@@ -104,7 +104,15 @@ DEFECTS = [
     # top level
     ("store-int", 'store = "out/v.sqlite"', "store = 5", [], ["store = 5", "non-empty str"]),
     ("store-empty", 'store = "out/v.sqlite"', 'store = ""', [], ["store = ''", "non-empty str"]),
-    ("name-int", 'name = "v"', "name = 5", [], ["name = 5", "non-empty str"]),
+    ("name-int", 'name = "v"', "name = 5", [], ["name = 5", "file-name-safe str"]),
+    (
+        "name-path",
+        'name = "v"',
+        'name = "../../../victim"',
+        [],
+        ["name = '../../../victim'", "file-name-safe"],
+    ),
+    ("name-hidden", 'name = "v"', 'name = ".v"', [], ["name = '.v'", "not starting with '.'"]),
     ("checkpoints", "checkpoints = false", 'checkpoints = "yes"', [], ["checkpoints", "bool"]),
     ("seeds-dup", "seeds = [0, 1]", "seeds = [0, 0]", [], ["seeds[1] = 0", "distinct"]),
     ("seeds-str", "seeds = [0, 1]", 'seeds = [0, "1"]', [], ["seeds[1] = '1'", "int in [0"]),

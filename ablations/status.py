@@ -1,0 +1,41 @@
+"""Each cell's status in the store: one function for `ablate run`, `ablate status` and dry runs.
+
+    frame = grid_status(spec)      # one row per cell of the grid, in grid order
+    frame[frame.status == "todo"]  # never started (or given back by an interrupted run)
+
+Statuses: todo, running (claimed by a run, live or dead), done, failed, diverged. The store is
+opened read-only and never created; a store that does not exist yet means every cell is todo.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ablations.spec import GridSpec
+from ablations.store import ResultsStore, error_summary
+
+COLUMNS = ["key", "task", "size", "mechanism", "seed", "status", "steps", "test_acc", "error"]
+
+
+def grid_status(spec: GridSpec) -> pd.DataFrame:
+    """One row per cell of `spec` (columns `COLUMNS`): its key, labels, status and main
+    metrics (steps trained, test accuracy) or the last line of its error."""
+    rows = {}
+    if spec.store.exists():
+        rows = {row["key"]: row for row in ResultsStore(spec.store, readonly=True).rows()}
+    records = []
+    for cell in spec.cells():
+        row = rows.get(cell.key, {})
+        metrics = row.get("metrics") or {}
+        error = row.get("error")
+        records.append(
+            {
+                "key": cell.key,
+                **cell.labels,
+                "status": row.get("status", "todo"),
+                "steps": metrics.get("steps"),
+                "test_acc": metrics.get("test_acc"),
+                "error": error_summary(error) if error else None,
+            }
+        )
+    return pd.DataFrame(records, columns=COLUMNS).astype({"steps": "Int64", "test_acc": float})
