@@ -1,0 +1,371 @@
+"""Stopping a grid run: SIGINT (Ctrl-C) or SIGTERM ends `attn-zoo ablate run` within seconds
+with exit code 130 or 143 and a one-line summary, no worker process left behind, the cells in
+flight released (the next run trains them) and the finished ones kept; a second SIGINT exits at
+once; a SIGKILLed driver takes its workers with it; losing Ray's progress channel costs the
+progress lines only. Real processes, real signals; the grid's slow cells (about a minute each
+here) could not finish within the timeouts, so a run that stops in time really stopped them."""
+
+import contextlib
+import io
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ablations import runner
+from ablations.spec import load_grid
+from ablations.store import ResultsStore, StoreError
+
+# 2 fast cells (same_pair, a few seconds), then 2 slow ones (mqar over 1024 tokens, a minute).
+GRID = """
+name = "interrupt"
+seeds = [0, 1]
+store = "{store}"
+
+[[tasks]]
+name = "same_pair"
+kwargs = {{ n_train = 128, n_validation = 32, n_test = 32 }}
+
+[[tasks]]
+name = "mqar"
+kwargs = {{ seq_len = 1024, num_kv_pairs = 4, n_train = 256, n_validation = 32, n_test = 32 }}
+
+[[sizes]]
+label = "xs"
+d_model = 16
+n_layers = 1
+
+[[mechanisms]]
+label = "std"
+name = "standard"
+kwargs = {{ n_heads = 2 }}
+
+[training]
+steps = 300
+eval_every = 150  # no progress report within the tests' window: stopping must not wait for one
+batch_size = 16
+"""
+
+SUMMARY = re.compile(
+    r"interrupted \((SIGINT|SIGTERM)\): (\d+) finished, (\d+) released, (\d+) not started; "
+    r"run again to resume"
+)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def grid_file(tmp_path: Path) -> Path:
+    path = tmp_path / "grid.toml"
+    path.write_text(GRID.format(store=tmp_path / "grid.sqlite"))
+    return path
+
+
+def rows(store: Path) -> list[dict]:
+    try:
+        return list(ResultsStore(store, readonly=True).rows())
+    except (FileNotFoundError, StoreError):  # not created yet
+        return []
+
+
+def start(tmp_path: Path, *args: str, code: str | None = None) -> subprocess.Popen:
+    """The CLI (or `code` given the CLI's arguments) in a session of its own, its output in
+    tmp_path/out.txt and err.txt."""
+    head = ["-c", code, "ablate", "run"] if code else ["-m", "ablations.cli", "ablate", "run"]
+    with (tmp_path / "out.txt").open("w") as out, (tmp_path / "err.txt").open("w") as err:
+        run = subprocess.Popen(
+            [sys.executable, *head, *args, "--interval", "1"],
+            cwd=ROOT,
+            start_new_session=True,
+            stdout=out,
+            stderr=err,
+        )
+    run.folder = tmp_path
+    return run
+
+
+def wait_for(run: subprocess.Popen, condition, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert run.poll() is None, f"the run ended early: {output(run)}"
+        assert time.monotonic() < deadline, f"timed out waiting: {output(run)}"
+        time.sleep(0.2)
+
+
+def output(run: subprocess.Popen) -> str:
+    return (run.folder / "out.txt").read_text() + (run.folder / "err.txt").read_text()
+
+
+def session(sid: int) -> list[str]:
+    """The live (not zombie) processes of session `sid`, as their /proc stat lines."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        state, _, _, sid_of = stat.rsplit(")", 1)[1].split()[:4]
+        if int(sid_of) == sid and state != "Z":
+            found.append(stat[:80])
+    return found
+
+
+def no_process_left(sid: int, timeout: float = 10.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (left := session(sid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def kill_session(run: subprocess.Popen) -> None:
+    """Cleanup after a failed assertion: nothing of the run may go on training."""
+    for pid in [int(stat.split()[0]) for stat in session(run.pid)]:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    run.wait()
+
+
+def fake_outcome(config: dict, threads: int, progress=None, keep_state: bool = False) -> dict:
+    return dict(status="done", metrics={"test_acc": 1.0, "steps": 1})
+
+
+def slow_cells(store: Path, status: str) -> list[dict]:
+    return [r for r in rows(store) if r["status"] == status and r["config"]["task"] == "mqar"]
+
+
+def done_rows(store: Path) -> dict[str, float]:
+    return {r["key"]: r["finished"] for r in rows(store) if r["status"] == "done"}
+
+
+RUNS = [
+    pytest.param("local", 1, signal.SIGINT, id="thread-ctrl-c"),
+    pytest.param("local", 1, signal.SIGTERM, id="thread-sigterm"),
+    pytest.param("local", 2, signal.SIGINT, id="processes-ctrl-c"),
+    pytest.param("local", 2, signal.SIGTERM, id="processes-sigterm"),
+    pytest.param("ray", 2, signal.SIGINT, id="ray-ctrl-c"),
+]
+
+
+@pytest.mark.parametrize("executor, workers, signum", RUNS)
+def test_a_signal_stops_the_run_within_seconds_and_a_rerun_finishes_it(
+    tmp_path, monkeypatch, executor, workers, signum
+):
+    if executor == "ray":
+        pytest.importorskip("ray")
+    path = grid_file(tmp_path)
+    store = load_grid(path).store
+    run = start(tmp_path, str(path), "--executor", executor, "--workers", str(workers))
+    try:
+        # both fast cells done, a slow one training
+        wait_for(run, lambda: len(done_rows(store)) == 2 and slow_cells(store, "running"))
+        time.sleep(2.0)
+        finished_before = done_rows(store)
+        if signum == signal.SIGINT:  # Ctrl-C: the terminal signals the whole process group
+            os.killpg(run.pid, signum)
+        else:  # kill PID: the driver alone
+            os.kill(run.pid, signum)
+        sent = time.monotonic()
+        code = run.wait(timeout=20)
+        print(f"\n{executor} x{workers} {signum.name}: exited {time.monotonic() - sent:.1f} s "
+              "after the signal")  # fmt: skip
+        assert code == 128 + signum, output(run)
+        assert no_process_left(run.pid) == []
+    finally:
+        kill_session(run)
+
+    lines = (tmp_path / "out.txt").read_text().strip().splitlines()
+    summary = SUMMARY.fullmatch(lines[-1])
+    assert summary, output(run)
+    name, finished, released, not_started = summary.groups()
+    assert name == signum.name and int(finished) == 2 and int(released) >= 1
+    assert int(released) + int(not_started) == 2
+    assert "Traceback" not in output(run)
+    after = rows(store)
+    assert [r["status"] for r in after] == ["done", "done"]  # in flight: released (deleted)
+    assert done_rows(store) == finished_before
+
+    # a rerun trains exactly the two cells left (outcomes faked: the point is that it may)
+    monkeypatch.setattr(runner, "run_cell", fake_outcome)
+    counts = runner.run_grid(load_grid(path), workers=1, out=io.StringIO())
+    assert counts == {"done": 2, "failed": 0, "diverged": 0}
+    assert len(rows(store)) == 4 and {r["status"] for r in rows(store)} == {"done"}
+    assert {k: v for k, v in done_rows(store).items() if k in finished_before} == finished_before
+
+
+# The training thread below never reports progress nor calls a module, so the first SIGINT's
+# shutdown waits for it (STOP_GRACE, made long here); the second SIGINT must not wait.
+STUBBORN = """
+import sys, time
+from ablations import runner
+from ablations.cli import main
+
+def stubborn(cell, on_progress=None, keep_state=False):
+    while True:
+        time.sleep(0.05)
+
+runner.STOP_GRACE = 300.0
+runner.train_cell = stubborn
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_second_ctrl_c_during_a_slow_shutdown_exits_at_once(tmp_path, monkeypatch):
+    path = grid_file(tmp_path)
+    store = load_grid(path).store
+    run = start(tmp_path, str(path), "--workers", "1", code=STUBBORN)
+    try:
+        wait_for(run, lambda: any(r["status"] == "running" for r in rows(store)))
+        os.killpg(run.pid, signal.SIGINT)
+        wait_for(run, lambda: "stopping the workers" in output(run), timeout=20)
+        time.sleep(1.0)
+        assert run.poll() is None  # the shutdown is waiting for the thread
+        os.killpg(run.pid, signal.SIGINT)
+        sent = time.monotonic()
+        code = run.wait(timeout=10)
+        print(f"\nsecond SIGINT: exited {time.monotonic() - sent:.2f} s after it")
+        assert code == 130
+        assert "SIGINT again: exiting now" in output(run)
+        assert no_process_left(run.pid) == []
+    finally:
+        kill_session(run)
+    # its claim was left in flight; the next run takes over a dead run's claims
+    monkeypatch.setattr(runner, "run_cell", fake_outcome)
+    assert runner.run_grid(load_grid(path), workers=1, out=io.StringIO())["done"] == 4
+
+
+def test_workers_die_with_a_sigkilled_driver(tmp_path):
+    path = grid_file(tmp_path)
+    store = load_grid(path).store
+    run = start(tmp_path, str(path), "--workers", "2")
+    try:
+        wait_for(run, lambda: len([r for r in rows(store) if r["status"] == "running"]) == 2)
+        time.sleep(2.0)  # both workers training
+        assert len(session(run.pid)) >= 3  # driver and two workers
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait(timeout=10)
+        assert no_process_left(run.pid) == []
+    finally:
+        kill_session(run)
+
+
+def test_ctrl_c_while_the_workers_start_stops_quietly(tmp_path):
+    path = grid_file(tmp_path)
+    store = load_grid(path).store
+    run = start(tmp_path, str(path), "--workers", "2")
+    try:  # both cells claimed: their workers are being spawned (importing torch takes seconds)
+        wait_for(run, lambda: len([r for r in rows(store) if r["status"] == "running"]) == 2)
+        os.killpg(run.pid, signal.SIGINT)
+        assert run.wait(timeout=20) == 130
+        assert no_process_left(run.pid) == []
+    finally:
+        kill_session(run)
+    assert "Traceback" not in output(run)  # workers start with SIGINT blocked, then ignore it
+    assert "interrupted (SIGINT): 0 finished, 2 released, 2 not started" in output(run)
+    assert rows(store) == []
+
+
+def test_a_cell_the_executor_lost_is_released_not_recorded_failed(tmp_path, monkeypatch):
+    path = grid_file(tmp_path)
+    monkeypatch.setattr(runner, "check_cells", lambda spec: None)
+    monkeypatch.setattr(runner, "run_cell", fake_outcome)
+    real_wait = runner.LocalExecutor.wait
+    lost = []
+
+    def lose_the_first(self, handles, timeout):
+        out = real_wait(self, handles, timeout)
+        if out and not lost:
+            lost.append(True)
+            return [(out[0][0], {"status": runner.LOST, "error": "WorkerCrashedError: gone"})]
+        return out
+
+    monkeypatch.setattr(runner.LocalExecutor, "wait", lose_the_first)
+    out = io.StringIO()
+    spec = load_grid(path)
+    assert runner.run_grid(spec, workers=1, out=out) == {"done": 3, "failed": 0, "diverged": 0}
+    assert "released same_pair/xs/std/seed0: WorkerCrashedError: gone" in out.getvalue()
+    assert len(rows(spec.store)) == 3  # the lost cell's claim was given back
+    assert runner.run_grid(spec, workers=1, out=io.StringIO())["done"] == 1  # a plain rerun
+
+
+TINY = """
+name = "tiny"
+seeds = [0]
+store = "{store}"
+
+[[tasks]]
+name = "same_pair"
+kwargs = {{ n_train = 128, n_validation = 32, n_test = 32 }}
+
+[[sizes]]
+label = "xs"
+d_model = 16
+n_layers = 1
+
+[[mechanisms]]
+label = "std"
+name = "standard"
+kwargs = {{ n_heads = 2 }}
+
+[[mechanisms]]
+label = "std4"
+name = "standard"
+kwargs = {{ n_heads = 4 }}
+
+[training]
+steps = 400
+eval_every = 5
+batch_size = 16
+"""
+
+
+def test_ray_progress_actor_killed_midway_every_cell_still_done(tmp_path, monkeypatch):
+    ray = pytest.importorskip("ray")
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY.format(store=tmp_path / "tiny.sqlite"))
+    spec = load_grid(path)
+    real_drain = runner.RayExecutor.drain
+    killed = []
+
+    def drain_then_kill(self):
+        events = real_drain(self)
+        if events and not killed:  # a cell is training and reporting: cut the channel
+            ray.kill(self.progress.actor)
+            killed.append(events)
+        return events
+
+    monkeypatch.setattr(runner.RayExecutor, "drain", drain_then_kill)
+    out = io.StringIO()
+    counts = runner.run_grid(spec, executor="ray", workers=2, out=out)
+    assert killed and counts == {"done": 2, "failed": 0, "diverged": 0}, out.getvalue()
+    assert max(step for _, step, _ in killed[0]) < 400  # killed while the cells trained
+    assert [r["status"] for r in rows(spec.store)] == ["done", "done"]
+    assert "note: progress channel lost" in out.getvalue()
+    assert not ray.is_initialized()
+
+
+def test_a_worker_process_killed_from_outside_loses_its_cell_not_the_grid(tmp_path, monkeypatch):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY.format(store=tmp_path / "tiny.sqlite"))
+    spec = load_grid(path)
+    real_drain = runner.LocalExecutor.drain
+    killed = []
+
+    def drain_then_kill(self):
+        events = real_drain(self)
+        if events and not killed:  # a worker is training: kill it as the OOM killer would
+            busy = next(worker for worker in self.workers if worker.busy)
+            os.kill(busy.process.pid, signal.SIGKILL)
+            killed.append(busy.process.pid)
+        return events
+
+    monkeypatch.setattr(runner.LocalExecutor, "drain", drain_then_kill)
+    out = io.StringIO()
+    counts = runner.run_grid(spec, workers=2, out=out)
+    assert killed and counts == {"done": 1, "failed": 0, "diverged": 0}, out.getvalue()
+    assert f"WorkerDied: worker process {killed[0]} died (SIGKILL)" in out.getvalue()
+    assert [r["status"] for r in rows(spec.store)] == ["done"]  # the lost cell was released
+    monkeypatch.undo()
+    assert runner.run_grid(spec, workers=1, out=io.StringIO())["done"] == 1  # a plain rerun
