@@ -217,19 +217,37 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+class Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, unless the default is None or False (the
+    help then says what happens without it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        skip = action.default in (None, False, argparse.SUPPRESS) or action.default == []
+        if skip or "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="attn-zoo", description="attn_zoo command line")
+    p = argparse.ArgumentParser(
+        prog="attn-zoo", description="attn_zoo: benchmarks and ablation grids", formatter_class=Help
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("bench", help="time and peak memory of every backend over N")
-    b.add_argument("--suite", nargs="+", choices=SUITES, default=list(SUITES))
-    b.add_argument("--lengths", type=COUNT, nargs="+", default=None, help="default per suite")
-    b.add_argument("--repeats", type=COUNT, default=5)
-    b.add_argument("--no-causal", action="store_true")
+    b = sub.add_parser(
+        "bench", help="time and peak memory of every backend over N", formatter_class=Help,
+        description="Time (median of interleaved repeats) and peak memory of the backends.",
+    )  # fmt: skip
+    b.add_argument("--suite", nargs="+", choices=SUITES, default=list(SUITES),
+                   help="which suites to run (default: all)")  # fmt: skip
+    b.add_argument("--lengths", type=COUNT, nargs="+", default=None,
+                   help="sequence lengths N (without: each suite's own list)")  # fmt: skip
+    b.add_argument("--repeats", type=COUNT, default=5, help="timed repeats per workload")
+    b.add_argument("--no-causal", action="store_true", help="time non-causal attention only")
     b.add_argument(
         "--also-non-causal", action="store_true",
         help="measure each suite causal, then non-causal (tables <suite>, <suite>_noncausal)",
     )  # fmt: skip
-    b.add_argument("--device", default="cpu")
+    b.add_argument("--device", default="cpu", help="torch device to run on")
     b.add_argument("--no-memory", action="store_true", help="skip the peak memory measurement")
     b.add_argument("--csv-dir", default=None, help="also write bench_<suite>.csv files here")
     b.add_argument(
@@ -237,55 +255,75 @@ def parser() -> argparse.ArgumentParser:
         help="also write a report here: report.md, index.html, CSVs and plots",
     )  # fmt: skip
     k = b.add_argument_group("softmax suite")
-    k.add_argument("--backends", nargs="+", default=None, help="default: all usable here")
-    k.add_argument("--batch", type=COUNT, default=1)
-    k.add_argument("--heads", type=COUNT, default=8)
-    k.add_argument("--head-dim", type=COUNT, default=64)
-    k.add_argument("--dtype", choices=DTYPES, default="float32")
+    k.add_argument("--backends", nargs="+", default=None,
+                   help="softmax backends to time (without: all usable here)")  # fmt: skip
+    k.add_argument("--batch", type=COUNT, default=1, help="batch size B")
+    k.add_argument("--heads", type=COUNT, default=8, help="attention heads H")
+    k.add_argument("--head-dim", type=COUNT, default=64, help="head width d")
+    k.add_argument("--dtype", choices=DTYPES, default="float32", help="input dtype")
     r = b.add_argument_group("relational and dual suites")
-    r.add_argument("--d-model", type=COUNT, default=512)
+    r.add_argument("--d-model", type=COUNT, default=512, help="layer width d_model")
     r.add_argument(
         "--ra-heads", type=COUNT, default=4, help="relational heads (dual: and as many standard)"
     )
     r.add_argument(
         "--ra-backends", nargs="+", default=None,
-        help="our backends to time (default: auto and all); reference and standard_sdpa always",
+        help="our backends to time (without: auto and all); reference and standard_sdpa always",
     )  # fmt: skip
     b.set_defaults(func=_bench)
 
-    a = sub.add_parser("ablate", help="run grids of mechanism x size x task x seed")
+    a = sub.add_parser("ablate", help="run grids of mechanism x size x task x seed",
+                       formatter_class=Help)  # fmt: skip
     asub = a.add_subparsers(dest="action", required=True)
-    run = asub.add_parser("run", help="train every unfinished cell of a grid (resumable)")
-    status = asub.add_parser("status", help="the status and metrics of every cell of a grid")
+    run = asub.add_parser(
+        "run", help="train every unfinished cell of a grid (resumable)", formatter_class=Help,
+        description="Train every cell of the grid that is not finished. Runs on one store may "
+        "overlap: each cell is claimed by one run. Ctrl-C or SIGTERM stops within seconds and "
+        "gives the cells in flight back; run again to resume.",
+    )  # fmt: skip
+    status = asub.add_parser(
+        "status", help="the status and metrics of every cell of a grid", formatter_class=Help,
+        description="Every cell's status and metrics; reads the store without writing it.",
+    )  # fmt: skip
     for q in (run, status):
         q.add_argument("grid", help="a grid spec (TOML), e.g. ablations/grids/demo.toml")
         q.add_argument(
             "--set", action="append", default=[], metavar="KEY=VALUE",
             help="override a spec value, e.g. --set training.steps=50 (repeatable)",
         )  # fmt: skip
-    run.add_argument("--executor", choices=("local", "ray"), default="local")
-    run.add_argument("--address", default=None, help="Ray cluster address (default: local Ray)")
-    run.add_argument("--workers", type=COUNT, default=None, help="parallel cells (default: cores)")
-    run.add_argument("--dry-run", action="store_true", help="list the cells, train nothing")
-    run.add_argument("--retry-failed", action="store_true", help="run failed cells again")
+    run.add_argument("--executor", choices=("local", "ray"), default="local",
+                     help="local processes on this machine, or a Ray cluster")  # fmt: skip
+    run.add_argument("--address", default=None,
+                     help="Ray cluster address (without: a local Ray instance)")  # fmt: skip
+    run.add_argument("--workers", type=COUNT, default=None,
+                     help="cells trained at once (without: one per core)")  # fmt: skip
+    run.add_argument("--dry-run", action="store_true",
+                     help="list the cells and their status, train nothing")  # fmt: skip
+    run.add_argument("--retry-failed", action="store_true",
+                     help="train failed cells again (done and diverged ones never)")  # fmt: skip
     run.add_argument(
-        "--interval",
-        type=number(float, 0, low_open=True),
-        default=10.0,
-        help="seconds between status lines",
-    )
+        "--interval", type=number(float, 0, low_open=True), default=10.0,
+        help="seconds between status lines when not on a terminal",
+    )  # fmt: skip
     run.set_defaults(func=_ablate_run)
     status.set_defaults(func=_ablate_status)
 
-    r = sub.add_parser("report", help="tables, plots, markdown and HTML of a grid's results")
+    r = sub.add_parser(
+        "report", help="tables, plots, markdown and HTML of a grid's results", formatter_class=Help,
+        description="Write a grid's report (report.md, index.html, CSVs, plots) into a folder "
+        "that belongs to the report: it is replaced whole.",
+    )  # fmt: skip
     r.add_argument("source", help="a grid spec (.toml) or its results store (.sqlite)")
-    r.add_argument("--out", default=None, help="folder to write (default: reports/<grid name>)")
+    r.add_argument("--out", default=None,
+                   help="folder to write (without: reports/<grid name>)")  # fmt: skip
     r.add_argument(
-        "--target", type=number(float, 0, 1), default=None, help="metric for steps-to-target"
-    )
-    r.add_argument("--title", default=None)
+        "--target", type=number(float, 0, 1), default=None,
+        help="metric value for the steps-to-target columns (without: none)",
+    )  # fmt: skip
+    r.add_argument("--title", default=None, help="page title (without: from the grid name)")
     r.add_argument("--note", default=None, help="a paragraph under the header, e.g. a conclusion")
-    r.add_argument("--set", action="append", default=[], help="overrides of a grid spec")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="overrides of a grid spec given as source (repeatable)")  # fmt: skip
     r.set_defaults(func=_report)
     return p
 
