@@ -428,10 +428,8 @@ def _number(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def _suite_table(
-    table: pd.DataFrame, baselines: list[str], memory: bool
-) -> tuple[list[str], list[list[tuple[str, bool]]]]:
-    """Header and rows of a suite's table: per (N, backend), times, peak memory and ratios."""
+def _suite_table(table: pd.DataFrame, baselines: list[str], memory: bool) -> pd.DataFrame:
+    """A suite's table as shown, by header: per (N, backend), times, peak memory and ratios."""
     columns = {"fwd_ms": "fwd ms", "fwd_bwd_ms": "fwd+bwd ms", "train_peak_mb": "peak MiB"}
     for base in baselines:
         columns[f"fwd_vs_{base}"] = f"fwd vs {base}"
@@ -439,11 +437,9 @@ def _suite_table(
         columns[f"mem_vs_{base}"] = f"memory vs {base}"
     if not memory:
         columns = {c: h for c, h in columns.items() if not c.startswith(("train_peak", "mem_vs"))}
-    rows = [
-        [(str(row.N), False), (row.backend, False)] + [(_number(row[c]), False) for c in columns]
-        for _, row in table.iterrows()
-    ]
-    return ["N", "backend", *columns.values()], rows
+    shown = {"N": table.N.astype(str), "backend": table.backend.astype(str)}
+    shown |= {header: table[column].map(_number) for column, header in columns.items()}
+    return pd.DataFrame(shown).reset_index(drop=True)
 
 
 def _notes(table: pd.DataFrame) -> list[str]:
@@ -494,34 +490,40 @@ def write_bench_report(
     (forward+backward time over the suite's SDPA and reference baselines). `settings` names
     each suite's settings and `command` the command line that writes the report again.
     Returns `out_dir`."""
-    # matplotlib is imported here only: the process that measures memory imports this module
-    from ablations.report_pages import file_name, label_colours, new_figure, write_pages
+    # matplotlib and jinja2 are imported here only: the process that measures memory imports
+    # this module
+    from ablations.report_pages import (
+        Bullets,
+        Image,
+        Page,
+        Paragraph,
+        Section,
+        Table,
+        file_name,
+        label_colours,
+        new_figure,
+        write_pages,
+    )
 
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    blocks = [
-        ("h1", title),
-        (
-            "ul",
-            [
-                f"Machine: {machine()}",
-                f"Generated: {datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
-                f"Command: {command}",
-            ],
-        ),
-        ("p", REPORT_NOTES),
+    facts = [
+        f"Machine: {machine()}",
+        f"Generated: {datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+        f"Command: {command}",
     ]
+    page = Page(title, facts, REPORT_NOTES)
     for suite, table in tables.items():
         table.to_csv(folder / f"bench_{suite}.csv", index=False)
         baselines = [base for base in REPORT_BASELINES if f"time_vs_{base}" in table]
         memory = bool(table.train_peak_mb.notna().any())
-        blocks += [
-            ("h2", f"Suite: {suite}"),
-            ("p", settings[suite]),
-            ("table", *_suite_table(table, baselines, memory)),
-        ]
+        section = Section(f"Suite: {suite}")
+        section.parts.extend(
+            [Paragraph(settings[suite]), Table(_suite_table(table, baselines, memory))]
+        )
         if notes := _notes(table):
-            blocks.append(("ul", notes))
+            section.parts.append(Bullets(notes))
+        page.sections.append(section)
         backends = set(table.backend)
         colours = label_colours(backends, "tab10" if len(backends) <= 10 else "tab20")
         plots = {
@@ -542,6 +544,6 @@ def write_bench_report(
             ax.set(ylabel=ylabel, title=f"{suite}: {ylabel}")
             name = file_name(kind, suite)
             figure.savefig(folder / name, dpi=100)
-            blocks.append(("img", name, f"{suite}: {ylabel} against N"))
-    write_pages(blocks, folder)
+            section.parts.append(Image(name, f"{suite}: {ylabel} against N"))
+    write_pages(page, folder)
     return folder

@@ -17,6 +17,10 @@ outside the folder. Labels and notes are shown as text on both pages (see
 ablations.report_pages); a missing or unreadable checkpoint leaves its attention map out with
 a note. The folder is written whole or not at all: see `write_report`.
 
+Both pages are rendered from one page model through report_pages' markdown and HTML templates:
+`report_page` writes the CSVs and PNGs and returns it (a report_pages.Page; each table a
+DataFrame of the cells' texts and a boolean DataFrame of the best values, shown in bold).
+
 A task is grouped by its label (`config["task"]`). A task family is a registered task with its
 kwargs other than the split sizes (e.g. ``relational_games (problem=same)``): the training-set
 size plots and table put the labels of one family side by side by `task_kwargs["n_train"]`.
@@ -36,6 +40,12 @@ from matplotlib.figure import Figure
 
 from ablations.attention import attention_blocks
 from ablations.report_pages import (
+    Bullets,
+    Image,
+    Page,
+    Paragraph,
+    Section,
+    Table,
     label_colours,
     label_file_name,
     new_figure,
@@ -151,10 +161,11 @@ def summary_table(df: pd.DataFrame, target: float | None = None) -> pd.DataFrame
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
-def _best(table: pd.DataFrame) -> dict[str, pd.Series]:
-    """Per metric column, the rows holding the best value: highest accuracy; fewest steps and
-    samples among the rows where the most seeds reached the target; fewest parameters and ms."""
-    best = {}
+def _best(table: pd.DataFrame) -> pd.DataFrame:
+    """A mask of `table`'s (summary rows') cells holding a best value: per metric column, the
+    highest accuracy; fewest steps and samples among the rows where the most seeds reached the
+    target; fewest parameters and ms; no other column."""
+    best = pd.DataFrame(False, index=table.index, columns=table.columns)
     for column, higher in (("test_acc_mean", True), ("params", False), ("step_ms", False)):
         values = table[column]
         best[column] = values == (values.max() if higher else values.min())
@@ -173,31 +184,38 @@ def _mean_std(mean: float, std: float) -> str:
     return f"{mean:.3f}" if pd.isna(std) else f"{mean:.3f} ± {std:.3f}"
 
 
-def _task_table(table: pd.DataFrame) -> tuple[list[str], list[list[tuple[str, bool]]]]:
-    """Header and rows of one task's table; each cell is (text, is the task's best)."""
-    best = _best(table)
+def _whole(value: float) -> str:
+    """'1,920'; '-' for NaN."""
+    return "-" if pd.isna(value) else f"{value:,.0f}"
+
+
+def _task_table(table: pd.DataFrame) -> Table:
+    """One task's summary rows as a report table: each cell's text, its best values bold."""
     target = table.target.dropna()
-    header = ["size", "mechanism", "seeds", "test acc"]
+    texts = {
+        "size": table["size"].astype(str),
+        "mechanism": table.mechanism.astype(str),
+        "seeds": [
+            f"{seeds}" if seeds == cells else f"{seeds} of {cells}"
+            for seeds, cells in zip(table.seeds, table.cells, strict=True)
+        ],
+        "test_acc_mean": [
+            _mean_std(mean, std)
+            for mean, std in zip(table.test_acc_mean, table.test_acc_std, strict=True)
+        ],
+    }
+    headers = dict(size="size", mechanism="mechanism", seeds="seeds", test_acc_mean="test acc")
     if len(target):
-        header += [f"steps to val acc ≥ {target.iloc[0]:g}", "samples to target"]
-    header += ["params", "ms/step"]
-    rows = []
-    for i, row in table.iterrows():
-        seeds = f"{row.seeds}" if row.seeds == row.cells else f"{row.seeds} of {row.cells}"
-        acc = _mean_std(row.test_acc_mean, row.test_acc_std)
-        cells = [(row["size"], False), (row.mechanism, False), (seeds, False)]
-        cells.append((acc, bool(best["test_acc_mean"][i])))
-        if len(target):
-            reached = f" ({row.reached}/{row.seeds})"
-            for column in ("steps_to_target", "samples_to_target"):
-                value = row[column]
-                text = "-" if pd.isna(value) else f"{value:,.0f}"
-                cells.append((text + reached, bool(best[column][i])))
-        params = "-" if pd.isna(row.params) else f"{row.params:,.0f}"
-        step_ms = "-" if pd.isna(row.step_ms) else f"{row.step_ms:.1f}"
-        cells += [(params, bool(best["params"][i])), (step_ms, bool(best["step_ms"][i]))]
-        rows.append(cells)
-    return header, rows
+        reached = " (" + table.reached.astype(str) + "/" + table.seeds.astype(str) + ")"
+        for column in ("steps_to_target", "samples_to_target"):
+            texts[column] = table[column].map(_whole) + reached
+        headers["steps_to_target"] = f"steps to val acc ≥ {target.iloc[0]:g}"
+        headers["samples_to_target"] = "samples to target"
+    texts["params"] = table.params.map(_whole)
+    texts["step_ms"] = table.step_ms.map(lambda ms: "-" if pd.isna(ms) else f"{ms:.1f}")
+    headers |= {"params": "params", "step_ms": "ms/step"}
+    data = pd.DataFrame(texts, index=table.index)
+    return Table(data.rename(columns=headers), _best(table)[list(texts)].rename(columns=headers))
 
 
 def _detail(cell: pd.Series) -> str:
@@ -255,26 +273,28 @@ def _plot_vs_params(task: str, table: pd.DataFrame, colours: dict) -> Figure | N
     return figure
 
 
-def _train_size_table(done: pd.DataFrame) -> tuple[list[str], list[list[tuple[str, bool]]]]:
-    """Rows n_train (and size), columns mechanism: test accuracy mean ± std (seeds); best bold."""
+def _train_size_table(done: pd.DataFrame) -> Table:
+    """Rows n_train (and size), columns mechanism: test accuracy mean ± std (seeds), '-' where
+    a mechanism has no cell; bold: the best mean of the row."""
     stats = done.groupby(["n_train", "size", "mechanism"], sort=False).test_acc.agg(
         ["mean", "std", "count"]
     )
+    texts = [f"{_mean_std(m, sd)} ({n:.0f})" for m, sd, n in stats.to_numpy()]
     mechanisms = list(dict.fromkeys(done.mechanism))
-    header = ["n_train", "size", *mechanisms]
-    rows = []
-    for (n_train, size), group in stats.groupby(level=[0, 1], sort=True):
-        group = group.droplevel([0, 1])
-        best = group["mean"].max()
-        row = [(f"{n_train:.0f}", False), (str(size), False)]
-        for mechanism in mechanisms:
-            if mechanism not in group.index:
-                row.append(("-", False))
-                continue
-            m, sd, n = group.loc[mechanism]
-            row.append((f"{_mean_std(m, sd)} ({n:.0f})", m == best))
-        rows.append(row)
-    return header, rows
+
+    def by_mechanism(values: pd.Series, missing: object) -> pd.DataFrame:
+        wide = values.unstack("mechanism").reindex(columns=mechanisms).sort_index()
+        return wide.fillna(missing).set_axis([str(m) for m in mechanisms], axis=1)
+
+    means = by_mechanism(stats["mean"], float("nan"))
+    bold = means.eq(means.max(axis=1), axis=0)
+    n_train, size = (means.index.get_level_values(level) for level in (0, 1))
+    rows = pd.DataFrame(
+        {"n_train": [f"{n:.0f}" for n in n_train], "size": size.astype(str)}, index=means.index
+    )
+    data = pd.concat([rows, by_mechanism(pd.Series(texts, index=stats.index), "-")], axis=1)
+    bold = pd.concat([rows != rows, bold], axis=1)
+    return Table(data.reset_index(drop=True), bold.reset_index(drop=True))
 
 
 def _plot_vs_train_size(task_name: str, done: pd.DataFrame, colours: dict) -> Figure:
@@ -320,37 +340,39 @@ def _cells_csv(frame: pd.DataFrame) -> pd.DataFrame:
     return flat[first + sorted(c for c in flat if c not in first + last) + last]
 
 
-def _header(
-    store: ResultsStore, frame: pd.DataFrame, cells: pd.DataFrame, title: str | None
-) -> list[tuple]:
-    """Title, grid names, cells by status, environment, date, and how to read the tables."""
+INTRO = (
+    "Test accuracy: mean ± std over the seeds that finished (seeds: finished, of all). "
+    "Steps to target: the first evaluated step whose validation accuracy reaches the "
+    "target, mean over the seeds that reached it (reached/finished); samples = steps × "
+    "batch size. Bold: best in the task (highest accuracy; fewest steps and samples "
+    "among the rows where most seeds reached the target; fewest parameters; lowest "
+    "ms/step). Learning curves: mean line and min-max band over seeds (a seed that "
+    "stopped early holds its last value). Data: summary.csv, cells.csv."
+)
+
+
+def _page(
+    store: ResultsStore,
+    frame: pd.DataFrame,
+    cells: pd.DataFrame,
+    title: str | None,
+    note: str | None,
+) -> Page:
+    """The page without sections: title, facts (grid names, cells by status, environment,
+    date), how to read the tables, and the note."""
     grids = sorted(set(frame.get("config.grid", [])))
     counts = cells.status.value_counts()
     statuses = ", ".join(
         f"{counts.get(s, 0)} {s}" for s in ("done", "failed", "diverged", "running")
     )
-    return [
-        ("h1", title or "Ablation report: " + (", ".join(grids) or "empty store")),
-        (
-            "ul",
-            [
-                f"Grid: {', '.join(grids) or '-'} (store {store.path})",
-                f"Cells: {len(cells)} ({statuses})",
-                f"Environment: {_environment(store)}",
-                f"Generated: {datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
-            ],
-        ),
-        (
-            "p",
-            "Test accuracy: mean ± std over the seeds that finished (seeds: finished, of all). "
-            "Steps to target: the first evaluated step whose validation accuracy reaches the "
-            "target, mean over the seeds that reached it (reached/finished); samples = steps × "
-            "batch size. Bold: best in the task (highest accuracy; fewest steps and samples "
-            "among the rows where most seeds reached the target; fewest parameters; lowest "
-            "ms/step). Learning curves: mean line and min-max band over seeds (a seed that "
-            "stopped early holds its last value). Data: summary.csv, cells.csv.",
-        ),
+    facts = [
+        f"Grid: {', '.join(grids) or '-'} (store {store.path})",
+        f"Cells: {len(cells)} ({statuses})",
+        f"Environment: {_environment(store)}",
+        f"Generated: {datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
     ]
+    title = title or "Ablation report: " + (", ".join(grids) or "empty store")
+    return Page(title, facts, INTRO, note or None)
 
 
 def write_report(
@@ -374,17 +396,14 @@ def write_report(
     and an error on the way leaves the previous report as it was and no partial folder behind.
     To keep other files safe, `out_dir` must be missing, empty, or a previous report: a folder
     of .md, .html, .csv and .png files holding report.md (FileExistsError otherwise)."""
-    if not isinstance(store, ResultsStore):
-        if not Path(store).is_file():
-            raise FileNotFoundError(f"no results store at {store}")
-        store = ResultsStore(store)
+    store = _open(store)
     final = Path(out_dir).resolve()
     _check_replaceable(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     partial = final.with_name(f".{final.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     partial.mkdir()
     try:
-        _write_files(store, partial, title, target, note)
+        write_pages(report_page(store, partial, title, target, note), partial)
         _replace_folder(partial, final)
     finally:
         shutil.rmtree(partial, ignore_errors=True)  # gone already unless something failed
@@ -441,22 +460,38 @@ def _new_file(folder: Path, name: str) -> Path:
     return path
 
 
-def _write_files(
-    store: ResultsStore, folder: Path, title: str | None, target: float | None, note: str | None
-) -> None:
-    """Write every file of the report into the new, empty `folder`."""
+def _open(store: str | Path | ResultsStore) -> ResultsStore:
+    """`store`, or the ResultsStore at that path (FileNotFoundError without one)."""
+    if isinstance(store, ResultsStore):
+        return store
+    if not Path(store).is_file():
+        raise FileNotFoundError(f"no results store at {store}")
+    return ResultsStore(store)
+
+
+def report_page(
+    store: str | Path | ResultsStore,
+    folder: str | Path,
+    title: str | None = None,
+    target: float | None = None,
+    note: str | None = None,
+) -> Page:
+    """Write the report's data and plots (summary.csv, cells.csv, the PNGs) into the empty
+    `folder` and return its page (the model report.md and index.html are rendered from, see
+    `report_pages.write_pages`); the arguments are `write_report`'s."""
+    store, folder = _open(store), Path(folder)
     frame = store.to_dataframe()
     cells = _cells(frame)
     summary = summary_table(frame, target)
 
     _cells_csv(frame).to_csv(_new_file(folder, "cells.csv"), index=False)
     summary.to_csv(_new_file(folder, "summary.csv"), index=False)
-    blocks = _header(store, frame, cells, title) + ([("note", note)] if note else [])
+    page = _page(store, frame, cells, title, note)
 
     colours = label_colours(cells.mechanism.dropna())
     done = cells[cells.status == "done"]
     for task, table in summary.groupby("task", sort=False):
-        blocks += [("h2", f"Task: {task}"), ("table", *_task_table(table.reset_index(drop=True)))]
+        section = Section(f"Task: {task}", [_task_table(table.reset_index(drop=True))])
         figures = [
             ("curves", _plot_curves(task, done[done.task == task], colours), "learning curves"),
             ("vs_params", _plot_vs_params(task, table, colours), "accuracy vs parameters"),
@@ -465,30 +500,37 @@ def _write_files(
             if figure is not None:
                 name = label_file_name(kind, str(task))
                 figure.savefig(_new_file(folder, name), dpi=100)
-                blocks.append(("img", name, f"{task}: {alt}"))
+                section.parts.append(Image(name, f"{task}: {alt}"))
+        page.sections.append(section)
 
     for family, group in done.dropna(subset=["n_train"]).groupby("family", sort=False):
         if group.n_train.nunique() > 1:
             name = label_file_name("vs_train_size", str(family))
             _plot_vs_train_size(family, group, colours).savefig(_new_file(folder, name), dpi=100)
-            blocks += [
-                ("h2", f"Training-set size: {family}"),
-                ("p", "Test accuracy, mean ± std (seeds); bold: the best mechanism per row."),
-                ("table", *_train_size_table(group)),
-                ("img", name, f"{family}: accuracy vs training-set size"),
+            parts = [
+                Paragraph("Test accuracy, mean ± std (seeds); bold: the best mechanism per row."),
+                _train_size_table(group),
+                Image(name, f"{family}: accuracy vs training-set size"),
             ]
+            page.sections.append(Section(f"Training-set size: {family}", parts))
 
-    blocks += attention_blocks(store, folder)
+    page.sections.extend(_attention_sections(store, folder))
     unfinished = cells[cells.status != "done"]
-    blocks.append(("h2", "Cells not in the tables"))
     if unfinished.empty:
-        blocks.append(("p", "None: every cell finished."))
+        part = Paragraph("None: every cell finished.")
     else:
-        header = ["task", "size", "mechanism", "seed", "status", "detail"]
-        rows = [
-            [(str(c[k]), False) for k in header[:-1]] + [(_detail(c), False)]
-            for _, c in unfinished.iterrows()
-        ]
-        blocks.append(("table", header, rows))
+        data = unfinished[["task", "size", "mechanism", "seed", "status"]].astype(str)
+        part = Table(data.assign(detail=unfinished.apply(_detail, axis=1)))
+    page.sections.append(Section("Cells not in the tables", [part]))
+    return page
 
-    write_pages(blocks, folder)
+
+def _attention_sections(store: ResultsStore, folder: Path) -> list[Section]:
+    """The "Attention maps" section (none without maps) from ablations.attention's blocks:
+    ("h2", heading) then ("p", text), ("ul", items) and ("img", file, alt) parts."""
+    blocks = attention_blocks(store, folder)
+    if not blocks:
+        return []
+    (_, heading), *parts = blocks
+    kinds = {"p": Paragraph, "ul": Bullets, "img": Image}
+    return [Section(heading, [kinds[kind](*content) for kind, *content in parts])]

@@ -1,17 +1,18 @@
-"""Report pages: plots and a list of blocks written as markdown and as one self-contained HTML
-page, shared by the grid reports (ablations.report) and the benchmark reports (attn_zoo.bench).
+"""Report pages: plots, and a page model written as markdown and as one self-contained HTML page
+through two Jinja2 templates (templates/report.md.j2, templates/report.html.j2), shared by the
+grid reports (ablations.report) and the benchmark reports (ablations.bench).
 
-A block is a tuple: ("h1" | "h2", text), ("p", text), ("ul", [items]),
-("table", header, rows) with each row a list of (text, bold) cells, ("img", file, alt) with
-`file` a PNG in the report's folder (linked from the markdown, embedded in the HTML), or
-("note", text): the researcher's own note.
+A `Page` has a title, header facts (a bullet list), an intro paragraph, the researcher's `note`
+and `Section`s; a section has a heading and parts, in order: `Paragraph`, `Bullets`, `Table`
+(a DataFrame of the cells' texts and a boolean DataFrame of the cells shown in bold) and
+`Image` (a PNG in the report's folder: linked from the markdown, embedded in the HTML).
 
-Every text is plain text, shown as written on both pages: the HTML page escapes it, and the
-markdown page escapes the HTML special characters (& < >) and backslashes, writes it on one line
-(newlines become spaces) and, in table cells, escapes "|" (in image alt text, "[" and "]").
-A "note" is the one block whose markdown is intended: report.md keeps its markdown and its
-lines, with only & < > escaped (so raw HTML tags show as text); index.html shows it as escaped
-text, one paragraph per blank-line-separated part.
+Every text is plain text, shown as written on both pages: the HTML template autoescapes it, and
+the markdown template's filters escape the HTML special characters (& < >) and backslashes,
+write it on one line (newlines become spaces) and, in table cells, escape "|" (in image alt
+text, "[" and "]"). The `note` is the one text whose markdown is intended: report.md keeps its
+markdown and its lines, with only & < > escaped (so raw HTML tags show as text); index.html
+shows it as escaped text, one paragraph per blank-line-separated part.
 
 File names: `file_name` for names the code chose (bench suites), `label_file_name` for labels
 a user wrote (tasks, families, cells): a slug and a hash of the exact label, so two labels never
@@ -25,10 +26,14 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
 from html import escape
 from pathlib import Path
-from urllib.parse import quote
+from typing import ClassVar
 
+import pandas as pd
+from jinja2 import Environment, PackageLoader, StrictUndefined
 from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -95,6 +100,85 @@ def path_in(folder: Path, name: str) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Paragraph:
+    """A paragraph of plain text."""
+
+    text: str
+    kind: ClassVar[str] = "paragraph"
+
+
+@dataclass(frozen=True)
+class Bullets:
+    """A bullet list of plain texts."""
+
+    items: list[str]
+    kind: ClassVar[str] = "bullets"
+
+
+@dataclass(frozen=True)
+class Image:
+    """A PNG in the report's folder, by file name, and its alt text."""
+
+    file: str
+    alt: str
+    kind: ClassVar[str] = "image"
+
+
+@dataclass(frozen=True, eq=False)
+class Table:
+    """A table: `data` holds each cell's text (its columns are the header), `bold` (a boolean
+    DataFrame of the same shape and columns; default: none) marks the cells shown in bold."""
+
+    data: pd.DataFrame
+    bold: pd.DataFrame | None = None
+    kind: ClassVar[str] = "table"
+
+    def __post_init__(self) -> None:
+        if self.bold is None:
+            mask = pd.DataFrame(False, index=self.data.index, columns=self.data.columns)
+            object.__setattr__(self, "bold", mask)
+        if self.bold.shape != self.data.shape or not self.bold.columns.equals(self.data.columns):
+            raise ValueError("a table's bold mask must have its data's shape and columns")
+        if not all(map(pd.api.types.is_bool_dtype, self.bold.dtypes)):
+            raise ValueError("a table's bold mask must be boolean")
+
+    @property
+    def header(self) -> list[str]:
+        return [str(column) for column in self.data.columns]
+
+    @property
+    def rows(self) -> list[list[tuple[str, bool]]]:
+        """Each row's cells as (text, bold)."""
+        return [
+            [(str(text), bool(bold)) for text, bold in zip(texts, marks, strict=True)]
+            for texts, marks in zip(self.data.to_numpy(), self.bold.to_numpy(), strict=True)
+        ]
+
+
+Part = Paragraph | Bullets | Table | Image
+
+
+@dataclass
+class Section:
+    """A section of a page: a heading (level 2) and its parts, in order."""
+
+    heading: str
+    parts: list[Part] = field(default_factory=list)
+
+
+@dataclass
+class Page:
+    """A report page: its title (level 1 heading), facts (a bullet list), an intro paragraph,
+    the researcher's note (markdown, see the module) and sections."""
+
+    title: str
+    facts: list[str] = field(default_factory=list)
+    intro: str = ""
+    note: str | None = None
+    sections: list[Section] = field(default_factory=list)
+
+
 def _markdown_text(text: object) -> str:
     """Plain text for markdown: one line, backslashes and & < > escaped."""
     line = " ".join(str(text).splitlines())
@@ -114,81 +198,50 @@ def _markdown_note(text: object) -> str:
     return escape("\n".join(str(text).splitlines()).strip("\n"), quote=False)
 
 
-def to_markdown(blocks: list[tuple]) -> str:
-    """The blocks as markdown: images link to the PNGs beside it, bold cells in **; texts
-    escaped as the module says."""
-    parts = []
-    for kind, *content in blocks:
-        if kind in ("h1", "h2"):
-            parts.append("#" * int(kind[1]) + " " + _markdown_text(content[0]))
-        elif kind == "p":
-            parts.append(_markdown_text(content[0]))
-        elif kind == "note":
-            parts.append(_markdown_note(content[0]))
-        elif kind == "ul":
-            parts.append("\n".join(f"- {_markdown_text(item)}" for item in content[0]))
-        elif kind == "img":
-            parts.append(f"![{_markdown_alt(content[1])}]({quote(content[0])})")
-        elif kind == "table":
-            header, rows = content
-            lines = ["| " + " | ".join(map(_markdown_cell, header)) + " |"]
-            lines.append("|" + "---|" * len(header))
-            for row in rows:
-                cells = [f"**{_markdown_cell(t)}**" if b else _markdown_cell(t) for t, b in row]
-                lines.append("| " + " | ".join(cells) + " |")
-            parts.append("\n".join(lines))
-    return "\n\n".join(parts) + "\n"
+def _paragraphs(text: object) -> list[str]:
+    """A note's blank-line-separated parts, for the HTML page."""
+    parts = re.split(r"\n\s*\n", "\n".join(str(text).splitlines()).strip())
+    return [part for part in parts if part]
 
 
-STYLE = (
-    "body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
-    "table{border-collapse:collapse;margin:1em 0}"
-    "th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left}th{background:#f3f3f3}"
-    "img{max-width:100%}"
-)
-PAGE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>{title}</title>
-<style>{style}</style>
-</head>
-<body>
-{body}
-</body>
-</html>
-"""
+@cache
+def _templates(kind: str) -> Environment:
+    """The Jinja2 environment of the "md" or "html" template: HTML autoescaped; markdown
+    through the filters md (plain text), md_cell, md_alt and md_note (see the module)."""
+    environment = Environment(
+        loader=PackageLoader("ablations", "templates"),
+        autoescape=kind == "html",
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    environment.filters.update(
+        md=_markdown_text,
+        md_cell=_markdown_cell,
+        md_alt=_markdown_alt,
+        md_note=_markdown_note,
+        paragraphs=_paragraphs,
+    )
+    return environment
 
 
-def to_html(blocks: list[tuple], folder: Path) -> str:
-    """The blocks as one HTML page titled by the first block, the PNGs from `folder` embedded
-    as base64 data URIs."""
-    parts = []
-    for kind, *content in blocks:
-        if kind in ("h1", "h2"):
-            parts.append(f"<{kind}>{escape(content[0])}</{kind}>")
-        elif kind == "p":
-            parts.append(f"<p>{escape(content[0])}</p>")
-        elif kind == "note":
-            paragraphs = re.split(r"\n\s*\n", "\n".join(str(content[0]).splitlines()).strip())
-            parts += [f"<p>{escape(text)}</p>" for text in paragraphs if text]
-        elif kind == "ul":
-            parts.append("<ul>" + "".join(f"<li>{escape(i)}</li>" for i in content[0]) + "</ul>")
-        elif kind == "img":
-            data = base64.b64encode(path_in(folder, content[0]).read_bytes()).decode()
-            alt = escape(content[1])
-            parts.append(f'<p><img src="data:image/png;base64,{data}" alt="{alt}"></p>')
-        elif kind == "table":
-            header, rows = content
-            lines = ["<table>", "<tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>"]
-            for row in rows:
-                cells = [f"<b>{escape(t)}</b>" if b else escape(t) for t, b in row]
-                lines.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-            parts.append("\n".join(lines + ["</table>"]))
-    return PAGE.format(title=escape(blocks[0][1]), style=STYLE, body="\n".join(parts))
+def render_markdown(page: Page) -> str:
+    """The page as markdown: images link to the PNGs beside it, bold cells in **."""
+    return _templates("md").get_template("report.md.j2").render(page=page)
 
 
-def write_pages(blocks: list[tuple], folder: Path) -> None:
-    """Write the blocks to `folder` as report.md and index.html (its PNGs already there)."""
-    path_in(folder, "report.md").write_text(to_markdown(blocks), encoding="utf-8")
-    path_in(folder, "index.html").write_text(to_html(blocks, folder), encoding="utf-8")
+def render_html(page: Page, folder: Path) -> str:
+    """The page as one HTML page, the PNGs from `folder` embedded as base64 data URIs."""
+
+    def embed(name: str) -> str:
+        data = base64.b64encode(path_in(folder, name).read_bytes()).decode()
+        return f"data:image/png;base64,{data}"
+
+    return _templates("html").get_template("report.html.j2").render(page=page, embed=embed)
+
+
+def write_pages(page: Page, folder: Path) -> None:
+    """Write the page to `folder` as report.md and index.html (its PNGs already there)."""
+    path_in(folder, "report.md").write_text(render_markdown(page), encoding="utf-8")
+    path_in(folder, "index.html").write_text(render_html(page, folder), encoding="utf-8")

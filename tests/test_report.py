@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from matplotlib.image import imread
 
-from ablations.report import summary_table, write_report
-from ablations.report_pages import label_file_name
+from ablations.report import report_page, summary_table, write_report
+from ablations.report_pages import Image, Paragraph, Table, label_file_name, render_markdown
 from ablations.store import ResultsStore
 
 TASKS = {  # label: (registered task name, n_train); one task at two training-set sizes
@@ -188,6 +188,71 @@ def test_best_values_are_bold(grid, report):
     for row in rows:
         size, mechanism, acc = row[0].strip("| "), row[1], row[3]
         assert acc.startswith("**") == ((size, mechanism) == best), row
+
+
+@pytest.fixture(scope="module")
+def page(grid, tmp_path_factory):
+    store, _ = grid
+    return report_page(store, tmp_path_factory.mktemp("page"), target=0.8)
+
+
+def test_the_page_model_holds_each_table_once_with_its_best_cells_marked(grid, page):
+    _, inputs = grid
+    headings = [section.heading for section in page.sections]
+    assert headings == [f"Task: {task}" for task in TASKS] + [
+        "Training-set size: match_pattern",
+        "Cells not in the tables",
+    ]
+    for task in TASKS:
+        (section,) = [s for s in page.sections if s.heading == f"Task: {task}"]
+        table, *images = section.parts
+        assert [type(image) for image in images] == [Image, Image]
+        assert table.header == [
+            "size", "mechanism", "seeds", "test acc", "steps to val acc ≥ 0.8",
+            "samples to target", "params", "ms/step",
+        ]  # fmt: skip
+        runs = {(row[0], row[1]): inputs[(task, *row[:2])] for row in table.data.to_numpy()}
+        acc = {k: statistics.mean(m["test_acc"] for m, _ in v) for k, v in runs.items()}
+        params = {k: statistics.mean(m["params"] for m, _ in v) for k, v in runs.items()}
+        keys = list(zip(table.data["size"], table.data["mechanism"], strict=True))
+        assert list(table.bold["test acc"]) == [acc[k] == max(acc.values()) for k in keys]
+        assert list(table.bold["params"]) == [params[k] == min(params.values()) for k in keys]
+        assert not table.bold[["size", "mechanism", "seeds"]].to_numpy().any()
+        assert [f"{p:,.0f}" for p in (params[k] for k in keys)] == list(table.data["params"])
+
+    paragraph, sizes, _ = page.sections[3].parts
+    assert isinstance(paragraph, Paragraph) and isinstance(sizes, Table)
+    assert sizes.header == ["n_train", "size", "softmax", "relational"]
+    assert sizes.data[["n_train", "size"]].to_numpy().tolist() == [
+        ["250", "big"], ["250", "small"], ["500", "big"], ["500", "small"],
+    ]  # fmt: skip
+    assert sizes.bold["relational"].all() and not sizes.bold["softmax"].any()
+    (unfinished,) = page.sections[-1].parts
+    assert list(unfinished.data.status) == ["failed", "diverged", "running"]
+    assert not unfinished.bold.to_numpy().any()
+
+
+def test_markdown_tables_are_the_model_tables(page):
+    """Every table of report.md is a table of the model, cell for cell, bold where marked."""
+    blocks = re.findall(r"(?m)^(?:\|.*\|\n)+", render_markdown(page))
+    tables = [part for section in page.sections for part in section.parts if type(part) is Table]
+    assert len(blocks) == len(tables) == 5
+    for block, table in zip(blocks, tables, strict=True):
+        first, rule, *lines = block.splitlines()
+        header, *rows = [line[2:-2].split(" | ") for line in (first, *lines)]
+        assert header == table.header and rule == "|" + "---|" * len(header)
+        assert rows == [[f"**{t}**" if b else t for t, b in row] for row in table.rows]
+
+
+def test_a_table_mask_must_match_its_data():
+    data = pd.DataFrame({"a": ["1", "2"], "b": ["3", "4"]})
+    assert Table(data).rows == [[("1", False), ("3", False)], [("2", False), ("4", False)]]
+    assert Table(data, data == "4").rows[1] == [("2", False), ("4", True)]
+    for bold in ((data == "1")[["a"]], (data == "1").rename(columns={"b": "c"})):
+        with pytest.raises(ValueError, match="shape and columns"):
+            Table(data, bold)
+    with pytest.raises(ValueError, match="boolean"):
+        Table(data, data)
 
 
 def test_task_labels_and_empty_store(tmp_path):

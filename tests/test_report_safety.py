@@ -7,12 +7,25 @@ import io
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
 import ablations.report
 from ablations.report import write_report
-from ablations.report_pages import file_name, label_file_name, path_in
+from ablations.report_pages import (
+    Bullets,
+    Image,
+    Page,
+    Paragraph,
+    Section,
+    Table,
+    file_name,
+    label_file_name,
+    path_in,
+    render_html,
+    render_markdown,
+)
 from ablations.spec import Cell
 from ablations.store import ResultsStore
 from ablations.tasks import build_task
@@ -143,6 +156,37 @@ def test_markdown_escapes_labels_titles_and_notes(tmp_path):
         assert (out / link).is_file()
     page = (out / "index.html").read_text()
     assert "<script>" not in page and "&lt;script&gt;alert(2)&lt;/script&gt;" in page
+
+
+def test_every_text_of_the_page_model_is_escaped_on_both_pages(tmp_path):
+    """Each place a text can take in a page, given HTML, a pipe, brackets, a backslash and a
+    newline: report.md shows it on one line with & < > \\ | [ ] escaped where they matter,
+    index.html autoescapes it; only the note keeps its lines (and its markdown)."""
+    evil = "<i>x</i> & a|b [c] \\d\ne"
+    one_line = "&lt;i&gt;x&lt;/i&gt; &amp; a|b [c] \\\\d e"
+    (tmp_path / "plot.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    table = Table(pd.DataFrame({evil: [evil]}), pd.DataFrame({evil: [True]}))
+    section = Section(evil, [Paragraph(evil), Bullets([evil]), table, Image("plot.png", evil)])
+    page = Page(evil, [evil], evil, evil, [section])
+    markdown = render_markdown(page)
+    assert "<" not in markdown and ">" not in markdown.replace("&gt;", "")
+    cell = one_line.replace("|", "\\|")
+    alt = one_line.replace("[", "\\[").replace("]", "\\]")
+    assert markdown.split("\n\n") == [
+        f"# {one_line}",
+        f"- {one_line}",
+        one_line,
+        "&lt;i&gt;x&lt;/i&gt; &amp; a|b [c] \\d\ne",  # the note: its lines and markdown kept
+        f"## {one_line}",
+        one_line,
+        f"- {one_line}",
+        f"| {cell} |\n|---|\n| **{cell}** |",
+        f"![{alt}](plot.png)\n",
+    ]
+    page_html = render_html(page, tmp_path)
+    assert "<i>" not in page_html and page_html.count("&lt;i&gt;x&lt;/i&gt; &amp; a|b") == 11
+    with pytest.raises(ValueError):  # an image must be a file inside the folder
+        render_html(Page("t", sections=[Section("s", [Image("../plot.png", "a")])]), tmp_path)
 
 
 def test_dollar_signs_in_labels_are_drawn_as_text(tmp_path):
