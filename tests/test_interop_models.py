@@ -255,3 +255,56 @@ def test_checkpoints_in_every_shape(shared, tmp_path):
         ours = OurDualLM(**kwargs).double().eval()
         ours.load_state_dict(convert_state_dict(state))  # no `like`: inferred from the checkpoint
         assert_same(ours(idx)[0], want)
+
+
+def test_reference_returns_of_models_and_blocks():
+    """port(..., returns="reference"): Seq2Seq without targets returns only the last
+    position's logits and the vision models the logits alone, as the reference; language
+    models and blocks return what the reference returns either way."""
+    torch.manual_seed(6)
+    common = dict(dff=16, dropout_rate=0.0, activation="relu", norm_first=True)
+    seq2seq = seq2seq_models.Seq2SeqDualAttnTransformer(
+        dict(type="token", vocab_size=9),
+        dict(type="token", vocab_size=7),
+        "position_relative",
+        dict(symbol_dim=8, max_rel_pos=2),
+        d_model=8,
+        out_dim=7,
+        n_layers_enc=1,
+        n_layers_dec=1,
+        encoder_kwargs=dict(
+            n_heads_sa=1, n_heads_ra=1, ra_kwargs=dict(use_relative_positional_symbols=True),
+            **common,
+        ),
+        decoder_kwargs=dict(
+            n_heads_sa=1, n_heads_ra=1, n_heads_cross=2,
+            ra_kwargs=dict(use_relative_positional_symbols=True), **common,
+        ),
+        in_block_size=10,
+        out_block_size=10,
+    ).double().eval()  # fmt: skip
+    src, tgt = torch.randint(0, 9, (2, 10)), torch.randint(0, 7, (2, 6))
+    ours = port(seq2seq, returns="reference")
+    for call in ((src, tgt), (src, tgt, tgt)):
+        (got, got_loss), (want, want_loss) = ours(*call), seq2seq(*call)
+        assert got.shape == want.shape
+        assert_same(got, want)
+        assert (got_loss is None) == (want_loss is None)
+    assert ours(src, tgt, targets=None)[0].shape == (2, 1, 7)
+
+    vit = vision_models.VisionTransformer(
+        image_shape=(3, 8, 8), patch_size=(4, 4), num_classes=5, d_model=8, n_layers=1,
+        n_heads=2, **common,
+    ).double().eval()  # fmt: skip
+    images = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    logits = port(vit, returns="reference")(images)
+    assert torch.is_tensor(logits)
+    assert_same(logits, vit(images))
+
+    lm = language_models.DualAttnTransformerLM(**small_dual_lm_kwargs(True)).double().eval()
+    idx = torch.randint(0, 11, (2, 8))
+    for got, want in zip(port(lm, returns="reference")(idx, idx), lm(idx, idx), strict=True):
+        assert_same(got, want)
+    block = dual_attn_blocks.DualAttnEncoderBlock(8, 1, 1, 16, "relu", 0.0, True).double().eval()
+    x, s = torch.randn(2, 5, 8, dtype=torch.float64), torch.randn(2, 5, 8, dtype=torch.float64)
+    assert_same(port(block, returns="reference")(x, s), block(x, s))

@@ -1,6 +1,7 @@
 """Every relational backend against the float64 naive reference, outputs and gradients."""
 
 import functools
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -8,10 +9,45 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attn_zoo.kernels import UnsupportedCallError
+from attn_zoo.kernels.dispatch import Call, family
 from attn_zoo.kernels.relational import relational_attention
 from attn_zoo.kernels.relational.chunked import chunked
 from attn_zoo.kernels.relational.cpp import cpp_missing
 from attn_zoo.testing import RelationalProblem, assert_backends_agree, relational_problems
+
+
+@dataclass(frozen=True)
+class PairProblem:
+    """A `RelationalProblem` whose symbol values are pairwise: v_pair (Hkv, N, M, hd), or
+    (B, Hkv, N, M, hd) if `batched`, instead of v."""
+
+    base: RelationalProblem
+    batched: bool = False
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.base.dtype
+
+    @property
+    def seed(self) -> int:
+        return self.base.seed
+
+    def inputs(self, dtype: torch.dtype | None = None, device: str = "cpu") -> dict:
+        x = self.base.inputs(dtype, device)
+        v = x.pop("v")
+        b = self.base
+        shape = (b.kv_heads, b.q_len, b.k_len, b.head_dim)
+        shape = (b.batch, *shape) if self.batched else shape
+        gen = torch.Generator().manual_seed(b.seed + 1)
+        pairs = torch.randn(shape, generator=gen, dtype=torch.float64)
+        x["v_pair"] = pairs.to(v.dtype).to(device).requires_grad_(True)
+        return x
+
+
+@st.composite
+def pair_problems(draw, dtypes=(torch.float64,), max_len=24):
+    base = draw(relational_problems(dtypes=dtypes, max_len=max_len, relative=(False,)))
+    return PairProblem(base, draw(st.booleans()))
 
 
 @given(relational_problems())
@@ -28,6 +64,45 @@ def test_chunked_multi_tile_float64(problem, block):
         backends=[],
         kernels={"chunked": functools.partial(chunked, block=block)},
     )
+
+
+@given(pair_problems(), st.sampled_from([1, 4, 9, 256]))
+def test_chunked_pair_symbols_float64(problem, block):
+    """Dense pairwise symbols v_pair, batched or not: chunked (many tiles, causal tiles
+    skipped) against naive, outputs and the gradients of q, k, qr, kr and v_pair; masks
+    (boolean, additive, empty rows), top-left and bottom-right causality, GQA, every
+    rel_activation, N != M."""
+    assert_backends_agree(
+        problem,
+        "relational",
+        backends=["chunked"],
+        kernels={"chunked tiles": functools.partial(chunked, block=block)},
+    )
+
+
+@given(pair_problems(dtypes=(torch.float32,), max_len=64))
+def test_chunked_pair_symbols_float32(problem):
+    assert_backends_agree(problem, "relational", backends=["chunked"])
+
+
+def test_pair_symbols_only_where_declared():
+    """naive and chunked read v_pair; cpp, sdpa and triton do not declare pair_symbols (so a
+    new feature never reaches a backend declaring FEATURES - {...}); auto and the chunked
+    tier pick chunked, the fused tier refuses naming the feature."""
+    relational = family("relational")
+    serving = {
+        n for n, b in relational.backends.items() if "pair_symbols" in b.capabilities.features
+    }
+    assert serving == {"naive", "chunked"}
+    problem = PairProblem(RelationalProblem(kv_heads=1, is_causal=True))
+    report = assert_backends_agree(problem, "relational")
+    assert report["naive"] == report["chunked"] == "ok"
+    assert "does not support pair_symbols" in report["sdpa"]
+    x = problem.inputs()
+    with pytest.raises(UnsupportedCallError, match="pair_symbols.*can: naive, chunked"):
+        relational_attention(**x, backend="fused")
+    call = relational.describe(**relational.check(**x))
+    assert "pair_symbols" in call.features and relational.select("auto", call).name == "chunked"
 
 
 @given(relational_problems(rel_activations=("identity",), relative=(False,)))
@@ -107,6 +182,13 @@ def test_chunked_dropout_backward_redraws_the_forward_masks():
         (dict(v_rel=torch.randn(2, 5, 4)), "exactly one of v"),
         (dict(qr=torch.randn(1, 2, 7, 4)), r"qr \(1, 2, 7, 4\)"),
         (dict(dropout_p=-0.1), "dropout_p=-0.1"),
+        (dict(v_pair=torch.randn(2, 8, 8, 4)), "exactly one of v"),
+        (
+            dict(v=None, v_pair=torch.randn(2, 8, 7, 4)),
+            r"v_pair \(2, 8, 7, 4\) must be \(Hkv, N, M",
+        ),
+        (dict(v=None, v_pair=torch.randn(3, 2, 8, 8, 4)), r"v_pair .* with B=1"),
+        (dict(v=None, v_pair=torch.randn(8, 8, 4)), r"v_pair \(8, 8, 4\)"),
     ],
 )
 def test_bad_inputs_are_named(change, match):
@@ -126,3 +208,42 @@ def test_auto_prefers_the_tiled_kernels_on_cpu_and_sdpa_augmentation_on_cuda():
     assert family("relational").select("auto", Call("cuda", torch.float32, plain)).name == "sdpa"
     relu = plain | {"rel_activation"}
     assert family("relational").select("auto", Call("cuda", torch.float32, relu)).name == "chunked"
+
+
+EMPTY = [(0, 0), (0, 5), (5, 0)]
+
+
+@pytest.mark.parametrize(("n", "m"), EMPTY)
+@pytest.mark.parametrize("symbols", ["absolute", "relative", "pairwise"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_no_queries_or_no_keys_on_every_backend(n, m, symbols, causal):
+    """N = 0 gives an empty result, M = 0 zeros, on every backend serving the call (naive,
+    chunked, and sdpa for absolute symbols; cpp refuses), gradients included, masked."""
+    base = RelationalProblem(
+        q_len=n, k_len=m, heads=4, kv_heads=2, is_causal=causal, mask="random",
+        max_rel_pos=2 if symbols == "relative" else None,
+        rel_activation="identity" if symbols == "absolute" else "softmax",
+    )  # fmt: skip
+    problem = PairProblem(base) if symbols == "pairwise" else base
+    report = assert_backends_agree(problem, "relational")
+    assert report["naive"] == report["chunked"] == "ok"
+    assert (report["sdpa"] == "ok") == (symbols == "absolute")
+    assert (
+        "does not support" in report["cpp"]
+        and ("no_keys" if m == 0 else "no_queries") in (report["cpp"])
+    )
+    x = problem.inputs()
+    for backend in ("auto", "naive", "chunked"):
+        out = relational_attention(**x, backend=backend)
+        assert out.shape == (1, 4, n, 4 + 2)
+        assert not out.any()
+        out.sum().backward()  # no empty-tensor stride trouble in any backward
+
+
+def test_auto_never_sends_an_empty_call_to_cpp():
+    """cpp needs queries and keys (its backward rejects an empty dout): auto falls back."""
+    relational = family("relational")
+    for features in ({"grad", "no_queries"}, {"grad", "no_keys"}, {"no_keys", "no_queries"}):
+        call = Call("cpu", torch.float32, frozenset(features))
+        assert relational.select("auto", call).name == "chunked"
+        assert relational.select("fused", call).name == "sdpa"

@@ -6,7 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import attn_zoo as az
+from attn_zoo.kernels import UnsupportedCallError
 from attn_zoo.kernels.rotary import Rotary, rotary_tables
+from attn_zoo.symbols import RelativeSymbols, build_symbol_retriever
 from attn_zoo.testing import assert_mechanism_backends_agree
 
 RETRIEVERS = [
@@ -176,7 +178,8 @@ def test_share_attn_params_ties_the_branches():
             lambda: az.build(
                 "relational", d_model=16, n_heads=2, use_relative_positional_symbols=True
             )(torch.randn(1, 3, 16), torch.randn(1, 3, 16)),
-            "symbols are absolute but use_relative_positional_symbols=True",
+            r"symbols \(1, 3, 16\): use_relative_positional_symbols=True takes pairwise symbols "
+            r"\(N, N, d_model\) = \(3, 3, 16\)",
         ),
         (
             lambda: az.build(
@@ -236,3 +239,186 @@ def test_relational_trains_a_few_steps():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.9 * losses[0]
+
+
+@given(
+    st.integers(1, 3).flatmap(lambda h: st.tuples(st.just(h), relational_kwargs(h))),
+    st.integers(1, 12),
+    st.sampled_from([False, True, "mask"]),
+    st.booleans(),
+    st.integers(0, 999),
+)
+def test_dense_pair_symbols_on_naive_and_chunked(config, length, causal, batched, seed):
+    """use_relative_positional_symbols=True with dense pairwise symbols (N, N, d_model), or
+    (B, N, N, d_model): naive and chunked agree (output, grads of x and every parameter), the
+    fused tier refuses naming pair_symbols."""
+    n_heads, kwargs = config
+    kwargs = {k: v for k, v in kwargs.items() if not k.startswith("symbol_retrieval")}
+    d_model = 4 * n_heads
+    gen = torch.Generator().manual_seed(seed)
+    shape = (2, length, length, d_model) if batched else (length, length, d_model)
+    symbols = torch.randn(shape, generator=gen, dtype=torch.float64)
+    mask = torch.rand(length, length, generator=gen) < 0.6 if causal == "mask" else None
+    report = assert_mechanism_backends_agree(
+        "relational",
+        dict(d_model=d_model, n_heads=n_heads, use_relative_positional_symbols=True, **kwargs),
+        length=length,
+        is_causal=causal is True,
+        attn_mask=mask,
+        symbols=symbols,
+        seed=seed,
+    )
+    assert report["naive"] == report["chunked"] == "ok"
+    assert "does not support pair_symbols" in report["fused"]
+    report = assert_mechanism_backends_agree(
+        "dual",
+        dict(
+            d_model=d_model + 4,
+            n_heads_sa=1,
+            n_heads_ra=n_heads,
+            ra_kwargs=dict(use_relative_positional_symbols=True, **kwargs),
+        ),
+        length=length,
+        is_causal=causal is True,
+        attn_mask=mask,
+        symbols=torch.randn(*shape[:-1], d_model + 4, generator=gen, dtype=torch.float64),
+        seed=seed,
+        backends=["naive", "chunked", "auto"],
+    )
+    assert set(report.values()) == {"ok"}
+
+
+@pytest.mark.parametrize("backend", ["naive", "chunked"])
+def test_dense_symbols_equal_their_relative_form(backend):
+    """RelativeSymbols.dense(N) fed as pairwise symbols gives the output and the table
+    gradient of the relative form (never expanded)."""
+    torch.manual_seed(0)
+    m = az.build(
+        "relational", backend=backend, d_model=12, n_heads=3, n_kv_heads=1,
+        rel_activation="softmax", symbol_retrieval="position_relative",
+        symbol_retrieval_kwargs=dict(max_rel_pos=2),
+    ).double()  # fmt: skip
+    x = torch.randn(2, 7, 12, dtype=torch.float64)
+    relative = m.symbol_retriever(x)
+    table = relative.table
+    want = m(x, relative, is_causal=True)
+    (want_grad,) = torch.autograd.grad(want.square().sum(), table)
+    got = m(x, relative.dense(7), is_causal=True)
+    (got_grad,) = torch.autograd.grad(got.square().sum(), table)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    torch.testing.assert_close(got_grad, want_grad, atol=1e-12, rtol=0)
+
+
+SYMBOLS_FOR_EMPTY = {  # how the symbols of a (3, 0, 8) input arrive
+    "absolute": lambda: dict(symbols=torch.randn(3, 0, 8)),
+    "dense": lambda: dict(symbols=torch.randn(0, 0, 8)),
+    "symbolic_attention": dict,
+    "positional_symbols": dict,
+    "position_relative": dict,
+}
+
+
+def empty_sequence_module(mechanism: str, symbols: str, backend: str):
+    kwargs = dict(d_model=8, backend=backend)
+    if symbols in dict(RETRIEVERS[1:]):
+        kwargs.update(
+            symbol_retrieval=symbols, symbol_retrieval_kwargs=dict(RETRIEVERS[1:])[symbols]
+        )
+    relative = dict(use_relative_positional_symbols=symbols == "dense")
+    if mechanism == "relational":
+        return az.build("relational", n_heads=2, **relative, **kwargs)
+    return az.build("dual", n_heads_sa=1, n_heads_ra=1, ra_kwargs=relative, **kwargs)
+
+
+@pytest.mark.parametrize("mechanism", ["relational", "dual"])
+@pytest.mark.parametrize("symbols", sorted(SYMBOLS_FOR_EMPTY))
+def test_empty_sequence_gives_empty_output_on_every_backend(mechanism, symbols):
+    """N = 0: (B, 0, d_model) with a backward, on every backend and through auto, causal,
+    with RoPE, and reference-style returns of empty maps; a backend that cannot serve it
+    refuses by its capabilities (cpp: no keys; triton: no CUDA here; the fused tier: no pair or
+    relative symbols), nothing crashes."""
+    cos, sin = rotary_tables(4, 0)
+    served = set()
+    for backend in ["auto", *az.list_backends(mechanism)]:
+        m = empty_sequence_module(mechanism, symbols, backend)
+        x = torch.randn(3, 0, 8, requires_grad=True)
+        call = dict(**SYMBOLS_FOR_EMPTY[symbols](), is_causal=True, rope=Rotary(cos, sin))
+        try:
+            out = m(x, **call)
+        except UnsupportedCallError as err:
+            why = ("no_keys", "pair_symbols", "relative_symbols", "'cuda'")
+            assert any(reason in str(err) for reason in why), err
+            continue
+        served.add(backend)
+        assert out.shape == (3, 0, 8)
+        out.sum().backward()
+        m.returns = "reference"
+        if mechanism == "relational":
+            out, attention, relations = m(x, **call)
+            assert attention.shape == (3, 2, 0, 0) and relations.shape == (3, 0, 0, 2)
+        else:
+            out, sa, (attention, relations) = m(x, **call, need_weights=True)
+            assert sa.shape == attention.shape == (3, 1, 0, 0) and relations.shape == (3, 0, 0, 1)
+        assert out.shape == (3, 0, 8)
+    fused = set() if symbols in ("dense", "position_relative") else {"fused"}  # no v_pair, v_rel
+    assert served >= {"auto", "naive", "chunked"} | fused
+
+
+@pytest.mark.parametrize("mechanism", ["relational", "dual"])
+@pytest.mark.parametrize(
+    ("relative", "symbols", "shape"),
+    [
+        (False, lambda: torch.randn(2, 5, 15), r"symbols \(2, 5, 15\)"),
+        (True, lambda: torch.randn(5, 5, 17), r"symbols \(5, 5, 17\)"),
+        (True, lambda: torch.randn(2, 5, 5, 4), r"symbols \(2, 5, 5, 4\)"),
+        (
+            False,
+            lambda: RelativeSymbols(torch.randn(5, 8), 2),
+            r"symbols.table \(5, 8\)",
+        ),
+    ],
+)
+def test_symbols_of_the_wrong_width_are_named(mechanism, relative, symbols, shape):
+    """A ValueError naming symbols and the width d_model, before any projection runs (not
+    torch's matmul error)."""
+    ra = dict(use_relative_positional_symbols=relative)
+    if mechanism == "relational":
+        m = az.build("relational", d_model=16, n_heads=2, **ra)
+    else:
+        m = az.build("dual", d_model=16, n_heads_sa=1, n_heads_ra=1, ra_kwargs=ra)
+    with pytest.raises(ValueError, match=shape + ": the last dimension must be d_model=16"):
+        m(torch.randn(2, 5, 16), symbols())
+
+
+@pytest.mark.parametrize("backend", ["naive", "chunked", "fused"])
+def test_native_reference_returns_are_the_pass_maps(backend):
+    """returns="reference" on a native module: the output is unchanged and the maps are those
+    attention_maps materialises for the same call (relations as (B, N, N, R))."""
+    torch.manual_seed(0)
+    m = az.build("relational", backend=backend, d_model=12, n_heads=3, n_relations=2)
+    x, s = torch.randn(2, 6, 12), torch.randn(2, 6, 12)
+    mask = torch.rand(6, 6) < 0.7
+    want = m(x, s, attn_mask=mask)
+    maps = m.attention_maps(x, s, attn_mask=mask)
+    m.returns = "reference"
+    out, attention, relations = m(x, s, attn_mask=mask)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(attention, maps["attention"])
+    torch.testing.assert_close(relations, maps["relations"].permute(0, 2, 3, 1))
+    dual = az.build("dual", backend=backend, d_model=12, n_heads_sa=2, n_heads_ra=1)
+    dual.returns = "reference"
+    assert dual.relational_attention.returns == "reference"
+    out, sa, (attention, relations) = dual(x, s)
+    assert sa is None and attention.shape == (2, 1, 6, 6) and relations.shape == (2, 6, 6, 1)
+    out, sa, _ = dual(x, s, need_weights=True)
+    torch.testing.assert_close(sa, dual.self_attention.attention_maps(x)["attention"])
+
+
+def test_returns_accepts_output_or_reference():
+    for m in (
+        az.build("relational", d_model=8, n_heads=2),
+        az.build("dual", d_model=8, n_heads_sa=1, n_heads_ra=1),
+        build_symbol_retriever("position_relative", 8, max_rel_pos=2),
+    ):
+        with pytest.raises(ValueError, match="returns='tuple': valid are 'output', 'reference'"):
+            m.returns = "tuple"

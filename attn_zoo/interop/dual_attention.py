@@ -3,6 +3,7 @@
     from attn_zoo.interop.dual_attention import port, convert_state_dict
     ours = port(reference_module)            # same outputs (float64: to 1e-10), our backends
     ours.load_state_dict(convert_state_dict(reference_checkpoint))
+    out, attn, relations = port(reference_relational, returns="reference")(x, symbols)
 
 Ported classes: Attention, RelationalAttention, DualAttention, SymbolicAttention,
 PositionalSymbolRetriever, PositionRelativeSymbolRetriever (same parameter names); the
@@ -12,9 +13,24 @@ Seq2SeqDualAttnTransformer, VisionTransformer, VisionDualAttnTransformer, built 
 reference-compatible constructors of `dual_attention_models` (which reproduce the reference's
 output-changing bugs, listed there). Checkpoints convert by renaming keys.
 
-Calling convention: the reference's RelationalAttention takes position-relative symbols as an
-(N, N, d) tensor; ours takes the `RelativeSymbols` our PositionRelativeSymbolRetriever returns
-(never expanded to N x N x d). RoPE tables go in as ``rope=Rotary(cos, sin)``.
+Calling convention: with use_relative_positional_symbols=True the reference's
+RelationalAttention and DualAttention take the symbols as a dense (N, N, d_model) tensor; ours
+take that too (backends naive and chunked; auto picks chunked), or the `RelativeSymbols` our
+PositionRelativeSymbolRetriever returns (never expanded to N x N x d; every backend that reads
+relative symbols). RoPE tables go in as ``rope=Rotary(cos, sin)``; arguments after `symbols`
+are best passed by keyword (the reference's RelationalAttention has freqs_cos, freqs_sin
+third and fourth, ours attn_mask and is_causal).
+
+Returns: by default a ported attention module returns its output only. With
+``port(module, returns="reference")`` it returns what the reference returns:
+RelationalAttention (output, attention (B, H, N, N), relations (B, N, N, R)); DualAttention
+(output, self-attention weights (B, H_sa, N, N) if called with need_weights=True else None,
+[attention, relations] of the relational branch), None for an absent branch; Attention
+(output, None); PositionRelativeSymbolRetriever the dense (N, N, d) symbols; Seq2Seq models
+only the last position's logits when called without targets; vision models the logits alone.
+The weights are those of the very pass (same projections, masks and RoPE; differentiable;
+after dropout). Blocks, language models and the other retrievers return what the reference
+returns either way.
 
 Deliberate differences: a query row with no allowed key gives zeros here and NaN in the
 reference (RelationalAttention, and Attention on its manual path); SymbolicAttention's
@@ -44,6 +60,7 @@ from attn_zoo.symbols import (
     PositionRelativeSymbolRetriever,
     SymbolicAttention,
 )
+from attn_zoo.symbols.retrievers import check_returns
 
 
 def _attributes(module: nn.Module, names: list[str]) -> dict:
@@ -335,9 +352,41 @@ def _merge_retrievers(sd: dict, like: nn.Module | None) -> dict:
     return rest
 
 
-def port(module: nn.Module, backend: str = "auto") -> nn.Module:
+def _attention_returns(module, args, kwargs, output):
+    return output, None  # the reference's default (SDPA) path returns no weights
+
+
+def _seq2seq_returns(module, args, kwargs, output):
+    logits, loss = output
+    targets = args[2] if len(args) > 2 else kwargs.get("targets")
+    return (logits, loss) if targets is not None else (logits[:, [-1], :], loss)
+
+
+def _vision_returns(module, args, kwargs, output):
+    return output[0]
+
+
+# reference class -> how its port returns what it returns: "returns" (the module's attribute)
+# or a forward hook adapting our return value (module-level functions: ported models pickle)
+REFERENCE_RETURNS: dict[str, str | Callable] = {
+    "Attention": _attention_returns,
+    "RelationalAttention": "returns",
+    "DualAttention": "returns",
+    "PositionRelativeSymbolRetriever": "returns",
+    "Seq2SeqTransformer": _seq2seq_returns,
+    "Seq2SeqDualAttnTransformer": _seq2seq_returns,
+    "VisionTransformer": _vision_returns,
+    "VisionDualAttnTransformer": _vision_returns,
+}
+
+
+def port(module: nn.Module, backend: str = "auto", returns: str = "output") -> nn.Module:
     """Our module equivalent to the reference `module`, with its weights, dtype, device and
-    train/eval mode. `backend` sets the attention backend of the ported mechanisms."""
+    train/eval mode. `backend` sets the attention backend of the ported mechanisms.
+    `returns`: "output" (our convention: attention modules return their output) or
+    "reference" (whatever the reference module returns, e.g. RelationalAttention's
+    (output, attention scores, relations); see the module docstring)."""
+    check_returns(returns)
     name = type(module).__name__
     if not type(module).__module__.startswith("dual_attention") or name not in PORTERS:
         raise unknown_name_error(f"dual_attention class ({type(module).__module__})", name, PORTERS)
@@ -347,4 +396,9 @@ def port(module: nn.Module, backend: str = "auto") -> nn.Module:
     ours.load_state_dict(convert_state_dict(module.state_dict(), like=ours))
     if isinstance(ours, AttentionMechanism):
         ours.backend = backend
+    adapt = REFERENCE_RETURNS.get(name.removesuffix("_HFHub"))
+    if returns == "reference" and adapt == "returns":
+        ours.returns = returns
+    elif returns == "reference" and adapt is not None:
+        ours.register_forward_hook(adapt, with_kwargs=True)
     return ours.train(module.training)

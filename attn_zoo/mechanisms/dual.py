@@ -9,20 +9,30 @@ whose kwargs and parameter names are kept). share_attn_params makes the self-att
 and wk the relational branch's wq_attn and wk_attn (n_heads_sa must equal n_heads_ra).
 
 Backends are the tier names naive, chunked and fused (and auto): each branch runs its own
-kernel family at that tier.
+kernel family at that tier. Symbols go to the relational branch (see relational.py: absolute,
+dense pairwise with use_relative_positional_symbols, or `RelativeSymbols`); an empty sequence
+(N = 0) gives an empty (B, 0, d_model) output. ``returns = "reference"`` makes forward return
+the reference's tuple (output, self-attention weights (B, H_sa, N, N) if need_weights else
+None, [attention (B, H_ra, N, N), relations (B, N, N, R)]), None for an absent branch; with
+need_weights the self-attention branch runs materialised, as the reference's manual path.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from einops import einsum, rearrange
 
 from attn_zoo.kernels.dispatch import TIERS
+from attn_zoo.kernels.heads import repeat_kv
+from attn_zoo.kernels.relational.naive import attention_tensor
 from attn_zoo.kernels.rotary import Rotary
 from attn_zoo.mechanisms.base import AttentionMechanism, check_int
 from attn_zoo.mechanisms.registry import MECHANISMS, register_mechanism
 from attn_zoo.mechanisms.relational import RelationalAttention, retriever_or_none
 from attn_zoo.mechanisms.standard import StandardAttention
 from attn_zoo.symbols import RelativeSymbols
+from attn_zoo.symbols.retrievers import check_returns
 
 BRANCH_FIXED = {"d_model", "n_heads", "total_n_heads", "dropout", "backend"}
 
@@ -76,6 +86,19 @@ class DualAttention(AttentionMechanism):
         )
         if symbol_retrieval == "position_relative" and self.relational_attention is not None:
             self.relational_attention.use_relative_positional_symbols = True
+        self.returns = "output"
+
+    @property
+    def returns(self) -> str:
+        """Either "output" (forward returns the output) or "reference" (the reference's tuple); the
+        relational branch follows."""
+        return getattr(self, "_returns", "output")  # modules pickled before it existed
+
+    @returns.setter
+    def returns(self, value: str) -> None:
+        self._returns = check_returns(value)
+        if self.relational_attention is not None:
+            self.relational_attention.returns = value
 
     @classmethod
     def backend_names(cls) -> list[str]:
@@ -99,14 +122,46 @@ class DualAttention(AttentionMechanism):
         attn_mask: torch.Tensor | None = None,
         is_causal: bool = False,
         rope: Rotary | None = None,
-    ) -> torch.Tensor:  # (B, N, d_model)
-        outputs = []
+        need_weights: bool = False,  # returns="reference": also the self-attention weights
+    ):
+        """(B, N, d_model); with returns="reference" the reference's tuple (module docstring)."""
+        reference = self.returns == "reference"
+        outputs, sa_weights, ra_maps = [], None, None
         if self.self_attention is not None:
-            outputs.append(
-                self.self_attention(x, attn_mask=attn_mask, is_causal=is_causal, rope=rope)
-            )
+            if x.shape[1] == 0:  # nothing to attend (not every softmax backend takes no keys)
+                outputs.append(self._empty_branch(self.self_attention, x))
+                if reference and need_weights:
+                    sa_weights = x.new_zeros(x.shape[0], self.self_attention.n_heads, 0, 0)
+            elif reference and need_weights:
+                out, sa_weights = self._self_attention_with_weights(x, attn_mask, is_causal, rope)
+                outputs.append(out)
+            else:
+                outputs.append(
+                    self.self_attention(x, attn_mask=attn_mask, is_causal=is_causal, rope=rope)
+                )
         if self.relational_attention is not None:
             if symbols is None and self.symbol_retriever is not None:
                 symbols = self.symbol_retriever(x)
-            outputs.append(self.relational_attention(x, symbols, attn_mask, is_causal, rope))
-        return torch.cat(outputs, dim=-1)
+            result = self.relational_attention(x, symbols, attn_mask, is_causal, rope)
+            out, *ra_maps = result if isinstance(result, tuple) else (result,)
+            outputs.append(out)
+        out = torch.cat(outputs, dim=-1)
+        return (out, sa_weights, ra_maps) if reference else out
+
+    @staticmethod
+    def _empty_branch(branch: StandardAttention, x: torch.Tensor) -> torch.Tensor:
+        """The branch's (B, 0, width) output of an empty sequence, in the graph of x and wo."""
+        return branch.wo(x[..., :1].expand(*x.shape[:2], branch.wo.in_features))
+
+    def _self_attention_with_weights(self, x, attn_mask, is_causal, rope):
+        """Self-attention output and its weights (B, H_sa, N, N) by the reference's manual
+        path (need_weights=True): the weights materialised (after dropout, in training) and the
+        output made from them, one set of queries and keys for both."""
+        sa = self.self_attention
+        q, k = sa.queries_keys(x, x, rope)
+        weights = attention_tensor(q, k, attn_mask, is_causal, sa.head_dim**-0.5).to(q.dtype)
+        if self.training and sa.dropout > 0:
+            weights = F.dropout(weights, sa.dropout)
+        v = repeat_kv(rearrange(sa.wv(x), "b n (h d) -> b h n d", h=sa.n_kv_heads), sa.n_heads)
+        out = einsum(weights, v, "b h n m, b h m d -> b n h d")
+        return sa.resid_dropout(sa.wo(rearrange(out, "b n h d -> b n (h d)"))), weights

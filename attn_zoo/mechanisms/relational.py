@@ -13,6 +13,12 @@ Kwargs and parameter names follow `dual_attention.relational_attention.Relationa
 as they are. Differences, all deliberate: a query row with no allowed key gives zeros (the
 reference gives NaN); rel_proj_dim may be any width (the reference requires
 rel_proj_dim * n_relations == head_dim * n_heads); the mechanism may own a symbol retriever.
+
+Symbols, width d_model: absolute (B, N, d_model); with use_relative_positional_symbols=True,
+pairwise s_ij as the reference takes them, dense (N, N, d_model) or (B, N, N, d_model)
+(backends naive and chunked); or the `RelativeSymbols` of a position_relative retriever
+(never expanded). ``returns = "reference"`` makes forward return the reference's tuple
+(output, attention (B, H, N, N), relations (B, N, N, R)), the weights of the very pass.
 """
 
 from __future__ import annotations
@@ -20,18 +26,19 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from einops import einsum, rearrange
 from torch import nn
 
 from attn_zoo.kernels.relational import relational_attention
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
-from attn_zoo.kernels.relational.naive import relation_tensor
+from attn_zoo.kernels.relational.naive import aggregate, attention_tensor, relation_tensor
 from attn_zoo.kernels.rotary import Rotary
-from attn_zoo.kernels.softmax.naive import attention_weights
 from attn_zoo.mechanisms.base import AttentionMechanism, check_dropout, check_int
 from attn_zoo.mechanisms.registry import register_mechanism
 from attn_zoo.mechanisms.standard import check_heads
 from attn_zoo.symbols import RelativeSymbols, build_symbol_retriever, list_symbol_retrievers
+from attn_zoo.symbols.retrievers import check_returns
 
 
 def retriever_or_none(name: str | None, kwargs: dict | None, d_model: int) -> nn.Module | None:
@@ -103,9 +110,20 @@ class RelationalAttention(AttentionMechanism):
         self.wv = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=add_bias_kv)
         self.wo = nn.Linear(n_heads * self.head_dim, n_heads * self.head_dim, bias=add_bias_out)
         self.resid_dropout = nn.Dropout(dropout)
+        self.returns = "output"
+
+    @property
+    def returns(self) -> str:
+        """Either "output" (forward returns the output) or "reference" (the reference's tuple)."""
+        return getattr(self, "_returns", "output")  # modules pickled before it existed
+
+    @returns.setter
+    def returns(self, value: str) -> None:
+        self._returns = check_returns(value)
 
     def symbol_values(self, x: torch.Tensor, symbols) -> dict:
-        """Kernel kwargs for the symbols: v (B, Hkv, N, hd) or v_rel (Hkv, 2K+1, hd)."""
+        """Kernel kwargs for the symbols: v (B, Hkv, N, hd), v_rel (Hkv, 2K+1, hd) or v_pair
+        (B?, Hkv, N, N, hd)."""
         if symbols is None:
             if self.symbol_retriever is None:
                 raise ValueError(
@@ -113,16 +131,30 @@ class RelationalAttention(AttentionMechanism):
                     f"symbol_retrieval= one of {list_symbol_retrievers()}"
                 )
             symbols = self.symbol_retriever(x)
-        relative = isinstance(symbols, RelativeSymbols)  # the type says it; the flag is a check
-        if self.use_relative_positional_symbols and not relative:
-            raise ValueError(
-                "symbols are absolute but use_relative_positional_symbols=True: pass the "
-                "RelativeSymbols of a position_relative retriever"
-            )
+        relative = isinstance(symbols, RelativeSymbols)  # the type says it
+        width = self.wv.in_features
+        if (symbols.table if relative else symbols).shape[-1] != width:
+            shape = tuple((symbols.table if relative else symbols).shape)
+            name = "symbols.table" if relative else "symbols"
+            raise ValueError(f"{name} {shape}: the last dimension must be d_model={width}")
         if relative:
             table = rearrange(self.wv(symbols.table), "c (h d) -> h c d", h=self.n_kv_heads)
             return {"v_rel": table}
-        if symbols.shape[:2] != x.shape[:2]:
+        b, n = x.shape[:2]
+        if self.use_relative_positional_symbols:  # pairwise, as the reference takes them
+            if (
+                symbols.shape[-3:-1] != (n, n)
+                or symbols.dim() not in (3, 4)
+                or (symbols.dim() == 4 and symbols.shape[0] != b)
+            ):
+                raise ValueError(
+                    f"symbols {tuple(symbols.shape)}: use_relative_positional_symbols=True takes "
+                    f"pairwise symbols (N, N, d_model) = ({n}, {n}, {width}) or (B, N, N, "
+                    f"d_model), or the RelativeSymbols of a position_relative retriever"
+                )
+            pairs = "... n m (h d) -> ... h n m d"
+            return {"v_pair": rearrange(self.wv(symbols), pairs, h=self.n_kv_heads)}
+        if symbols.shape[:2] != x.shape[:2] or symbols.dim() != 3:
             raise ValueError(
                 f"symbols {tuple(symbols.shape)} must be (B, N, d_model) like x {tuple(x.shape)}"
             )
@@ -131,26 +163,57 @@ class RelationalAttention(AttentionMechanism):
     def forward(
         self,
         x: torch.Tensor,  # (B, N, d_model)
-        symbols: torch.Tensor | RelativeSymbols | None = None,  # (B, N, d_model) or relative
-        attn_mask: torch.Tensor | None = None,  # bool, broadcastable to (B, H, N, N)
+        symbols: torch.Tensor | RelativeSymbols | None = None,  # see the module docstring
+        attn_mask: torch.Tensor | None = None,  # bool or additive, broadcastable to (B,H,N,N)
         is_causal: bool = False,
         rope: Rotary | None = None,  # RoPE on the attention queries and keys
-    ) -> torch.Tensor:  # (B, N, n_heads * head_dim)
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, N, n_heads * head_dim); with returns="reference" the reference's tuple
+        (output, attention (B, H, N, N), relations (B, N, N, R))."""
+        out, maps = self.attend(x, symbols, attn_mask, is_causal, rope, self.returns == "reference")
+        return out if maps is None else (out, *maps)
+
+    def attend(
+        self,
+        x: torch.Tensor,
+        symbols: torch.Tensor | RelativeSymbols | None = None,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        rope: Rotary | None = None,
+        with_maps: bool = False,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """(output, None), or with_maps: (output, (attention (B, H, N, N), relations
+        (B, N, N, R))), the reference's returns: materialised from this pass's projections,
+        differentiable, attention after dropout. When dropout acts (training, dropout > 0)
+        the output is then computed from those very weights (materialised); otherwise by the
+        backend's kernel."""
         q, k, qr, kr = self.projections(x, rope)
-        out = relational_attention(
-            q, k, qr, kr,
-            **self.symbol_values(x, symbols),
-            attn_mask=attn_mask,
-            is_causal=is_causal,
-            scale=self.head_dim**-0.5,
-            rel_scale=self.rel_proj_dim**-0.5,
-            rel_activation=self.rel_activation,
-            dropout_p=self.dropout if self.training else 0.0,
-            backend=self.backend,
-        )  # fmt: skip
+        values = self.symbol_values(x, symbols)
+        dropout_p = self.dropout if self.training else 0.0
+        scale, rel_scale = self.head_dim**-0.5, self.rel_proj_dim**-0.5
+        maps = None
+        if with_maps:
+            attn = attention_tensor(q, k, attn_mask, is_causal, scale)
+            relations = relation_tensor(qr, kr, rel_scale, self.rel_activation)
+            if dropout_p > 0:
+                attn = F.dropout(attn, dropout_p)
+                out = aggregate(attn, relations, **values).to(q.dtype)
+            maps = attn.to(q.dtype), rearrange(relations, "b r n m -> b n m r").to(q.dtype)
+        if not with_maps or dropout_p == 0:
+            out = relational_attention(
+                q, k, qr, kr,
+                **values,
+                attn_mask=attn_mask,
+                is_causal=is_causal,
+                scale=scale,
+                rel_scale=rel_scale,
+                rel_activation=self.rel_activation,
+                dropout_p=dropout_p,
+                backend=self.backend,
+            )  # fmt: skip
         sym, rel = out[..., : self.head_dim], out[..., self.head_dim :]
         heads = sym + einsum(rel, self.wr, "b h n r, h e r -> b h n e")
-        return self.resid_dropout(self.wo(rearrange(heads, "b h n d -> b n (h d)")))
+        return self.resid_dropout(self.wo(rearrange(heads, "b h n d -> b n (h d)"))), maps
 
     def projections(self, x: torch.Tensor, rope: Rotary | None) -> tuple[torch.Tensor, ...]:
         """Attention q (B, H, N, dk), k (B, Hkv, N, dk) (RoPE if given) and relation qr, kr
@@ -176,6 +239,6 @@ class RelationalAttention(AttentionMechanism):
         {"attention": (B, H, N, N), "relations": (B, R, N, N)}."""
         q, k, qr, kr = self.projections(x, rope)
         return {
-            "attention": attention_weights(q, k, attn_mask, is_causal, self.head_dim**-0.5),
+            "attention": attention_tensor(q, k, attn_mask, is_causal, self.head_dim**-0.5),
             "relations": relation_tensor(qr, kr, self.rel_proj_dim**-0.5, self.rel_activation),
         }

@@ -13,6 +13,7 @@ import torch
 from einops import rearrange, repeat
 from torch import nn
 
+from attn_zoo.kernels.relational.naive import relative_index
 from attn_zoo.kernels.softmax import softmax_attention
 from attn_zoo.symbols.registry import register_symbol_retriever
 
@@ -91,6 +92,15 @@ class PositionalSymbolRetriever(nn.Module):
         return repeat(symbols, "n d -> b n d", b=x.shape[0])
 
 
+RETURNS = ("output", "reference")
+
+
+def check_returns(returns: str) -> str:
+    if returns not in RETURNS:
+        raise ValueError(f"returns={returns!r}: valid are {', '.join(map(repr, RETURNS))}")
+    return returns
+
+
 @dataclass(frozen=True)
 class RelativeSymbols:
     """Symbols that depend on j - i only: s_ij = table[clip(j - i, -K, K) + K].
@@ -100,6 +110,12 @@ class RelativeSymbols:
 
     table: torch.Tensor
     max_rel_pos: int
+
+    def dense(self, n: int, m: int | None = None) -> torch.Tensor:
+        """The (n, m) pairs expanded: (n, m, d) with [i, j] = s_ij, the reference's form
+        (relational attention takes it with use_relative_positional_symbols=True)."""
+        m = n if m is None else m
+        return self.table[relative_index(n, m, self.max_rel_pos, self.table.device)]
 
 
 class RelativePositionTable(nn.Module):
@@ -115,13 +131,25 @@ class RelativePositionTable(nn.Module):
 class PositionRelativeSymbolRetriever(nn.Module):
     """Relative positional symbols s_ij = E[clip(j - i, -K, K) + K], K = max_rel_pos.
 
-    Returns `RelativeSymbols`; relational attention reads them per (i, j) pair.
+    Returns `RelativeSymbols`; relational attention reads them per (i, j) pair. With
+    ``returns = "reference"`` (set by `attn_zoo.interop.dual_attention.port`) it returns them
+    expanded, (N, N, symbol_dim), as the `dual-attention` reference does.
     """
 
     def __init__(self, symbol_dim: int, max_rel_pos: int):
         super().__init__()
         self.max_rel_pos = max_rel_pos
         self.rel_pos_enc = RelativePositionTable(symbol_dim, max_rel_pos)
+        self.returns = "output"
 
-    def forward(self, x: torch.Tensor) -> RelativeSymbols:
-        return RelativeSymbols(self.rel_pos_enc.rel_pos_embeddings, self.max_rel_pos)
+    @property
+    def returns(self) -> str:
+        return getattr(self, "_returns", "output")  # modules pickled before it existed
+
+    @returns.setter
+    def returns(self, value: str) -> None:
+        self._returns = check_returns(value)
+
+    def forward(self, x: torch.Tensor) -> RelativeSymbols | torch.Tensor:
+        symbols = RelativeSymbols(self.rel_pos_enc.rel_pos_embeddings, self.max_rel_pos)
+        return symbols.dense(x.shape[1]) if self.returns == "reference" else symbols

@@ -12,7 +12,11 @@ dr_ij^l = sum_h p_ij^h drel_i^{h,l} flows through the activation into qr and kr.
 softmax activation (normalised over all keys, unmasked) the row term sum_j r_ij dr_ij equals
 sum_h drel_i^{h,l} rel_i^{h,l}, and tiles above the causal diagonal still carry relation
 gradient. Relative symbols are never expanded to N x M x hd: the weights of a tile are summed
-into the 2K+1 relative-position buckets first. Training memory O(N x block).
+into the 2K+1 relative-position buckets first. Pairwise symbols v_pair (B?, Hkv, N, M, hd) are
+read one (query block, key block) tile at a time: dp_ij gains <dsym_i, v_ij>, and
+dv_ij = p_ij dsym_i (summed over the query heads of a kv head, and over the batch when v_pair
+has none) fills the same tile of dv_pair. Training memory O(N x block) beyond the inputs
+(v_pair and its gradient are themselves N x M x hd).
 """
 
 import torch
@@ -21,7 +25,7 @@ from einops import einsum, rearrange
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import group_queries
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
-from attn_zoo.kernels.relational.family import FEATURES
+from attn_zoo.kernels.relational.family import FEATURES, PAIR_SYMBOLS
 from attn_zoo.kernels.relational.naive import default_scales, relative_index
 from attn_zoo.kernels.softmax.chunked import BLOCK, Tiles
 from attn_zoo.kernels.softmax.naive import upcast_half
@@ -56,6 +60,11 @@ class RelationTiles(Tiles):
         return out.scatter_add_(-1, index, p)
 
 
+def pair_pattern(v_pair) -> str:
+    """einsum letters of a v_pair tile: unbatched (Hkv, bq, bk, hd) or batched."""
+    return "h n m d" if v_pair.dim() == 4 else "b h n m d"
+
+
 def relation_lse(tiles: RelationTiles, qr, kr):
     """Row logsumexp of the raw relations over all keys: (B, R, N)."""
     lse = qr.new_full(qr.shape[:-1], float("-inf"))
@@ -74,6 +83,7 @@ class ChunkedRelationalAttention(torch.autograd.Function):
         kr,
         v,
         v_rel,
+        v_pair,
         attn_mask,
         is_causal,
         scale,
@@ -85,28 +95,31 @@ class ChunkedRelationalAttention(torch.autograd.Function):
     ):
         tiles = RelationTiles(q, k, attn_mask, is_causal, p_drop, seed, block, rel_scale, act)
         rel_lse = relation_lse(tiles, qr, kr) if act == "softmax" else None
-        width = (v if v_rel is None else v_rel).shape[-1]
+        width = next(t for t in (v, v_rel, v_pair) if t is not None).shape[-1]
 
         def values(p, i0, i1, j0, j1):  # [sum_j p_ij v_j | sum_j p_ij r_ij]
             rel_lse_i = None if rel_lse is None else rel_lse[..., i0:i1]
             rel = tiles.relations(tiles.raw_relations(qr[:, :, i0:i1], kr[:, :, j0:j1]), rel_lse_i)
-            if v_rel is None:
+            if v is not None:
                 sym = einsum(p, v[:, :, j0:j1], "b h g n m, b h m d -> b h g n d")
-            else:
+            elif v_rel is not None:
                 index = tiles.bucket_index(i0, i1, j0, j1, (v_rel.shape[1] - 1) // 2, p)
                 weights = tiles.buckets(p, index, v_rel.shape[1])
                 sym = einsum(weights, v_rel, "b h g n c, h c d -> b h g n d")
+            else:
+                tile = v_pair[..., i0:i1, j0:j1, :]
+                sym = einsum(p, tile, f"b h g n m, {pair_pattern(v_pair)} -> b h g n d")
             agg = einsum(p, rel, "b h g n m, b r n m -> b h g n r")
             return torch.cat([sym, agg], dim=-1)
 
         out, lse = tiles.online_softmax(q, k, scale, width + qr.shape[1], values)
-        ctx.save_for_backward(q, k, qr, kr, v, v_rel, out, lse, rel_lse)
+        ctx.save_for_backward(q, k, qr, kr, v, v_rel, v_pair, out, lse, rel_lse)
         ctx.tiles, ctx.scale = tiles, scale
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, qr, kr, v, v_rel, out, lse, rel_lse = ctx.saved_tensors
+        q, k, qr, kr, v, v_rel, v_pair, out, lse, rel_lse = ctx.saved_tensors
         tiles, scale = ctx.tiles, ctx.scale
         width = out.shape[-1] - qr.shape[1]
         dsym, drel = dout[..., :width], dout[..., width:]
@@ -117,6 +130,7 @@ class ChunkedRelationalAttention(torch.autograd.Function):
         dq, dk, dqr, dkr = (torch.zeros_like(t) for t in (q, k, qr, kr))
         dv = None if v is None else torch.zeros_like(v)
         dv_rel = None if v_rel is None else torch.zeros_like(v_rel)
+        dv_pair = None if v_pair is None else torch.zeros_like(v_pair)
 
         def relation_tile(i0, i1, j0, j1):
             """Raw relations and relations (B, R, bq, bk) of a tile."""
@@ -146,21 +160,28 @@ class ChunkedRelationalAttention(torch.autograd.Function):
                 p = torch.exp(s - lse[..., i0:i1, None])
                 raw, rel = relation_tile(i0, i1, j0, j1)
                 dp = einsum(drel_i, rel, "b h g n r, b r n m -> b h g n m")
-                if v_rel is None:
+                if v is not None:
                     dp = dp + einsum(dsym_i, v[:, :, j0:j1], "b h g n d, b h m d -> b h g n m")
-                else:
+                elif v_rel is not None:
                     index = tiles.bucket_index(i0, i1, j0, j1, (v_rel.shape[1] - 1) // 2, p)
                     per_bucket = einsum(dsym_i, v_rel, "b h g n d, h c d -> b h g n c")
                     dp = dp + per_bucket.gather(-1, index)
+                else:
+                    tile, pattern = v_pair[..., i0:i1, j0:j1, :], pair_pattern(v_pair)
+                    dp = dp + einsum(dsym_i, tile, f"b h g n d, {pattern} -> b h g n m")
                 p_used = p
                 if tiles.dropout_p > 0:
                     keep = tiles.keep(i0, i1, j0, j1, p)
                     p_used, dp = p * keep, dp * keep
-                if v_rel is None:
+                if v is not None:
                     dv[:, :, j0:j1] += einsum(p_used, dsym_i, "b h g n m, b h g n d -> b h m d")
-                else:
+                elif v_rel is not None:
                     weights = tiles.buckets(p_used, index, v_rel.shape[1])
                     dv_rel += einsum(weights, dsym_i, "b h g n c, b h g n d -> h c d")
+                else:
+                    dv_pair[..., i0:i1, j0:j1, :] += einsum(
+                        p_used, dsym_i, f"b h g n m, b h g n d -> {pattern}"
+                    )
                 d_rel = einsum(p_used, drel_i, "b h g n m, b h g n r -> b r n m")
                 relation_grads(i0, i1, j0, j1, raw, rel, d_rel)
                 ds = p * (dp - delta[..., i0:i1, None])
@@ -170,7 +191,7 @@ class ChunkedRelationalAttention(torch.autograd.Function):
                 for j0, j1 in tiles.all_key_blocks()[len(visited) :]:
                     raw, rel = relation_tile(i0, i1, j0, j1)
                     relation_grads(i0, i1, j0, j1, raw, rel, torch.zeros_like(rel))
-        return dq, dk, dqr, dkr, dv, dv_rel, *([None] * 8)
+        return dq, dk, dqr, dkr, dv, dv_rel, dv_pair, *([None] * 8)
 
 
 # On CPU the tiled kernel beats value augmentation at every N measured (512..4096, d_model 512,
@@ -180,7 +201,7 @@ class ChunkedRelationalAttention(torch.autograd.Function):
     "chunked",
     tier="chunked",
     priority={"cpu": 40, "cuda": 10},
-    capabilities=Capabilities(FEATURES),
+    capabilities=Capabilities(FEATURES | PAIR_SYMBOLS),
 )
 def chunked(
     q: torch.Tensor,  # (B, H, N, dk)
@@ -196,13 +217,15 @@ def chunked(
     rel_activation: str = "identity",
     dropout_p: float = 0.0,
     block: int = BLOCK,
+    v_pair: torch.Tensor | None = None,  # (B?, Hkv, N, M, hd), instead of v / v_rel
 ) -> torch.Tensor:  # (B, H, N, hd + R)
     scale, rel_scale = default_scales(q, qr, scale, rel_scale)
     seed = int(torch.randint(2**62, (1,))) if dropout_p > 0 else 0
     if attn_mask is not None:
         attn_mask = attn_mask.expand(attn_mask.shape[0], *q.shape[1:3], k.shape[2])
     # contiguous once: tiles of strided views would be copied again in every einsum
-    cast = [None if t is None else upcast_half(t).contiguous() for t in (q, k, qr, kr, v, v_rel)]
+    tensors = (q, k, qr, kr, v, v_rel, v_pair)
+    cast = [None if t is None else upcast_half(t).contiguous() for t in tensors]
     cast[0] = group_queries(cast[0], k.shape[1]).contiguous()
     out = ChunkedRelationalAttention.apply(
         *cast, attn_mask, is_causal, scale, rel_scale, rel_activation, dropout_p, seed, block

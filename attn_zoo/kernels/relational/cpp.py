@@ -17,6 +17,13 @@ symbols, causal or not, GQA, without mask or dropout. GEMMs go to the BLAS torch
 compiler with OpenMP, and ninja) into torch's extension cache, about 15 s the first time on a
 machine; where the build fails, or ATTN_ZOO_NO_CPP=1, the backend reports itself unavailable
 with the reason and `auto` takes the next one.
+
+The kernel is two torch custom ops, attn_zoo::relational_cpu_forward -> (out, lse) and
+attn_zoo::relational_cpu_backward -> (dq, dk, dv, dqr, dkr) (torch.library.custom_op around the
+loaded extension's ops), with fake kernels (output shapes and dtypes) and the autograd formula
+registered, so torch.compile(fullgraph=True) traces through it as one opaque call each way.
+Whether the kernel is built is decided outside the traced graph (`cpp_missing` is a constant
+to the compiler): the build happens when the first call, eager or traced, asks.
 """
 
 import hashlib
@@ -77,6 +84,7 @@ def _build() -> None:
     _state["ops"] = torch.ops.attn_zoo_relational_cpu
 
 
+@torch.compiler.assume_constant_result  # traced code takes the answer as a constant
 def cpp_missing() -> str | None:
     """None once the C++ kernel is built and loaded (building it on the first call), else why
     it cannot be."""
@@ -106,22 +114,79 @@ def rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-class CppRelationalAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, qr, kr, is_causal, scale, rel_scale, blocks):
-        args = is_causal, scale, rel_scale
-        out, lse = _ops().forward(q, k, v, qr, kr, *args, *blocks[:2])
-        ctx.save_for_backward(q, k, v, qr, kr, out, lse)
-        ctx.args = *args, *blocks[2:]
-        return out
+# The custom ops. Their bodies run the extension (never traced); the fakes give the compiler
+# the outputs' shapes, dtypes and (contiguous) layout. Inputs are re-checked with `rows` inside
+# the bodies: a compiled graph may hand an op other strides than eager code would.
 
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, qr, kr, out, lse = ctx.saved_tensors
-        dout = rows(dout)
-        delta = (dout * out).sum(-1)
-        grads = _ops().backward(q, k, v, qr, kr, dout, lse, delta, *ctx.args)
-        return *grads, None, None, None, None
+
+@torch.library.custom_op("attn_zoo::relational_cpu_forward", mutates_args=(), device_types="cpu")
+def _forward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    qr: torch.Tensor,
+    kr: torch.Tensor,
+    is_causal: bool,
+    scale: float,
+    rel_scale: float,
+    blocks: list[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (B, H, N, hd + R), lse (B, H, N)), both float32 and contiguous; `blocks`: the tile
+    sizes of forward (the first two) and backward (the last two)."""
+    q, k, v, qr, kr = (rows(t) for t in (q, k, v, qr, kr))
+    return _ops().forward(q, k, v, qr, kr, is_causal, scale, rel_scale, *blocks[:2])
+
+
+@_forward_op.register_fake
+def _(q, k, v, qr, kr, is_causal, scale, rel_scale, blocks):
+    (b, h, n, _), hd, r = q.shape, v.shape[3], qr.shape[1]
+    return q.new_empty(b, h, n, hd + r), q.new_empty(b, h, n)
+
+
+@torch.library.custom_op("attn_zoo::relational_cpu_backward", mutates_args=(), device_types="cpu")
+def _backward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    qr: torch.Tensor,
+    kr: torch.Tensor,
+    dout: torch.Tensor,
+    lse: torch.Tensor,
+    delta: torch.Tensor,
+    is_causal: bool,
+    scale: float,
+    rel_scale: float,
+    block_q: int,
+    block_k: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dqr, dkr), contiguous; delta_i = <dout_i, out_i> (B, H, N)."""
+    q, k, v, qr, kr, dout = (rows(t) for t in (q, k, v, qr, kr, dout))
+    lse, delta = lse.contiguous(), delta.contiguous()
+    args = is_causal, scale, rel_scale, block_q, block_k
+    return tuple(_ops().backward(q, k, v, qr, kr, dout, lse, delta, *args))
+
+
+@_backward_op.register_fake
+def _(q, k, v, qr, kr, dout, lse, delta, is_causal, scale, rel_scale, block_q, block_k):
+    return tuple(t.new_empty(t.shape) for t in (q, k, v, qr, kr))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, qr, kr, is_causal, scale, rel_scale, blocks = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, qr, kr, out, lse)
+    ctx.args = is_causal, scale, rel_scale, *blocks[2:]
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, qr, kr, out, lse = ctx.saved_tensors
+    dout = rows(dout)
+    delta = (dout * out).sum(-1)
+    grads = _backward_op(q, k, v, qr, kr, dout, lse, delta, *ctx.args)
+    return *grads, None, None, None, None
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 # The fastest backend on CPU where it builds.
@@ -167,7 +232,9 @@ def cpp(
         raise ValueError(
             f"relational backend 'cpp': blocks={blocks} must be four positive tile sizes"
         )
-    _ops()  # built, or the reason it cannot be
+    if why := cpp_missing():  # built, or the reason it cannot be
+        raise RuntimeError(f"relational backend 'cpp' is unavailable: {why}")
     scale, rel_scale = default_scales(q, qr, scale, rel_scale)
     q, k, v, qr, kr = (rows(t) for t in (q, k, v, qr, kr))
-    return CppRelationalAttention.apply(q, k, v, qr, kr, is_causal, scale, rel_scale, blocks)
+    args = bool(is_causal), float(scale), float(rel_scale), list(blocks)
+    return _forward_op(q, k, v, qr, kr, *args)[0]
