@@ -104,7 +104,7 @@ class AxialAttention(AttentionMechanism):
         """Self-attention along `axis` of x (B, d_1, ..., d_k, D), embedding last; same shape."""
         lines = x.movedim(axis, -2)  # (B, .., d_axis, D): the attended axis next to D
         batch_shape = lines.shape[:-2]
-        lines = lines.reshape(-1, *lines.shape[-2:])  # (B', L, D), B' = every other axis
+        lines = lines.reshape(batch_shape.numel(), *lines.shape[-2:])  # (B', L, D), B' the rest
         q, k, v = (
             rearrange(w(lines), "b l (h d) -> b h l d", h=self.n_heads)
             for w in (proj.wq, proj.wk, proj.wv)

@@ -48,6 +48,8 @@ def prefix_pool(scores: torch.Tensor, values: torch.Tensor, block: int = BLOCK) 
     """g_t = sum_{i <= t} softmax_{i <= t}(scores)_i values_i: (B, H, N, d); -inf scores are
     masked positions; rows with nothing allowed give zeros. scores (B, H, N), values (.., d)."""
     n = scores.shape[-1]
+    if n == 0:  # no positions: nothing to pool
+        return values
     pad = -n % block
     scores = rearrange(F.pad(scores, (0, pad), value=NEG_INF), "b h (c l) -> b h c l", l=block)
     values = rearrange(F.pad(values, (0, 0, 0, pad)), "b h (c l) d -> b h c l d", l=block)

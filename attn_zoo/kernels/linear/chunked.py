@@ -63,7 +63,7 @@ def chunked(
 
     state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])  # S: keys before the chunk
     key_sum = q.new_zeros(*q.shape[:2], q.shape[-1])  # z
-    outputs = []
+    outputs = [einsum(phi_q[:, :, :0], state, "b h n d, b h d e -> b h n e")]  # (N = 0)
     for i0 in range(0, n, chunk):
         i1 = min(i0 + chunk, n)
         j0, j1 = min(i0, m), min(i1, m)  # the chunk's own keys (none once past the last key)

@@ -29,6 +29,8 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
         scores = scores + mask
     elif mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
+    if scores.shape[-1] == 0:  # no keys at all: every row is empty
+        return scores
     row_max = scores.amax(dim=-1, keepdim=True).detach()
     row_max = row_max.masked_fill(row_max == float("-inf"), 0.0)
     weights = torch.exp(scores - row_max)
