@@ -75,6 +75,8 @@ class Capabilities:
       rel_activation    (relational) a relation activation other than identity
       relative_symbols  (relational) symbol values by relative position, v_rel
       no_keys           (relational) M = 0 keys
+      no_queries        (relational) N = 0 queries
+      pair_symbols      (relational) dense symbol values per (query, key) pair, v_pair
     devices: device types ("cpu", "cuda"); dtypes: served dtypes; grad_devices: devices with
     a backward (None: all).
     """
