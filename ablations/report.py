@@ -9,12 +9,13 @@
     curves_<task>.png    validation accuracy vs step, per mechanism (and size): mean, min-max band
     vs_params_<task>.png test accuracy vs parameters, one point per mechanism and size
     vs_train_size_<family>.png  test accuracy vs n_train, where a task family's n_train varies
-    attention_<cell>.png attention maps of checkpointed cells (ablations.attention)
+    attention_<cell>.png attention maps recorded when each cell finished, in grids that keep
+                         checkpoints (ablations.attention; writing a report runs no model)
 
 where <task>, <family> and <cell> are `label_file_name`'s slug and hash of the label (e.g.
 ``curves_pairs-v64_3fa2c1d0.png``): two labels never share a file, and no label can name a file
 outside the folder. Labels and notes are shown as text on both pages (see
-ablations.report_pages); a missing or unreadable checkpoint leaves its attention map out with
+ablations.report_pages); a missing or unreadable maps file leaves its attention map out with
 a note. The folder is written whole or not at all: see `write_report`.
 
 Both pages are rendered from one page model through report_pages' markdown and HTML templates:

@@ -298,6 +298,11 @@ class ResultsStore:
         """Where cell `key`'s trained weights are kept (grids with checkpoints = true)."""
         return self.path.parent / f"{self.path.stem}.checkpoints" / f"{key}.pt"
 
+    def maps_path(self, key: str) -> Path:
+        """Where cell `key`'s attention maps are kept (recorded when it finished, in grids with
+        checkpoints = true; ablations.attention draws them)."""
+        return self.path.parent / f"{self.path.stem}.maps" / f"{key}.pt"
+
     def save_checkpoint(self, key: str, state: bytes) -> Path:
         """Write `state` (torch.save bytes) for cell `key` atomically; its path."""
         if self.readonly:

@@ -6,6 +6,10 @@ validation metric reaches `early_stop_target`. The metric is accuracy: per examp
 classification (sequences or images), per scored position for language-model and seq2seq
 tasks, which also get `exact` (the share of examples with every scored position right). A NaN
 or inf loss ends the cell as `diverged` at its step. The same seed gives the same metrics on CPU.
+
+With `keep_maps`, a finished cell also returns the attention maps of its trained model on one
+fixed test example (`MAPS_EXAMPLE`, see `attention_record`), so that a report draws them without
+running a model (ablations.attention).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import math
 import platform
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,6 +26,7 @@ from torch import Tensor, nn
 
 from ablations.spec import Cell
 from ablations.tasks import IGNORE_INDEX, build_task
+from attn_zoo.maps import recording_attention
 from attn_zoo.models import (
     BlockConfig,
     LanguageModel,
@@ -37,6 +43,7 @@ class CellResult:
     curve: list = field(default_factory=list)  # [step, train_loss, val_loss, val_metric]
     environment: dict = field(default_factory=dict)
     state: dict | None = None  # the trained model's state_dict, when asked for
+    maps: dict | None = None  # attention_record of the trained model, when asked for (done only)
 
 
 def environment() -> dict:
@@ -177,10 +184,38 @@ def evaluate(model: nn.Module, task, split, batch_size: int = 512) -> dict[str, 
     return metrics
 
 
-def train_cell(cell: Cell, on_progress=None, keep_state: bool = False) -> CellResult:
+MAPS_EXAMPLE = 0  # the test example (of the cell's seed) whose attention maps a cell keeps
+
+
+def has_attention_maps(model: nn.Module) -> bool:
+    """Whether any module of `model` records attention maps (linear and additive attention
+    have none)."""
+    return any(callable(getattr(module, "attention_maps", None)) for module in model.modules())
+
+
+def attention_record(model: nn.Module, task, test, example: int = MAPS_EXAMPLE) -> dict:
+    """The attention maps of `model` on example `example` of the `test` split, recorded from
+    the forward pass training uses: {"example": int, "labels": the input tokens as strings (None
+    for non-token inputs), "target": the example's target as a list, "maps": module name ->
+    kind -> tensor (1, heads or relations, N, M), {} for a model without attention maps}."""
+    x, y = test.inputs[example : example + 1], test.targets[example : example + 1]
+    maps: dict = {}
+    if has_attention_maps(model):
+        with recording_attention(model) as recorded:
+            forward(model, task, x, y)
+        maps = dict(recorded)
+    labels = [str(int(t)) for t in x[0]] if x.dtype == torch.long else None
+    return {"example": example, "labels": labels, "target": y[0].tolist(), "maps": maps}
+
+
+def train_cell(
+    cell: Cell, on_progress=None, keep_state: bool = False, keep_maps: bool = False
+) -> CellResult:
     """Train and evaluate `cell`; `on_progress(step, loss)` is called at each evaluation;
-    `keep_state` returns the trained weights too. Exceptions propagate (the runner records
-    them as failed cells with the traceback)."""
+    `keep_state` returns the trained weights too, `keep_maps` the `attention_record` of the
+    trained model (a cell that finished, not a diverged one; should recording fail, a record
+    without maps whose "error" is the traceback). Exceptions propagate (the runner records them
+    as failed cells with the traceback)."""
     torch.manual_seed(cell.seed)
     task = build_task(cell.task_name, **cell.task_kwargs)
     splits = task.splits(cell.seed)
@@ -226,4 +261,11 @@ def train_cell(cell: Cell, on_progress=None, keep_state: bool = False) -> CellRe
     else:
         metrics["diverged_at"] = step
     state = model.state_dict() if keep_state else None
-    return CellResult(status, metrics, curve, environment(), state)
+    maps = None
+    if keep_maps and status == "done":
+        try:
+            maps = attention_record(model, task, splits["test"])
+        except Exception:  # a by-product: the trained cell is kept, the error with its maps
+            maps = {"example": MAPS_EXAMPLE, "labels": None, "target": None, "maps": {},
+                    "error": traceback.format_exc()}  # fmt: skip
+    return CellResult(status, metrics, curve, environment(), state, maps)

@@ -16,40 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
+from grids import MQAR_LONG, SAME_PAIR, STD, tiny_grid, with_heads
 
-from ablations import runner
+from ablations import executors, runner
 from ablations.spec import load_grid
 from ablations.store import ResultsStore, StoreError
-
-# 2 fast cells (same_pair, a few seconds), then 2 slow ones (mqar over 1024 tokens, a minute).
-GRID = """
-name = "interrupt"
-seeds = [0, 1]
-store = "{store}"
-
-[[tasks]]
-name = "same_pair"
-kwargs = {{ n_train = 128, n_validation = 32, n_test = 32 }}
-
-[[tasks]]
-name = "mqar"
-kwargs = {{ seq_len = 1024, num_kv_pairs = 4, n_train = 256, n_validation = 32, n_test = 32 }}
-
-[[sizes]]
-label = "xs"
-d_model = 16
-n_layers = 1
-
-[[mechanisms]]
-label = "std"
-name = "standard"
-kwargs = {{ n_heads = 2 }}
-
-[training]
-steps = 300
-eval_every = 150  # no progress report within the tests' window: stopping must not wait for one
-batch_size = 16
-"""
 
 SUMMARY = re.compile(
     r"interrupted \((SIGINT|SIGTERM)\): (\d+) finished, (\d+) released, (\d+) not started; "
@@ -59,9 +30,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def grid_file(tmp_path: Path) -> Path:
-    path = tmp_path / "grid.toml"
-    path.write_text(GRID.format(store=tmp_path / "grid.sqlite"))
-    return path
+    """2 fast cells (same_pair, a few seconds), then 2 slow ones (mqar over 1024 tokens, a
+    minute); a progress report every 150 steps: none within the tests' window, so stopping
+    must not wait for one."""
+    return tiny_grid(
+        tmp_path,
+        name="interrupt",
+        mechanisms=[STD],
+        tasks=[SAME_PAIR, MQAR_LONG],
+        training={"steps": 300, "eval_every": 150},
+    )
 
 
 def rows(store: Path) -> list[dict]:
@@ -188,7 +166,7 @@ def test_a_signal_stops_the_run_within_seconds_and_a_rerun_finishes_it(
     assert done_rows(store) == finished_before
 
     # a rerun trains exactly the two cells left (outcomes faked: the point is that it may)
-    monkeypatch.setattr(runner, "run_cell", fake_outcome)
+    monkeypatch.setattr(executors, "run_cell", fake_outcome)
     counts = runner.run_grid(load_grid(path), workers=1, out=io.StringIO())
     assert counts == {"done": 2, "failed": 0, "diverged": 0}
     assert len(rows(store)) == 4 and {r["status"] for r in rows(store)} == {"done"}
@@ -199,15 +177,15 @@ def test_a_signal_stops_the_run_within_seconds_and_a_rerun_finishes_it(
 # shutdown waits for it (STOP_GRACE, made long here); the second SIGINT must not wait.
 STUBBORN = """
 import sys, time
-from ablations import runner
+from ablations import executors
 from ablations.cli import main
 
-def stubborn(cell, on_progress=None, keep_state=False):
+def stubborn(cell, on_progress=None, keep_state=False, keep_maps=False):
     while True:
         time.sleep(0.05)
 
-runner.STOP_GRACE = 300.0
-runner.train_cell = stubborn
+executors.STOP_GRACE = 300.0
+executors.train_cell = stubborn
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -232,7 +210,7 @@ def test_a_second_ctrl_c_during_a_slow_shutdown_exits_at_once(tmp_path, monkeypa
     finally:
         kill_session(run)
     # its claim was left in flight; the next run takes over a dead run's claims
-    monkeypatch.setattr(runner, "run_cell", fake_outcome)
+    monkeypatch.setattr(executors, "run_cell", fake_outcome)
     assert runner.run_grid(load_grid(path), workers=1, out=io.StringIO())["done"] == 4
 
 
@@ -270,18 +248,18 @@ def test_ctrl_c_while_the_workers_start_stops_quietly(tmp_path):
 def test_a_cell_the_executor_lost_is_released_not_recorded_failed(tmp_path, monkeypatch):
     path = grid_file(tmp_path)
     monkeypatch.setattr(runner, "check_cells", lambda spec: None)
-    monkeypatch.setattr(runner, "run_cell", fake_outcome)
-    real_wait = runner.LocalExecutor.wait
+    monkeypatch.setattr(executors, "run_cell", fake_outcome)
+    real_wait = executors.LocalExecutor.wait
     lost = []
 
     def lose_the_first(self, handles, timeout):
         out = real_wait(self, handles, timeout)
         if out and not lost:
             lost.append(True)
-            return [(out[0][0], {"status": runner.LOST, "error": "WorkerCrashedError: gone"})]
+            return [(out[0][0], {"status": executors.LOST, "error": "WorkerCrashedError: gone"})]
         return out
 
-    monkeypatch.setattr(runner.LocalExecutor, "wait", lose_the_first)
+    monkeypatch.setattr(executors.LocalExecutor, "wait", lose_the_first)
     out = io.StringIO()
     spec = load_grid(path)
     assert runner.run_grid(spec, workers=1, out=out) == {"done": 3, "failed": 0, "diverged": 0}
@@ -290,43 +268,21 @@ def test_a_cell_the_executor_lost_is_released_not_recorded_failed(tmp_path, monk
     assert runner.run_grid(spec, workers=1, out=io.StringIO())["done"] == 1  # a plain rerun
 
 
-TINY = """
-name = "tiny"
-seeds = [0]
-store = "{store}"
-
-[[tasks]]
-name = "same_pair"
-kwargs = {{ n_train = 128, n_validation = 32, n_test = 32 }}
-
-[[sizes]]
-label = "xs"
-d_model = 16
-n_layers = 1
-
-[[mechanisms]]
-label = "std"
-name = "standard"
-kwargs = {{ n_heads = 2 }}
-
-[[mechanisms]]
-label = "std4"
-name = "standard"
-kwargs = {{ n_heads = 4 }}
-
-[training]
-steps = 400
-eval_every = 5
-batch_size = 16
-"""
+def tiny_file(tmp_path: Path) -> Path:
+    """Two cells of a few seconds, reporting progress every 5 steps."""
+    return tiny_grid(
+        tmp_path,
+        seeds=[0],
+        mechanisms=[STD, with_heads(STD, "std4", 4)],
+        training={"steps": 400, "eval_every": 5},
+        file="tiny.toml",
+    )
 
 
 def test_ray_progress_actor_killed_midway_every_cell_still_done(tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")
-    path = tmp_path / "tiny.toml"
-    path.write_text(TINY.format(store=tmp_path / "tiny.sqlite"))
-    spec = load_grid(path)
-    real_drain = runner.RayExecutor.drain
+    spec = load_grid(tiny_file(tmp_path))
+    real_drain = executors.RayExecutor.drain
     killed = []
 
     def drain_then_kill(self):
@@ -336,7 +292,7 @@ def test_ray_progress_actor_killed_midway_every_cell_still_done(tmp_path, monkey
             killed.append(events)
         return events
 
-    monkeypatch.setattr(runner.RayExecutor, "drain", drain_then_kill)
+    monkeypatch.setattr(executors.RayExecutor, "drain", drain_then_kill)
     out = io.StringIO()
     counts = runner.run_grid(spec, executor="ray", workers=2, out=out)
     assert killed and counts == {"done": 2, "failed": 0, "diverged": 0}, out.getvalue()
@@ -347,10 +303,8 @@ def test_ray_progress_actor_killed_midway_every_cell_still_done(tmp_path, monkey
 
 
 def test_a_worker_process_killed_from_outside_loses_its_cell_not_the_grid(tmp_path, monkeypatch):
-    path = tmp_path / "tiny.toml"
-    path.write_text(TINY.format(store=tmp_path / "tiny.sqlite"))
-    spec = load_grid(path)
-    real_drain = runner.LocalExecutor.drain
+    spec = load_grid(tiny_file(tmp_path))
+    real_drain = executors.LocalExecutor.drain
     killed = []
 
     def drain_then_kill(self):
@@ -361,7 +315,7 @@ def test_a_worker_process_killed_from_outside_loses_its_cell_not_the_grid(tmp_pa
             killed.append(busy.process.pid)
         return events
 
-    monkeypatch.setattr(runner.LocalExecutor, "drain", drain_then_kill)
+    monkeypatch.setattr(executors.LocalExecutor, "drain", drain_then_kill)
     out = io.StringIO()
     counts = runner.run_grid(spec, workers=2, out=out)
     assert killed and counts == {"done": 1, "failed": 0, "diverged": 0}, out.getvalue()

@@ -1,19 +1,30 @@
 """Attention maps: recorded from the real forward pass, equal to the naive kernel's weights,
-plotted, and kept for trained cells through checkpoints."""
+plotted, and recorded for trained cells when they finish (grids with checkpoints), so that
+reports draw them without running a model."""
 
 import io
 
 import matplotlib.image
 import pytest
 import torch
+from grids import SAME_PAIR, small, tiny_grid, with_heads
+from torch.nn.modules.module import register_module_forward_pre_hook
 
+import ablations.train
 import attn_zoo as az
-from ablations.attention import cell_attention_figure, load_cell_model
+from ablations.attention import (
+    MapsError,
+    attention_blocks,
+    cell_attention_figure,
+    load_cell_maps,
+    load_cell_model,
+)
 from ablations.report import write_report
 from ablations.report_pages import label_file_name
 from ablations.runner import run_grid
 from ablations.spec import load_grid
 from ablations.store import ResultsStore
+from ablations.train import MAPS_EXAMPLE, attention_record
 from attn_zoo.kernels.relational.naive import relation_tensor
 from attn_zoo.kernels.softmax.naive import attention_weights
 from attn_zoo.maps import plot_attention_maps, record_attention_maps, recording_attention
@@ -75,51 +86,68 @@ def test_a_model_without_attention_maps_is_named():
         pass
 
 
-GRID = """
-name = "ck"
-seeds = [3]
-store = "{store}"
-checkpoints = true
-[[tasks]]
-name = "same_pair"
-kwargs = {{ n_train = 64, n_validation = 16, n_test = 16 }}
-[[sizes]]
-label = "xs"
-d_model = 16
-n_layers = 1
-[[mechanisms]]
-label = "dual"
-name = "dual"
-[mechanisms.kwargs]
-n_heads_sa = 1
-n_heads_ra = 1
-symbol_retrieval = "positional_symbols"
-symbol_retrieval_kwargs = {{ max_length = 2 }}
-[training]
-steps = 5
-eval_every = 5
-batch_size = 8
-"""
+DUAL = {
+    "label": "dual",
+    "name": "dual",
+    "kwargs": {"n_heads_sa": 1, "n_heads_ra": 1, "symbol_retrieval": "positional_symbols",
+               "symbol_retrieval_kwargs": {"max_length": 2}},
+}  # fmt: skip
+LINEAR = {"label": "lin", "name": "linear", "kwargs": {"n_heads": 2}}
 
 
-def test_checkpointed_cells_reload_with_their_test_accuracy_and_draw_maps(tmp_path):
-    path = tmp_path / "ck.toml"
-    path.write_text(GRID.format(store=tmp_path / "ck.sqlite"))
-    spec = load_grid(path)
+def checkpointed_grid(tmp_path, mechanisms=(DUAL,), checkpoints=True):
+    return load_grid(
+        tiny_grid(
+            tmp_path,
+            name="ck",
+            seeds=[3],
+            tasks=[small(SAME_PAIR, n_train=64, n_evaluate=16)],
+            mechanisms=mechanisms,
+            training={"steps": 5, "eval_every": 5, "batch_size": 8},
+            checkpoints=checkpoints,
+        )
+    )
+
+
+def no_model_runs():
+    """Within the block, running any torch module is an AssertionError."""
+
+    def refuse(module, args):
+        raise AssertionError(f"{type(module).__name__} ran while drawing recorded maps")
+
+    return register_module_forward_pre_hook(refuse)  # a handle: removed when the block ends
+
+
+def test_checkpointed_cells_keep_their_maps_and_reports_draw_them_without_a_model(tmp_path):
+    spec = checkpointed_grid(tmp_path)
     run_grid(spec, workers=1, out=io.StringIO())
     store = ResultsStore(spec.store)
     (row,) = store.rows()
     assert store.checkpoint_path(row["key"]).is_file()
-    model, task = load_cell_model(store, row)
+    assert store.maps_path(row["key"]) == tmp_path / "ck.maps" / f"{row['key']}.pt"
+    model, task = load_cell_model(store, row)  # the weights are still kept
     test = task.splits(3)["test"]
     with torch.no_grad():
         logits, _ = model.eval()(test.inputs, test.targets)
     accuracy = (logits.argmax(-1) == test.targets).float().mean().item()
     assert accuracy == pytest.approx(row["metrics"]["test_acc"])
-    figure = cell_attention_figure(store, row)
-    assert len(figure.axes) >= 3
 
-    report = write_report(store, tmp_path / "report", note="A conclusion.")
+    # the maps the worker recorded are the trained model's on test example 0 of seed 3
+    recorded = load_cell_maps(store, row)
+    expected = attention_record(model, task, test)
+    assert recorded["example"] == MAPS_EXAMPLE == 0
+    assert recorded["labels"] == [str(int(t)) for t in test.inputs[0]] == expected["labels"]
+    assert recorded["target"] == test.targets[0].tolist()
+    assert set(recorded["maps"]) == {
+        "blocks.0.attn.self_attention", "blocks.0.attn.relational_attention"
+    }  # fmt: skip
+    for name, kinds in expected["maps"].items():
+        for kind, tensor in kinds.items():
+            torch.testing.assert_close(recorded["maps"][name][kind], tensor)
+
+    with no_model_runs():
+        assert len(cell_attention_figure(store, row).axes) >= 3
+        report = write_report(store, tmp_path / "report", note="A conclusion.")
     text = (report / "report.md").read_text()
     assert "## Attention maps" in text and "A conclusion." in text
     maps = label_file_name("attention", ("same_pair", "xs", "dual"))
@@ -130,3 +158,76 @@ def test_checkpointed_cells_reload_with_their_test_accuracy_and_draw_maps(tmp_pa
     store.checkpoint_path(row["key"]).unlink()
     with pytest.raises(FileNotFoundError, match="checkpoints = true"):
         load_cell_model(store, row)
+    with no_model_runs():  # the maps do not need the checkpoint
+        assert len(cell_attention_figure(store, row).axes) >= 3
+
+
+def maps_notes(store: ResultsStore, folder) -> list[str]:
+    blocks = attention_blocks(store, folder)
+    return next((items for kind, *items in blocks if kind == "ul"), [[]])[0]
+
+
+def test_missing_corrupt_and_absent_maps_are_notes(tmp_path):
+    spec = checkpointed_grid(tmp_path, mechanisms=[DUAL, LINEAR, with_heads(LINEAR, "lin4", 4)])
+    run_grid(spec, workers=1, out=io.StringIO())
+    store = ResultsStore(spec.store)
+    rows = {row["config"]["mechanism"]: row for row in store.rows()}
+    assert all(row["status"] == "done" for row in rows.values())
+    assert load_cell_maps(store, rows["lin"])["maps"] == {}  # linear attention has none
+    with pytest.raises(ValueError, match="no attention maps: mechanism 'linear'"):
+        cell_attention_figure(store, rows["lin"])
+    store.maps_path(rows["lin4"]["key"]).unlink()  # kept a checkpoint, lost its maps
+    folder = tmp_path / "figures"
+    folder.mkdir()
+    notes = sorted(maps_notes(store, folder))
+    assert [note.split(": ", 1)[1] for note in notes] == [
+        "no attention map, linear attention has no weights",
+        "no attention map, its maps file is missing",
+    ]
+    assert notes[0].startswith(f"same_pair / xs / lin / seed 3 (cell {rows['lin']['key'][:12]})")
+    assert [p.name for p in folder.iterdir()] == [
+        label_file_name("attention", ("same_pair", "xs", "dual"))
+    ]
+
+    path = store.maps_path(rows["dual"]["key"])
+    path.write_bytes(path.read_bytes()[:100])  # truncated
+    (dual,) = [note for note in maps_notes(store, folder) if "/ dual /" in note]
+    assert "no attention map, its maps file cannot be loaded (" in dual
+    with pytest.raises(MapsError, match="cannot be loaded"):
+        load_cell_maps(store, rows["dual"])
+    torch.save({"maps": "not maps"}, path)
+    with pytest.raises(MapsError, match="not a maps record"):
+        load_cell_maps(store, rows["dual"])
+
+
+def test_a_grid_without_checkpoints_keeps_no_maps_and_reports_none(tmp_path):
+    spec = checkpointed_grid(tmp_path, checkpoints=None)
+    run_grid(spec, workers=1, out=io.StringIO())
+    store = ResultsStore(spec.store)
+    (row,) = store.rows()
+    assert not store.maps_path(row["key"]).parent.exists()
+    assert not store.checkpoint_path(row["key"]).parent.exists()
+    assert attention_blocks(store, tmp_path) == []
+
+
+def test_a_cell_whose_maps_cannot_be_recorded_is_kept_and_its_report_says_why(
+    tmp_path, monkeypatch
+):
+    def broken(model, task, test):
+        raise RuntimeError("no maps today")
+
+    monkeypatch.setattr(ablations.train, "attention_record", broken)
+    spec = checkpointed_grid(tmp_path)
+    out = io.StringIO()
+    assert run_grid(spec, workers=1, out=out)["done"] == 1  # the trained cell is not lost
+    note = "note: same_pair/xs/dual/seed3: attention maps not recorded: RuntimeError: no maps today"
+    assert note in out.getvalue()
+    store = ResultsStore(spec.store)
+    (row,) = store.rows()
+    assert store.checkpoint_path(row["key"]).is_file()
+    with pytest.raises(MapsError, match="recording them failed when it finished: RuntimeError"):
+        cell_attention_figure(store, row)
+    (note,) = maps_notes(store, tmp_path)
+    assert note.endswith(
+        "no attention map, recording it failed when the cell finished (RuntimeError: no maps today)"
+    )

@@ -29,7 +29,7 @@ from ablations.report_pages import (
 from ablations.spec import Cell
 from ablations.store import ResultsStore
 from ablations.tasks import build_task
-from ablations.train import build_model
+from ablations.train import attention_record, build_model
 
 ENVIRONMENT = {"torch": "9.9.9", "machine": "x86_64", "threads": 1}
 IMAGE_LINK = re.compile(r"!\[(?:[^\]\\]|\\.)*\]\(([^)]+)\)")
@@ -196,23 +196,24 @@ def test_dollar_signs_in_labels_are_drawn_as_text(tmp_path):
     assert (out / label_file_name("curves", "cost $\\foo$")).is_file()
 
 
-def save_checkpoint(store: ResultsStore, key: str, cell: dict, keep: float = 1.0) -> None:
-    """A real torch.save of `cell`'s model as its checkpoint, cut to `keep` of its bytes."""
+def save_maps(store: ResultsStore, key: str, cell: dict, keep: float = 1.0) -> None:
+    """A real attention record of `cell`'s model as its maps file, cut to `keep` of its bytes."""
     cell_ = Cell(**cell)
+    task = build_task(cell_.task_name, **cell_.task_kwargs)
+    record = attention_record(build_model(cell_, task), task, task.splits(cell_.seed)["test"])
     buffer = io.BytesIO()
-    torch.save(
-        build_model(cell_, build_task(cell_.task_name, **cell_.task_kwargs)).state_dict(), buffer
-    )
+    torch.save(record, buffer)
     data = buffer.getvalue()
-    store.save_checkpoint(key, data[: int(len(data) * keep)])
+    store.maps_path(key).parent.mkdir(parents=True, exist_ok=True)
+    store.maps_path(key).write_bytes(data[: int(len(data) * keep)])
 
 
 def test_a_truncated_checkpoint_is_a_note_not_a_failure(tmp_path):
     store = ResultsStore(tmp_path / "ck.sqlite")
     cells = {name: config(mechanism=name) for name in ("whole", "truncated", "none")}
     keys = {name: add_done(store, cell, 0.8) for name, cell in cells.items()}
-    save_checkpoint(store, keys["whole"], cells["whole"])
-    save_checkpoint(store, keys["truncated"], cells["truncated"], keep=0.5)
+    save_maps(store, keys["whole"], cells["whole"])
+    save_maps(store, keys["truncated"], cells["truncated"], keep=0.5)
     out = write_report(store, tmp_path / "out")
     markdown = (out / "report.md").read_text()
     maps = section(markdown, "## Attention maps")
@@ -223,7 +224,7 @@ def test_a_truncated_checkpoint_is_a_note_not_a_failure(tmp_path):
     assert truncated.startswith(
         f"- same_pair / xs / truncated / seed 0 (cell {keys['truncated'][:12]})"
     )
-    assert "checkpoint cannot be loaded" in truncated
+    assert "maps file cannot be loaded" in truncated
     (none,) = [n for n in notes if "/ none /" in n]
     assert "no checkpoint kept" in none
 

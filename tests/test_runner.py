@@ -11,51 +11,21 @@ import time
 from pathlib import Path
 
 import pytest
+from grids import REL, STD, tiny_grid
+from rich.console import Console
 
-from ablations import runner
+from ablations import executors
 from ablations.cli import main
-from ablations.runner import Progress, check_cells, make_executor, run_grid
-from ablations.spec import SpecError, load_grid
-from ablations.store import ResultsStore, config_key
-
-GRID = """
-name = "tiny"
-seeds = [0, 1]
-store = "{store}"
-
-[[tasks]]
-name = "same_pair"
-kwargs = {{ n_train = 128, n_validation = 32, n_test = 32 }}
-
-[[sizes]]
-label = "xs"
-d_model = 16
-n_layers = 1
-
-[[mechanisms]]
-label = "std"
-name = "standard"
-kwargs = {{ n_heads = 2 }}
-
-[[mechanisms]]
-label = "rel"
-name = "relational"
-[mechanisms.kwargs]
-n_heads = 2
-symbol_retrieval = "positional_symbols"
-symbol_retrieval_kwargs = {{ max_length = 4 }}
-
-[training]
-steps = {steps}
-eval_every = 10
-batch_size = 16
-"""
+from ablations.executors import make_executor
+from ablations.progress import LiveProgress, Progress, make_progress
+from ablations.runner import check_cells, run_grid
+from ablations.spec import GridSpec, SpecError, load_grid
+from ablations.status import grid_status
+from ablations.store import ResultsStore
 
 
-def grid_file(tmp_path: Path, steps: int = 20, name: str = "grid.toml") -> Path:
-    path = tmp_path / name
-    path.write_text(GRID.format(store=tmp_path / "tiny.sqlite", steps=steps))
-    return path
+def grid_file(tmp_path: Path, steps: int = 20) -> Path:
+    return tiny_grid(tmp_path, training={"steps": steps})
 
 
 def rows(spec) -> list[dict]:
@@ -68,7 +38,7 @@ def test_every_cell_recorded_once_and_a_second_run_skips_them(tmp_path):
     counts = run_grid(spec, workers=1, out=out)
     assert counts == {"done": 4, "failed": 0, "diverged": 0}
     first = rows(spec)
-    assert sorted(r["key"] for r in first) == sorted(config_key(c.config()) for c in spec.cells())
+    assert sorted(r["key"] for r in first) == sorted(c.key for c in spec.cells())
     assert all(r["status"] == "done" and r["environment"]["commit"] for r in first)
     assert "4/4 finished" in out.getvalue()
 
@@ -78,21 +48,21 @@ def test_every_cell_recorded_once_and_a_second_run_skips_them(tmp_path):
 
 
 def test_a_failing_cell_is_recorded_with_its_traceback_and_the_grid_goes_on(tmp_path, monkeypatch):
-    real = runner.train_cell
+    real = executors.train_cell
 
-    def flaky(cell, on_progress=None, keep_state=False):
+    def flaky(cell, on_progress=None, keep_state=False, keep_maps=False):
         if cell.mechanism == "rel" and cell.seed == 1:
             raise RuntimeError("boom in cell rel/1")
-        return real(cell, on_progress, keep_state)
+        return real(cell, on_progress, keep_state, keep_maps)
 
-    monkeypatch.setattr(runner, "train_cell", flaky)
+    monkeypatch.setattr(executors, "train_cell", flaky)
     spec = load_grid(grid_file(tmp_path))
     assert run_grid(spec, workers=1, out=io.StringIO()) == {"done": 3, "failed": 1, "diverged": 0}
     failed = [r for r in rows(spec) if r["status"] == "failed"]
     assert len(failed) == 1 and failed[0]["config"]["mechanism"] == "rel"
     assert "Traceback" in failed[0]["error"] and "boom in cell rel/1" in failed[0]["error"]
 
-    monkeypatch.setattr(runner, "train_cell", real)
+    monkeypatch.setattr(executors, "train_cell", real)
     assert run_grid(spec, workers=1, out=io.StringIO())["done"] == 0  # failed counts as finished
     assert run_grid(spec, workers=1, retry_failed=True, out=io.StringIO())["done"] == 1
     assert {r["status"] for r in rows(spec)} == {"done"} and len(rows(spec)) == 4
@@ -109,9 +79,8 @@ def test_diverging_cells_are_recorded_at_their_step(tmp_path):
 
 
 def test_a_cell_that_cannot_train_stops_the_grid_before_any_training(tmp_path):
-    path = grid_file(tmp_path)
-    path.write_text(path.read_text().replace('symbol_retrieval = "positional_symbols"\n', ""))
-    spec = load_grid(path)
+    kwargs = {k: v for k, v in REL["kwargs"].items() if k != "symbol_retrieval"}
+    spec = load_grid(tiny_grid(tmp_path, mechanisms=[STD, {**REL, "kwargs": kwargs}]))
     with pytest.raises(SpecError, match=r"grid.toml: mechanism 'rel' .* needs symbols"):
         check_cells(spec)
     with pytest.raises(SpecError):
@@ -183,6 +152,61 @@ def test_progress_line_and_eta_by_kind_of_cell(tmp_path):
     assert progress.expected(("copy", "xs", "std")) == 20.0  # any
     # pending: std s1 (10 s), rel s0 and rel s1 (30 s each): 70 s over 2 slots
     assert progress.eta() == "35s"
+
+
+def test_on_a_terminal_the_progress_is_a_live_view_and_elsewhere_plain_lines(tmp_path):
+    cells = load_grid(grid_file(tmp_path, steps=300)).cells()
+    assert type(make_progress(cells, 4, 1, 10.0, io.StringIO())) is Progress  # not a TTY
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=120, color_system=None)
+    progress = LiveProgress(cells, total=4, slots=2, interval=10.0, console=console)
+    progress.started("a", cells[0])
+    progress.started("b", cells[2])
+    progress.step("a", 150, 0.412)
+    progress.tick()  # drawn in place: the overall counts and a row per running cell
+    drawn = screen.getvalue()
+    assert "0/4 finished · 2 running · 0 failed · 0 diverged · ETA -" in drawn
+    assert "same_pair/xs/std/seed0" in drawn and "150/300" in drawn and "0.412" in drawn
+    assert "same_pair/xs/rel/seed0" in drawn and "0/300" in drawn
+    progress.finished("a", {"status": "done", "metrics": {"test_acc": 0.5, "steps": 300}})
+    progress.close()
+    progress.print(progress.status_line())  # what run_grid ends with, as plain lines do
+    lines = screen.getvalue().splitlines()
+    assert any(line.endswith("done     same_pair/xs/std/seed0: test_acc 0.500 in 300 steps (0s)")
+               for line in lines)  # fmt: skip
+    assert lines[-1].endswith("[1/4 finished, 1 running, 0 failed, 0 diverged, ETA 0s] "
+                              "same_pair/xs/rel/seed0 starting")  # fmt: skip
+
+
+def fake_outcome(config: dict, threads: int, progress=None, keep_state: bool = False) -> dict:
+    return dict(status="done", metrics={"test_acc": 1.0, "steps": 1})
+
+
+def test_a_run_expands_the_grid_once_and_trains_the_cells_status_shows_unfinished(
+    tmp_path, monkeypatch
+):
+    spec = load_grid(grid_file(tmp_path))
+    store = ResultsStore(spec.store)
+    std0, std1, rel0, rel1 = spec.cells()
+    store.finish(store.claim(std0.config()), "done", metrics={"test_acc": 1.0, "steps": 1})
+    store.finish(store.claim(std1.config()), "failed", error="RuntimeError: boom")
+    store.finish(store.claim(rel0.config()), "diverged", metrics={"diverged_at": 3})
+    assert list(grid_status(spec).status) == ["done", "failed", "diverged", "todo"]
+    expansions, cells = [], GridSpec.cells
+    monkeypatch.setattr(GridSpec, "cells", lambda self: expansions.append(1) or cells(self))
+    trained = []
+    monkeypatch.setattr(
+        executors,
+        "run_cell",
+        lambda config, *args: trained.append(config) or fake_outcome(config, 1),
+    )
+    out = io.StringIO()
+    assert run_grid(spec, workers=1, out=out)["done"] == 1
+    assert "1 to run" in out.getvalue() and expansions == [1]
+    assert run_grid(spec, workers=1, retry_failed=True, out=io.StringIO())["done"] == 1
+    assert [config["seed"] for config in trained] == [rel1.seed, std1.seed]
+    assert [config["mechanism"] for config in trained] == ["rel", "std"]
+    assert list(grid_status(spec).status) == ["done", "done", "diverged", "done"]
 
 
 def test_bad_executor_and_workers_are_named():

@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from grids import SAME_PAIR, STD, XS, small, tiny_grid, with_heads
 
-from ablations import runner
+from ablations import executors, runner
 from ablations.spec import load_grid
 from ablations.store import ClaimError, ResultsStore, config_key, new_owner
 
@@ -165,41 +166,18 @@ def test_the_claim_of_a_killed_process_is_taken_over_and_of_a_live_one_is_not(tm
 
 # The grid runner ------------------------------------------------------------------------------
 
-GRID = """
-name = "tiny"
-seeds = [0, 1, 2]
-store = "{store}"
-
-[[tasks]]
-name = "same_pair"
-kwargs = {{ n_train = 64, n_validation = 16, n_test = 16 }}
-
-[[sizes]]
-label = "xs"
-d_model = 8
-n_layers = 1
-
-[[mechanisms]]
-label = "std"
-name = "standard"
-kwargs = {{ n_heads = 2 }}
-
-[[mechanisms]]
-label = "std1"
-name = "standard"
-kwargs = {{ n_heads = 1 }}
-
-[training]
-steps = 10
-eval_every = 5
-batch_size = 8
-"""
-
 
 def grid_spec(tmp_path: Path):
-    path = tmp_path / "grid.toml"
-    path.write_text(GRID.format(store=tmp_path / "tiny.sqlite"))
-    return load_grid(path)
+    return load_grid(
+        tiny_grid(
+            tmp_path,
+            seeds=[0, 1, 2],
+            tasks=[small(SAME_PAIR, n_train=64, n_evaluate=16)],
+            sizes=[{**XS, "d_model": 8}],
+            mechanisms=[STD, with_heads(STD, "std1", 1)],
+            training={"steps": 10, "eval_every": 5, "batch_size": 8},
+        )
+    )
 
 
 def fake_outcome(config: dict, threads: int, progress=None, keep_state: bool = False) -> dict:
@@ -212,7 +190,7 @@ def test_a_run_skips_cells_held_by_a_live_run_and_releases_its_claims_when_inter
     spec = grid_spec(tmp_path)
     configs = [cell.config() for cell in spec.cells()]
     monkeypatch.setattr(runner, "check_cells", lambda spec: None)
-    monkeypatch.setattr(runner, "run_cell", fake_outcome)
+    monkeypatch.setattr(executors, "run_cell", fake_outcome)
     other = ResultsStore(spec.store)
     held = other.claim(configs[0])  # another live run is training this cell
 
@@ -227,7 +205,7 @@ def test_a_run_skips_cells_held_by_a_live_run_and_releases_its_claims_when_inter
     def interrupted(self, handles, timeout):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(runner.LocalExecutor, "wait", interrupted)
+    monkeypatch.setattr(executors.LocalExecutor, "wait", interrupted)
     with pytest.raises(KeyboardInterrupt):
         runner.run_grid(spec, workers=1, out=io.StringIO())
     assert other.status(configs[0]) is None  # the claim in flight was given back

@@ -7,7 +7,7 @@ import torch
 
 from ablations.spec import TRAINING_DEFAULTS, Cell
 from ablations.tasks import IGNORE_INDEX, build_task
-from ablations.train import forward, lr_factor, train_cell
+from ablations.train import MAPS_EXAMPLE, forward, lr_factor, train_cell
 
 
 def cell(**changes):
@@ -145,3 +145,28 @@ def test_seq2seq_and_image_cells_learn(task, kwargs, metric, floor):
     )  # fmt: skip
     assert result.status == "done"
     assert result.metrics[f"test_{metric}"] > floor  # chance: ~0 (exact) and 0.5 (acc)
+
+
+def test_keep_maps_records_the_trained_model_on_one_test_example_and_changes_nothing_else():
+    plain, kept = train_cell(cell()), train_cell(cell(), keep_state=True, keep_maps=True)
+    timing = {"wall_s", "step_ms"}
+    assert plain.maps is None and kept.state is not None
+    assert {k: v for k, v in kept.metrics.items() if k not in timing} == {
+        k: v for k, v in plain.metrics.items() if k not in timing
+    }
+    assert kept.curve == plain.curve
+    test = build_task("same_pair", n_train=256, n_validation=64, n_test=64).splits(0)["test"]
+    record = kept.maps
+    assert record["example"] == MAPS_EXAMPLE == 0 and "error" not in record
+    assert record["labels"] == [str(int(t)) for t in test.inputs[0]]
+    assert record["target"] == test.targets[0].tolist()
+    (weights,) = [kinds["attention"] for kinds in record["maps"].values()]
+    assert weights.shape == (1, 2, test.inputs.shape[1], test.inputs.shape[1])
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 2, test.inputs.shape[1]))
+
+    linear = train_cell(cell(mechanism_name="linear"), keep_maps=True)
+    assert linear.status == "done" and linear.maps["maps"] == {}  # no weights to record
+    wild = dict(TRAINING_DEFAULTS, steps=30, eval_every=10, batch_size=16, lr=1e30,
+                warmup_steps=1, grad_clip=1e30)  # fmt: skip
+    diverged = train_cell(cell(training=wild), keep_maps=True)
+    assert diverged.status == "diverged" and diverged.maps is None

@@ -1,0 +1,442 @@
+"""Executors: where a grid's cells train. The driver (ablations.runner) hands each one a cell's
+config and gets its outcome back (the keyword arguments of `ResultsStore.finish`); executors
+never write the store.
+
+    pool = make_executor("local", workers=2)      # or "ray", address=...
+    handle = pool.submit(cell.config(), keep_state=True)
+    for handle, outcome in pool.wait([handle], timeout=1.0): ...
+    for key, step, loss in pool.drain(): ...      # progress events of the running cells
+    pool.close()                                  # ends every worker, within seconds
+
+`EXECUTORS`:
+  local  `workers` spawned processes, the machine's cores split between them as torch threads;
+         `workers=1` trains in a thread of the driver's own process.
+  ray    one `ray.remote` task per cell on the cluster at `address` (a local instance when
+         None), one CPU each, retried when its worker dies. Ray is imported only here.
+
+Every executor has `slots` (cells at once), `submit`, `wait`, `drain`, `close` and `notes`
+(one-line messages for the driver to print); the local one also `kill` (SIGKILL every worker
+process, from a signal handler). Worker processes ignore SIGINT (the driver decides) and exit
+when the driver dies, SIGKILL included. A cell lost to the infrastructure rather than by its own
+error (a Ray task whose retries ran out, a worker process killed by SIGKILL, SIGTERM, SIGINT or
+SIGHUP) comes back with status `LOST`: the driver releases it, and the next run trains it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+import traceback
+from multiprocessing.connection import wait as wait_connections
+
+import torch
+
+from ablations.spec import Cell
+from ablations.store import error_summary
+from ablations.train import environment, train_cell
+
+EXECUTORS = ("local", "ray")
+LOST = "lost"  # no cell's result (Ray lost the task, a worker was killed): released, not recorded
+# A worker process killed by these was killed from outside (the OOM killer, a user, a shutdown):
+# its cell is lost, not failed. Other deaths (SIGSEGV, SIGABRT, an exit) are the cell's failure.
+KILLED_FROM_OUTSIDE = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
+class CellInterrupted(BaseException):
+    """Raised in a training thread (by its progress report or a module call) when the run is
+    stopping; not an Exception, so `run_cell` does not record it as the cell's failure."""
+
+
+def _saved(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def run_cell(config: dict, threads: int, progress=None, keep_state: bool = False) -> dict:
+    """Train the cell of `config` here with `threads` torch threads; never raises.
+
+    Returns the outcome as keyword arguments of `ResultsStore.finish`, plus, with `keep_state`
+    (a grid that keeps checkpoints), "state" (the trained weights) and, for a finished cell,
+    "maps" (`ablations.train.attention_record` of the trained model), both as torch.save bytes,
+    and "maps_error" (the last line of its traceback) when recording the maps failed.
+    `progress.put((key, step, loss))` is called at each evaluation when a queue is given,
+    best-effort: a put that fails ends the reporting, never the cell. `CellInterrupted` (not an
+    Exception) passes through."""
+    torch.set_num_threads(threads)
+    cell = Cell(**config)
+    key = cell.key
+
+    def report(step: int, loss: float) -> None:
+        nonlocal progress
+        if progress is None:
+            return
+        try:
+            progress.put((key, step, loss))
+        except Exception:  # the progress channel is gone (a dead Ray actor): train on without
+            progress = None
+
+    try:
+        result = train_cell(cell, on_progress=report, keep_state=keep_state, keep_maps=keep_state)
+    except Exception:
+        return dict(status="failed", environment=environment(), error=traceback.format_exc())
+    outcome = dict(
+        status=result.status,
+        metrics=result.metrics,
+        curve=result.curve,
+        environment=result.environment,
+    )
+    if result.state is not None:
+        outcome["state"] = _saved(result.state)
+    if result.maps is not None:
+        outcome["maps"] = _saved(result.maps)
+        if result.maps.get("error"):
+            outcome["maps_error"] = error_summary(result.maps["error"])
+    return outcome
+
+
+# Local executor -------------------------------------------------------------------------------
+
+STOP_GRACE = 5.0  # seconds a stopped worker gets to end before it is killed (or left, a thread)
+
+
+class _PipeProgress:
+    """`put` sends a progress event up a worker's pipe (run_cell's `progress`)."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def put(self, item) -> None:
+        self.conn.send(("progress", item))
+
+
+class _ThreadProgress(_PipeProgress):
+    """The thread worker's progress: raises `CellInterrupted` once the run is stopping."""
+
+    def __init__(self, conn, stop: threading.Event):
+        super().__init__(conn)
+        self.stop = stop
+
+    def put(self, item) -> None:
+        if self.stop.is_set():
+            raise CellInterrupted
+        super().put(item)
+
+
+def _train_in_thread(conn, config: dict, threads: int, keep_state: bool, stop) -> None:
+    try:
+        outcome = run_cell(config, threads, _ThreadProgress(conn, stop), keep_state)
+    except CellInterrupted:
+        return
+    except BaseException:  # run_cell catches Exception; the driver must still hear back
+        outcome = dict(status="failed", environment=environment(), error=traceback.format_exc())
+    with contextlib.suppress(OSError):  # the driver closed the pipe: it is stopping
+        conn.send(("outcome", outcome))
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Poll the parent: once it has died (SIGKILL included), end this worker process."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def _worker_main(conn, threads: int, parent: int) -> None:
+    """A spawned worker process: train the cells sent down `conn` until None or EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the driver, which decides
+    if hasattr(signal, "pthread_sigmask"):  # blocked by the driver while it started us
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    progress = _PipeProgress(conn)
+    while True:
+        try:
+            job = conn.recv()
+            if job is None:
+                return
+            outcome = run_cell(job[0], threads, progress, job[1])
+            conn.send(("outcome", outcome))
+        except (EOFError, OSError):  # the driver is gone
+            return
+
+
+class _Worker:
+    """One slot of a LocalExecutor: a spawned process, or (process=False) a thread of this
+    process per cell, and the pipe its progress events and outcome come back on."""
+
+    def __init__(self, threads: int, process: bool):
+        self.threads = threads
+        self.busy = False
+        self.outcome: dict | None = None
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.process = None
+        if process:
+            context = mp.get_context("spawn")
+            self.conn, child = context.Pipe()
+            self.process = context.Process(
+                target=_worker_main, args=(child, threads, os.getpid()), daemon=True
+            )
+            masked = hasattr(signal, "pthread_sigmask")
+            if masked:  # the child starts with SIGINT blocked until it ignores it
+                from multiprocessing import resource_tracker
+
+                resource_tracker.ensure_running()  # starting it later would unblock SIGINT
+                old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                self.process.start()
+            finally:
+                if masked:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            child.close()
+            self.child = None
+        else:
+            self.conn, self.child = mp.Pipe()
+
+    def alive(self) -> bool:
+        return self.process.is_alive() if self.process else True
+
+    def start(self, config: dict, keep_state: bool) -> None:
+        self.busy, self.outcome = True, None
+        if self.process:
+            self.conn.send((config, keep_state))
+        else:
+            self.thread = threading.Thread(
+                target=_train_in_thread,
+                args=(self.child, config, self.threads, keep_state, self.stop),
+                name="attn-zoo-cell",
+                daemon=True,  # never joined at exit: a stopped run does not wait for it
+            )
+            self.thread.start()
+
+    def read(self, events: list) -> None:
+        """Take what has come up the pipe: progress into `events`, the outcome into
+        `self.outcome`; a process that died with its cell gives a failed outcome."""
+        try:
+            while self.conn.poll():
+                kind, payload = self.conn.recv()
+                if kind == "progress":
+                    events.append(payload)
+                else:
+                    self.outcome = payload
+        except (EOFError, OSError):
+            pass
+        if self.busy and self.outcome is None and not self.alive():
+            code = self.process.exitcode or 0
+            killed = -code in KILLED_FROM_OUTSIDE  # the OOM killer, a user, a shutdown
+            how = signal.Signals(-code).name if code < 0 else f"exit code {code}"
+            self.outcome = dict(
+                status=LOST if killed else "failed",
+                error=f"WorkerDied: worker process {self.process.pid} died ({how}) while "
+                "training this cell" + (" (out of memory?)" if -code == signal.SIGKILL else ""),
+            )
+
+    def end(self) -> None:
+        """Stop this worker without waiting: terminate its process (an idle one is asked to
+        exit), or ask its thread to stop at its next progress report or module call."""
+        self.stop.set()
+        if self.process:
+            try:
+                if self.busy:
+                    self.process.terminate()
+                else:
+                    self.conn.send(None)
+            except (OSError, ValueError):
+                pass
+
+    def kill(self) -> None:
+        if self.process and self.process.pid and self.process.exitcode is None:
+            with contextlib.suppress(OSError):
+                os.kill(self.process.pid, signal.SIGKILL)
+
+
+class LocalExecutor:
+    """`workers` spawned processes with cpu_count // workers torch threads each (one worker:
+    a thread of this process, which keeps the driver free to show progress). Handles are the
+    workers themselves; progress and outcomes come up one pipe per worker."""
+
+    def __init__(self, workers: int):
+        self.slots = workers
+        self.threads = max(1, (os.cpu_count() or 1) // workers)
+        self.processes = workers > 1
+        self.workers: list[_Worker] = []
+        self.events: list[tuple[str, int, float]] = []
+        self.notes: list[str] = []
+
+    def submit(self, config: dict, keep_state: bool) -> _Worker:
+        for worker in list(self.workers):
+            if not worker.busy and not worker.alive():  # died idle: start a fresh one
+                self._drop(worker)
+        idle = [worker for worker in self.workers if not worker.busy]
+        if idle:
+            try:
+                idle[0].start(config, keep_state)
+                return idle[0]
+            except OSError:  # it died idle just now
+                self._drop(idle[0])
+        worker = _Worker(self.threads, self.processes)
+        self.workers.append(worker)
+        worker.start(config, keep_state)
+        return worker
+
+    def wait(self, handles: list, timeout: float) -> list[tuple[object, dict]]:
+        """(worker, outcome) of the handles whose cell has come back (or whose process died
+        with it), waiting up to `timeout` seconds for one."""
+        if not any(worker.outcome is not None for worker in handles) and handles:
+            waitable = {worker.conn: worker for worker in handles}
+            waitable.update({w.process.sentinel: w for w in handles if w.process})
+            for ready in wait_connections(list(waitable), timeout):
+                waitable[ready].read(self.events)
+        out = []
+        for worker in handles:
+            if worker.outcome is not None:
+                out.append((worker, worker.outcome))
+                worker.busy, worker.outcome = False, None
+                if not worker.alive():
+                    self._drop(worker)
+        return out
+
+    def _drop(self, worker: _Worker) -> None:
+        self.workers.remove(worker)
+        worker.conn.close()
+
+    def drain(self) -> list[tuple[str, int, float]]:
+        for worker in self.workers:
+            if worker.busy:
+                worker.read(self.events)
+        events, self.events = self.events, []
+        return events
+
+    def close(self) -> None:
+        """End every worker within STOP_GRACE seconds: processes are terminated (killed when
+        they outlive it), training threads stopped at their next module call or report."""
+        hook = None
+        threads = {w.thread.ident for w in self.workers if w.thread and w.thread.is_alive()}
+        if threads:
+
+            def stop_thread(module, args):
+                if threading.get_ident() in threads:
+                    raise CellInterrupted
+
+            hook = torch.nn.modules.module.register_module_forward_pre_hook(stop_thread)
+        for worker in self.workers:
+            worker.end()
+        deadline = time.monotonic() + STOP_GRACE
+        try:
+            for worker in self.workers:
+                if worker.process:
+                    worker.process.join(max(0.0, deadline - time.monotonic()))
+                    if worker.process.exitcode is None:
+                        worker.kill()
+                        worker.process.join(1.0)
+                elif worker.thread:
+                    worker.conn.close()  # unblocks a thread sending its outcome
+                    worker.thread.join(max(0.0, deadline - time.monotonic()))
+                    if worker.thread.is_alive():
+                        self.notes.append(
+                            f"the training thread did not stop within {STOP_GRACE:.0f} s; "
+                            "it ends with this process"
+                        )
+        finally:
+            if hook is not None:
+                hook.remove()
+            for worker in self.workers:
+                worker.conn.close()
+                if worker.child is not None and not (worker.thread and worker.thread.is_alive()):
+                    worker.child.close()
+            self.workers = []
+
+    def kill(self) -> None:
+        """At once, from a signal handler: SIGKILL every worker process."""
+        for worker in list(self.workers):
+            worker.kill()
+
+
+# Ray executor ---------------------------------------------------------------------------------
+
+
+class RayExecutor:
+    """Cells as `ray.remote` tasks (1 CPU, 1 torch thread, up to `retries` retries when the
+    worker dies); progress through a Ray queue, best-effort; outcomes come back to the driver.
+    A local instance started here is shut down by `close`."""
+
+    def __init__(self, workers: int | None, address: str | None, retries: int = 3):
+        try:
+            import ray
+            from ray.util.queue import Queue
+        except ImportError as err:
+            raise RuntimeError(
+                "executor='ray' needs Ray, which is not installed: pip install 'attn_zoo[ray]'"
+            ) from err
+        self.ray = ray
+        self.started = not ray.is_initialized()
+        if self.started:
+            local = {} if address else {"num_cpus": workers or os.cpu_count()}
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, **local)
+        self.slots = workers or int(ray.cluster_resources().get("CPU", 1))
+        self.progress = Queue()
+        self.task = ray.remote(num_cpus=1, max_retries=retries)(run_cell)
+        self.in_flight: set = set()
+        self.notes: list[str] = []
+
+    def submit(self, config: dict, keep_state: bool):
+        ref = self.task.remote(config, 1, self.progress, keep_state)
+        self.in_flight.add(ref)
+        return ref
+
+    def wait(self, handles: list, timeout: float) -> list[tuple[object, dict]]:
+        if not handles:
+            return []
+        ready, _ = self.ray.wait(handles, num_returns=1, timeout=timeout)
+        out = []
+        for ref in ready:
+            self.in_flight.discard(ref)
+            try:
+                out.append((ref, self.ray.get(ref)))
+            except Exception:  # run_cell never raises: Ray lost the task (retries exhausted)
+                out.append((ref, dict(status=LOST, error=traceback.format_exc())))
+        return out
+
+    def drain(self) -> list[tuple[str, int, float]]:
+        if self.progress is None:
+            return []
+        try:
+            return self.progress.get_nowait_batch(self.progress.qsize())
+        except Exception as err:  # the queue actor died: no more progress lines, cells go on
+            self.progress = None
+            self.notes.append(
+                f"progress channel lost ({type(err).__name__}); cells go on without progress"
+            )
+            return []
+
+    def close(self) -> None:
+        """Cancel the tasks in flight (their workers killed), drop the progress queue, shut
+        down a local instance started here."""
+        for ref in self.in_flight:
+            with contextlib.suppress(Exception):
+                self.ray.cancel(ref, force=True)
+        self.in_flight.clear()
+        try:
+            if self.progress is not None:
+                self.progress.shutdown(force=True)
+        except Exception:
+            pass
+        if self.started:
+            self.ray.shutdown()
+
+
+def make_executor(name: str, workers: int | None = None, address: str | None = None):
+    """The executor `name` (one of `EXECUTORS`); ValueError naming the valid ones."""
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers={workers}: must be >= 1")
+    if name == "local":
+        if address is not None:
+            raise ValueError(f"address={address!r} is for executor='ray', not 'local'")
+        return LocalExecutor(workers or os.cpu_count() or 1)
+    if name == "ray":
+        return RayExecutor(workers, address)
+    raise ValueError(f"executor={name!r} is not valid; valid: {', '.join(EXECUTORS)}")
