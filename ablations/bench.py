@@ -547,3 +547,149 @@ def write_bench_report(
             section.parts.append(Image(name, f"{suite}: {ylabel} against N"))
     write_pages(page, folder)
     return folder
+
+
+# --- generation: tokens per second of LanguageModel.generate, cached vs uncached -------------
+
+GENERATION_MODELS = {  # mechanism -> LanguageModel settings beside the sizes
+    "standard": lambda heads: dict(attention="standard", attention_kwargs=dict(n_heads=heads)),
+    "relational": lambda heads: dict(
+        attention="relational",
+        attention_kwargs=dict(n_heads=heads),
+        symbol_retrieval="symbolic_attention",
+        symbol_retrieval_kwargs=dict(n_symbols=32, n_heads=heads),
+    ),
+}
+GENERATION_NOTES = (
+    "Tokens per second of LanguageModel.generate (greedy, batch 1) from a random prompt to N "
+    "tokens in all: new tokens / wall-clock seconds of the whole call, prefill included, the "
+    "median of the repeats, each repeat running every (mechanism, cached or not) once in turn "
+    "after a short warm-up. cached: a KV cache (relational: keys, relation keys and symbol "
+    "values), the prompt run once, then one token a step; uncached: the whole context "
+    "recomputed for every token. speedup: cached over uncached tokens per second of the same "
+    "mechanism at the same N, in the same run on the same machine. The model is randomly "
+    "initialised (speed does not depend on the weights). Plots are log-log; the numbers are in "
+    "bench_generation.csv."
+)
+
+
+def bench_generation(
+    lengths: Sequence[int] = (64, 256, 512),
+    repeats: int = 5,
+    d_model: int = 128,
+    n_layers: int = 4,
+    heads: int = 4,
+    prompt: int = 16,
+    vocab_size: int = 256,
+    pos_enc: str = "rope",
+    mechanisms: Sequence[str] = ("standard", "relational"),
+    device: str = "cpu",
+    threads: int | None = 1,
+) -> pd.DataFrame:
+    """A row per (mechanism:cached|uncached, N): tokens_per_s and ms_per_token of generating
+    N - prompt tokens after a `prompt`-token prompt (max_block_size = the largest N), and
+    speedup (cached over uncached tokens per second at the same N). `threads`: torch threads
+    while measuring (default 1: a batch-1 decode step is too small to share, and a second
+    thread on a busy machine slows it by up to 10x); None keeps the current setting."""
+    from attn_zoo.models import LanguageModel
+
+    if unknown := [m for m in mechanisms if m not in GENERATION_MODELS]:
+        raise ValueError(f"generation mechanisms {unknown}: valid are {list(GENERATION_MODELS)}")
+    if min(lengths) <= prompt:
+        raise ValueError(f"lengths {list(lengths)} must all exceed the prompt ({prompt} tokens)")
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        models = {}
+        for name in mechanisms:
+            torch.manual_seed(0)
+            models[name] = LanguageModel(
+                vocab_size, d_model, n_layers, max_block_size=max(lengths), pos_enc=pos_enc,
+                **GENERATION_MODELS[name](heads),
+            ).to(device).eval()  # fmt: skip
+        idx = torch.randint(0, vocab_size, (1, prompt), generator=torch.Generator().manual_seed(0))
+        idx = idx.to(device)
+        rows = []
+        for n in lengths:
+            fns = {}
+            for name, model in models.items():
+                for mode in ("cached", "uncached"):
+                    use_cache = mode == "cached"
+
+                    def run(model=model, use_cache=use_cache, new=n - prompt):
+                        return model.generate(idx, new, temperature=0, use_cache=use_cache)
+
+                    model.generate(idx, min(8, n - prompt), temperature=0, use_cache=use_cache)
+                    fns[f"{name}:{mode}"] = run
+            times = interleaved_median_ms(fns, repeats, device)
+            for label, ms in times.items():
+                new, uncached = n - prompt, times[label.split(":")[0] + ":uncached"]
+                rows.append(
+                    {"backend": label, "N": n, "prompt": prompt, "new_tokens": new,
+                     "tokens_per_s": new / (ms / 1e3), "ms_per_token": ms / new,
+                     "speedup": uncached / ms}
+                )  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+    return pd.DataFrame(rows)
+
+
+def write_generation_report(
+    table: pd.DataFrame, out_dir: str | Path, settings: str, command: str
+) -> Path:
+    """Write the generation suite's report into `out_dir` as `write_bench_report` writes the
+    others: report.md, index.html, bench_generation.csv, and log-log plots against N of
+    tokens per second (tokens_generation.png) and of the cached speedup
+    (speedup_generation.png). Returns `out_dir`."""
+    from ablations.report_pages import (
+        Image,
+        Page,
+        Paragraph,
+        Section,
+        Table,
+        file_name,
+        label_colours,
+        new_figure,
+        write_pages,
+    )
+
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    facts = [
+        f"Machine: {machine()}",
+        f"Generated: {datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+        f"Command: {command}",
+    ]
+    page = Page("Generation benchmark: cached vs uncached decoding", facts, GENERATION_NOTES)
+    table.to_csv(folder / "bench_generation.csv", index=False)
+    columns = {"tokens_per_s": "tokens/s", "ms_per_token": "ms/token", "speedup": "speedup"}
+    shown = {
+        "N": table.N.astype(str),
+        "backend": table.backend.astype(str),
+        "new tokens": table.new_tokens.astype(str),
+    }
+    shown |= {header: table[column].map(_number) for column, header in columns.items()}
+    section = Section("Suite: generation")
+    section.parts.extend([Paragraph(settings), Table(pd.DataFrame(shown))])
+    page.sections.append(section)
+    colours = label_colours(set(table.backend))
+    plots = {
+        "tokens": (table, "tokens_per_s", "tokens per second"),
+        "speedup": (
+            table[table.backend.str.endswith(":cached")],
+            "speedup",
+            "cached speedup over uncached",
+        ),
+    }
+    for kind, (rows, column, ylabel) in plots.items():
+        figure, ax = new_figure()
+        _plot_lines(ax, rows, {column: ("-", ylabel)}, colours)
+        if kind == "speedup":
+            ax.axhline(1, color="grey", linewidth=0.8)
+        ax.set(ylabel=ylabel, title=f"generation: {ylabel}", xlabel="total length N")
+        name = file_name(kind, "generation")
+        figure.savefig(folder / name, dpi=100)
+        section.parts.append(Image(name, f"generation: {ylabel} against N"))
+    write_pages(page, folder)
+    return folder

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 DTYPES = ("bfloat16", "float16", "float32")
-SUITES = ("softmax", "relational", "dual", "mechanisms")
+SUITES = ("softmax", "relational", "dual", "mechanisms")  # the default; and "generation"
+GENERATION_LENGTHS = [64, 256, 512]  # total tokens (prompt + generated)
 DEFAULT_LENGTHS = {"softmax": [256, 512, 1024, 2048, 4096], "relational": [512, 1024, 2048, 4096]}
 
 
@@ -100,7 +101,36 @@ def _command(args: argparse.Namespace) -> str:
     return shlex.join(words)
 
 
+def _bench_generation(args: argparse.Namespace) -> None:
+    """The generation suite: tokens per second, cached vs uncached (one torch thread)."""
+    import torch
+
+    from ablations.bench import bench_generation, machine, write_generation_report
+
+    torch.set_num_threads(1)  # for the whole run, so the machine line names it
+    print(f"machine: {machine()}")
+    d_model, layers, heads, prompt = 128, 4, 4, 16
+    table = bench_generation(
+        args.lengths or GENERATION_LENGTHS, args.repeats, d_model, layers, heads, prompt,
+        device=args.device, threads=None,
+    )  # fmt: skip
+    settings = (
+        f"LanguageModel: d_model {d_model}, {layers} layers, {heads} heads, vocabulary 256, "
+        f"RoPE, float32 on {args.device}, 1 torch thread; relational: symbolic_attention "
+        f"symbols (32); prompt {prompt} tokens, greedy; median of {args.repeats}"
+    )
+    print(f"\n{settings}")
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    if args.report:
+        out = write_generation_report(table, args.report, settings, _command(args))
+        print(f"\nwrote {out}/report.md, {out}/index.html, the CSV and the plots beside them")
+
+
 def _bench(args: argparse.Namespace) -> None:
+    if "generation" in args.suite:
+        if len(args.suite) > 1:
+            raise SystemExit("error: --suite generation runs on its own (its report differs)")
+        return _bench_generation(args)
     from ablations.bench import (
         bench_mechanisms,
         bench_relational,
@@ -237,8 +267,11 @@ def parser() -> argparse.ArgumentParser:
         "bench", help="time and peak memory of every backend over N", formatter_class=Help,
         description="Time (median of interleaved repeats) and peak memory of the backends.",
     )  # fmt: skip
-    b.add_argument("--suite", nargs="+", choices=SUITES, default=list(SUITES),
-                   help="which suites to run (default: all)")  # fmt: skip
+    b.add_argument(
+        "--suite", nargs="+", choices=[*SUITES, "generation"], default=list(SUITES),
+        help=f"which suites to run (default: {' '.join(SUITES)}); generation (tokens per second, "
+        "cached vs uncached) runs on its own",
+    )  # fmt: skip
     b.add_argument("--lengths", type=COUNT, nargs="+", default=None,
                    help="sequence lengths N (without: each suite's own list)")  # fmt: skip
     b.add_argument("--repeats", type=COUNT, default=5, help="timed repeats per workload")

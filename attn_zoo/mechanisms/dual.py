@@ -15,6 +15,10 @@ dense pairwise with use_relative_positional_symbols, or `RelativeSymbols`); an e
 the reference's tuple (output, self-attention weights (B, H_sa, N, N) if need_weights else
 None, [attention (B, H_ra, N, N), relations (B, N, N, R)]), None for an absent branch; with
 need_weights the self-attention branch runs materialised, as the reference's manual path.
+
+Cached decoding (`cache`, a `LayerCache`): each branch caches what it caches alone (see
+standard.py and relational.py) in a child of the cache, "sa" and "ra"; the mechanism's own
+retriever is asked for the new positions' symbols (the cache's offset).
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ from attn_zoo.kernels.heads import repeat_kv
 from attn_zoo.kernels.relational.naive import attention_tensor
 from attn_zoo.kernels.rotary import Rotary
 from attn_zoo.mechanisms.base import AttentionMechanism, check_int
+from attn_zoo.mechanisms.cache import LayerCache
 from attn_zoo.mechanisms.registry import MECHANISMS, register_mechanism
 from attn_zoo.mechanisms.relational import RelationalAttention, retriever_or_none
 from attn_zoo.mechanisms.standard import StandardAttention
 from attn_zoo.symbols import RelativeSymbols
-from attn_zoo.symbols.retrievers import check_returns
+from attn_zoo.symbols.retrievers import cacheable, check_returns, retrieve
 
 BRANCH_FIXED = {"d_model", "n_heads", "total_n_heads", "dropout", "backend"}
 
@@ -89,6 +94,12 @@ class DualAttention(AttentionMechanism):
         self.returns = "output"
 
     @property
+    def supports_cache(self) -> bool:
+        """Both branches cache; the mechanism's own retriever must serve cached calls."""
+        ra = self.relational_attention
+        return cacheable(self.symbol_retriever) and (ra is None or ra.supports_cache)
+
+    @property
     def returns(self) -> str:
         """Either "output" (forward returns the output) or "reference" (the reference's tuple); the
         relational branch follows."""
@@ -123,15 +134,28 @@ class DualAttention(AttentionMechanism):
         is_causal: bool = False,
         rope: Rotary | None = None,
         need_weights: bool = False,  # returns="reference": also the self-attention weights
+        cache: LayerCache | None = None,  # cached decoding: a child cache per branch
     ):
         """(B, N, d_model); with returns="reference" the reference's tuple (module docstring)."""
         reference = self.returns == "reference"
         outputs, sa_weights, ra_maps = [], None, None
+        offset = 0 if cache is None else cache.length
+        if cache is not None:
+            if reference and need_weights:
+                raise ValueError("need_weights (the reference's manual path) takes no cache")
+            cache.advance(x.shape[1])
         if self.self_attention is not None:
             if x.shape[1] == 0:  # nothing to attend (not every softmax backend takes no keys)
                 outputs.append(self._empty_branch(self.self_attention, x))
                 if reference and need_weights:
                     sa_weights = x.new_zeros(x.shape[0], self.self_attention.n_heads, 0, 0)
+            elif cache is not None:
+                sa_cache = cache.child("sa")
+                outputs.append(
+                    self.self_attention(
+                        x, attn_mask=attn_mask, is_causal=is_causal, rope=rope, cache=sa_cache
+                    )
+                )
             elif reference and need_weights:
                 out, sa_weights = self._self_attention_with_weights(x, attn_mask, is_causal, rope)
                 outputs.append(out)
@@ -141,8 +165,9 @@ class DualAttention(AttentionMechanism):
                 )
         if self.relational_attention is not None:
             if symbols is None and self.symbol_retriever is not None:
-                symbols = self.symbol_retriever(x)
-            result = self.relational_attention(x, symbols, attn_mask, is_causal, rope)
+                symbols = retrieve(self.symbol_retriever, x, offset)
+            ra_cache = None if cache is None else cache.child("ra")
+            result = self.relational_attention(x, symbols, attn_mask, is_causal, rope, ra_cache)
             out, *ra_maps = result if isinstance(result, tuple) else (result,)
             outputs.append(out)
         out = torch.cat(outputs, dim=-1)

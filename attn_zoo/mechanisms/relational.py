@@ -19,6 +19,14 @@ pairwise s_ij as the reference takes them, dense (N, N, d_model) or (B, N, N, d_
 (backends naive and chunked); or the `RelativeSymbols` of a position_relative retriever
 (never expanded). ``returns = "reference"`` makes forward return the reference's tuple
 (output, attention (B, H, N, N), relations (B, N, N, R)), the weights of the very pass.
+
+Cached decoding (`cache`, a `LayerCache`): cached are the attention keys k (after RoPE), the
+relation keys kr and the symbol values v = Wv s_j of every position seen (kv heads under GQA);
+a call appends its new positions' and attends with is_causal="bottom_right" (the caller's).
+Symbols are those of the new positions (a retriever is asked with the cache's offset).
+Relative symbols cache no values: the table is read at clip(j - i, -K, K) for the new queries
+i = offset.. (as v for one new query, as pairwise v_pair for several after a prefix). Dense
+pairwise symbols (use_relative_positional_symbols with a tensor) cannot be cached.
 """
 
 from __future__ import annotations
@@ -32,13 +40,19 @@ from torch import nn
 
 from attn_zoo.kernels.relational import relational_attention
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
-from attn_zoo.kernels.relational.naive import aggregate, attention_tensor, relation_tensor
+from attn_zoo.kernels.relational.naive import (
+    aggregate,
+    attention_tensor,
+    relation_tensor,
+    relative_index,
+)
 from attn_zoo.kernels.rotary import Rotary
 from attn_zoo.mechanisms.base import AttentionMechanism, check_dropout, check_int
+from attn_zoo.mechanisms.cache import LayerCache
 from attn_zoo.mechanisms.registry import register_mechanism
 from attn_zoo.mechanisms.standard import check_heads
 from attn_zoo.symbols import RelativeSymbols, build_symbol_retriever, list_symbol_retrievers
-from attn_zoo.symbols.retrievers import check_returns
+from attn_zoo.symbols.retrievers import cacheable, check_returns, retrieve
 
 
 def retriever_or_none(name: str | None, kwargs: dict | None, d_model: int) -> nn.Module | None:
@@ -113,6 +127,12 @@ class RelationalAttention(AttentionMechanism):
         self.returns = "output"
 
     @property
+    def supports_cache(self) -> bool:
+        """Cached decoding works (k, kr, symbol values cached) unless the mechanism's own
+        retriever cannot serve it (see `attn_zoo.symbols.retrievers.cacheable`)."""
+        return cacheable(self.symbol_retriever)
+
+    @property
     def returns(self) -> str:
         """Either "output" (forward returns the output) or "reference" (the reference's tuple)."""
         return getattr(self, "_returns", "output")  # modules pickled before it existed
@@ -121,16 +141,16 @@ class RelationalAttention(AttentionMechanism):
     def returns(self, value: str) -> None:
         self._returns = check_returns(value)
 
-    def symbol_values(self, x: torch.Tensor, symbols) -> dict:
+    def symbol_values(self, x: torch.Tensor, symbols, offset: int = 0) -> dict:
         """Kernel kwargs for the symbols: v (B, Hkv, N, hd), v_rel (Hkv, 2K+1, hd) or v_pair
-        (B?, Hkv, N, N, hd)."""
+        (B?, Hkv, N, N, hd); `offset`: x's first position (cached decoding), for a retriever."""
         if symbols is None:
             if self.symbol_retriever is None:
                 raise ValueError(
                     "relational attention needs symbols: pass symbols=... or build it with "
                     f"symbol_retrieval= one of {list_symbol_retrievers()}"
                 )
-            symbols = self.symbol_retriever(x)
+            symbols = retrieve(self.symbol_retriever, x, offset)
         relative = isinstance(symbols, RelativeSymbols)  # the type says it
         width = self.wv.in_features
         if (symbols.table if relative else symbols).shape[-1] != width:
@@ -167,10 +187,13 @@ class RelationalAttention(AttentionMechanism):
         attn_mask: torch.Tensor | None = None,  # bool or additive, broadcastable to (B,H,N,N)
         is_causal: bool = False,
         rope: Rotary | None = None,  # RoPE on the attention queries and keys
+        cache: LayerCache | None = None,  # cached decoding: k, kr, v of the positions before x
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, N, n_heads * head_dim); with returns="reference" the reference's tuple
-        (output, attention (B, H, N, N), relations (B, N, N, R))."""
-        out, maps = self.attend(x, symbols, attn_mask, is_causal, rope, self.returns == "reference")
+        (output, attention (B, H, N, N), relations (B, N, N, R)); with a cache the new
+        positions' (attention and relations (.., N, M) over every cached key)."""
+        reference = self.returns == "reference"
+        out, maps = self.attend(x, symbols, attn_mask, is_causal, rope, reference, cache)
         return out if maps is None else (out, *maps)
 
     def attend(
@@ -181,6 +204,7 @@ class RelationalAttention(AttentionMechanism):
         is_causal: bool = False,
         rope: Rotary | None = None,
         with_maps: bool = False,
+        cache: LayerCache | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """(output, None), or with_maps: (output, (attention (B, H, N, N), relations
         (B, N, N, R))), the reference's returns: materialised from this pass's projections,
@@ -188,7 +212,9 @@ class RelationalAttention(AttentionMechanism):
         the output is then computed from those very weights (materialised); otherwise by the
         backend's kernel."""
         q, k, qr, kr = self.projections(x, rope)
-        values = self.symbol_values(x, symbols)
+        values = self.symbol_values(x, symbols, 0 if cache is None else cache.length)
+        if cache is not None:
+            k, kr, values = self.extend_cache(cache, k, kr, values)
         dropout_p = self.dropout if self.training else 0.0
         scale, rel_scale = self.head_dim**-0.5, self.rel_proj_dim**-0.5
         maps = None
@@ -215,6 +241,31 @@ class RelationalAttention(AttentionMechanism):
         heads = sym + einsum(rel, self.wr, "b h n r, h e r -> b h n e")
         return self.resid_dropout(self.wo(rearrange(heads, "b h n d -> b n (h d)"))), maps
 
+    def extend_cache(
+        self, cache: LayerCache, k: torch.Tensor, kr: torch.Tensor, values: dict
+    ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """The new positions' k, kr and symbol values appended to the cache: every cached
+        position's (k, kr, values) for the new queries, the cache advanced."""
+        n = k.shape[2]
+        if "v_pair" in values:
+            raise ValueError(
+                "dense pairwise symbols cannot be cached (they cover the new positions only): "
+                "use the RelativeSymbols of a position_relative retriever"
+            )
+        if "v" in values:
+            k, kr, v = cache.append(k=k, kr=kr, v=values["v"])
+            cache.advance(n)
+            return k, kr, {"v": v}
+        k, kr = cache.append(k=k, kr=kr)
+        cache.advance(n)
+        m, table = k.shape[2], values["v_rel"]  # (Hkv, 2K+1, hd)
+        if m == n:  # no positions before these: the kernel reads the table itself
+            return k, kr, values
+        index = relative_index(n, m, (table.shape[1] - 1) // 2, table.device, offset=m - n)
+        if n == 1:  # one query: each key's value is fixed, absolute values serve every backend
+            return k, kr, {"v": table[:, index[0]].expand(k.shape[0], -1, -1, -1)}
+        return k, kr, {"v_pair": table[:, index]}  # (Hkv, N, M, hd)
+
     def projections(self, x: torch.Tensor, rope: Rotary | None) -> tuple[torch.Tensor, ...]:
         """Attention q (B, H, N, dk), k (B, Hkv, N, dk) (RoPE if given) and relation qr, kr
         (B, R, N, dr)."""
@@ -234,9 +285,12 @@ class RelationalAttention(AttentionMechanism):
         attn_mask: torch.Tensor | None = None,
         is_causal: bool = False,
         rope: Rotary | None = None,
+        cache: LayerCache | None = None,
     ) -> dict[str, torch.Tensor]:
         """The forward pass's attention weights and relations, materialised:
         {"attention": (B, H, N, N), "relations": (B, R, N, N)}."""
+        if cache is not None:
+            raise ValueError("attention maps are recorded from uncached calls only (cache=None)")
         q, k, qr, kr = self.projections(x, rope)
         return {
             "attention": attention_tensor(q, k, attn_mask, is_causal, self.head_dim**-0.5),

@@ -9,6 +9,12 @@ head_dim = d_model // total_n_heads, key_dim defaults to head_dim, the scale is
 1/sqrt(head_dim) even when key_dim differs, and the output width is n_heads * head_dim
 (d_model unless the module is one branch of dual attention, where total_n_heads > n_heads).
 Dropout acts on the attention weights and on the output, in training only.
+
+Cached decoding (`cache`, a `LayerCache`): the keys (after RoPE) and values of every position
+seen so far are cached, the kv heads only under GQA; a call computes its new positions' queries,
+keys and values, appends the keys and values, and attends with is_causal="bottom_right" (the
+caller's: the new queries are the last positions). The rope tables are those of the new
+positions.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from attn_zoo.kernels.rotary import Rotary
 from attn_zoo.kernels.softmax import softmax_attention
 from attn_zoo.kernels.softmax.naive import attention_weights
 from attn_zoo.mechanisms.base import AttentionMechanism, check_dropout, check_int
+from attn_zoo.mechanisms.cache import LayerCache
 from attn_zoo.mechanisms.registry import register_mechanism
 
 
@@ -42,6 +49,7 @@ def check_heads(d_model: int, n_heads: int, n_kv_heads: int | None, total_n_head
 @register_mechanism("standard")
 class StandardAttention(AttentionMechanism):
     kernel_family = "softmax"
+    supports_cache = True  # self-attention: k, v
 
     def __init__(
         self,
@@ -79,10 +87,16 @@ class StandardAttention(AttentionMechanism):
         is_causal: bool = False,
         rope: Rotary | None = None,  # RoPE on queries and keys
         context: torch.Tensor | None = None,  # (B, M, d_model): cross-attention keys/values
+        cache: LayerCache | None = None,  # cached decoding: k, v of the positions before x
     ) -> torch.Tensor:  # (B, N, n_heads * head_dim)
+        if cache is not None and context is not None:
+            raise ValueError("the cache is for self-attention: pass context=None with a cache")
         source = x if context is None else context
         q, k = self.queries_keys(x, source, rope)
         v = rearrange(self.wv(source), "b n (h d) -> b h n d", h=self.n_kv_heads)
+        if cache is not None:
+            k, v = cache.append(k=k, v=v)
+            cache.advance(x.shape[1])
         out = softmax_attention(
             q,
             k,
@@ -114,7 +128,10 @@ class StandardAttention(AttentionMechanism):
         is_causal: bool = False,
         rope: Rotary | None = None,
         context: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
     ) -> dict[str, torch.Tensor]:
         """The forward pass's attention weights, materialised: {"attention": (B, H, N, M)}."""
+        if cache is not None:
+            raise ValueError("attention maps are recorded from uncached calls only (cache=None)")
         q, k = self.queries_keys(x, x if context is None else context, rope)
         return {"attention": attention_weights(q, k, attn_mask, is_causal, self.head_dim**-0.5)}

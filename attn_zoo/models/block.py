@@ -9,6 +9,11 @@ norm_ff is `norm2`, or `norm3` when the block has cross-attention (the reference
 Symbols (relational and dual attention) come from the caller, which computes them from the
 residual stream, as in the Dual Attention Transformer. Dropout follows each sub-layer.
 
+Cached decoding: `forward(..., cache=layer_cache)` hands the block's `LayerCache` to its
+self-attention, which keeps what it needs of the positions before x; a causal block then calls
+it with is_causal="bottom_right" (x's positions are the last ones). Only mechanisms with
+`supports_cache` take a cache (`Block.supports_cache`).
+
 `BlockConfig` holds every setting a block takes (as nanoGPT's GPTConfig); every model of the
 family takes one, or its fields as keyword arguments.
 """
@@ -22,6 +27,7 @@ import torch
 from torch import nn
 
 from attn_zoo.kernels.rotary import Rotary
+from attn_zoo.mechanisms.cache import LayerCache
 from attn_zoo.mechanisms.registry import build, mechanism_kwargs
 from attn_zoo.mechanisms.standard import StandardAttention
 from attn_zoo.models.feedforward import FeedForward
@@ -122,12 +128,26 @@ class Block(nn.Module):
     def norm_ff(self) -> nn.Module:
         return self.norm2 if self.cross_attn is None else self.norm3
 
-    def _attend(self, h, symbols, attn_mask, rope):
+    @property
+    def supports_cache(self) -> bool:
+        """Whether the self-attention takes a cache (cached decoding). Cross-attention, if
+        any, reads its whole context on every call and needs none."""
+        return bool(getattr(self.attn, "supports_cache", False))
+
+    def _attend(self, h, symbols, attn_mask, rope, cache):
         call = {"attn_mask": attn_mask, "is_causal": self.causal}
         if symbols is not None:
             call["symbols"] = symbols
         if rope is not None:
             call["rope"] = rope
+        if cache is not None:
+            if not self.supports_cache:
+                raise ValueError(
+                    f"{type(self.attn).__name__} takes no cache (supports_cache is False); "
+                    "run without one"
+                )
+            call["cache"] = cache
+            call["is_causal"] = "bottom_right" if self.causal else False
         return self.dropout(self.attn(h, **call))
 
     def forward(
@@ -138,6 +158,7 @@ class Block(nn.Module):
         attn_mask: torch.Tensor | None = None,  # self-attention mask, True = may attend
         rope: Rotary | None = None,
         context_mask: torch.Tensor | None = None,  # cross-attention mask (B?, 1?, N, M)
+        cache: LayerCache | None = None,  # cached decoding: the positions before x
     ) -> torch.Tensor:
         if (context is None) != (self.cross_attn is None):
             raise ValueError(
@@ -145,12 +166,12 @@ class Block(nn.Module):
                 f"(cross_attention={'set' if self.cross_attn is not None else 'None'})"
             )
         if self.norm_first:
-            x = x + self._attend(self.norm1(x), symbols, attn_mask, rope)
+            x = x + self._attend(self.norm1(x), symbols, attn_mask, rope, cache)
             if self.cross_attn is not None:
                 cross = self.cross_attn(self.norm2(x), attn_mask=context_mask, context=context)
                 x = x + self.dropout(cross)
             return x + self.dropout(self.ff_block(self.norm_ff(x)))
-        x = self.norm1(x + self._attend(x, symbols, attn_mask, rope))
+        x = self.norm1(x + self._attend(x, symbols, attn_mask, rope, cache))
         if self.cross_attn is not None:
             cross = self.cross_attn(x, attn_mask=context_mask, context=context)
             x = self.norm2(x + self.dropout(cross))

@@ -5,9 +5,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from attn_zoo.mechanisms.cache import Cache
 from attn_zoo.models.block import Block, BlockConfig
 from attn_zoo.models.positional import build_positional
 from attn_zoo.symbols import build_symbol_retriever
+from attn_zoo.symbols.retrievers import cacheable, retrieve
 
 
 def rope_width(module: nn.Module) -> int:
@@ -45,13 +47,30 @@ def retriever_for(retrievers: nn.Module | None, layer: int) -> nn.Module | None:
     return retrievers[layer]
 
 
-def run_blocks(blocks: nn.ModuleList, retrievers, h: torch.Tensor, **call) -> torch.Tensor:
-    """Each block in turn; symbols, if any, from the residual stream entering the block."""
+def run_blocks(
+    blocks: nn.ModuleList, retrievers, h: torch.Tensor, cache: Cache | None = None, **call
+) -> torch.Tensor:
+    """Each block in turn; symbols, if any, from the residual stream entering the block. With
+    a `cache` (cached decoding), h holds the positions after cache.length: each block gets its
+    layer's cache and the retrievers that offset (the caller advances the cache)."""
+    offset = 0 if cache is None else cache.length
     for i, block in enumerate(blocks):
         retriever = retriever_for(retrievers, i)
-        symbols = None if retriever is None else retriever(h)
+        symbols = None if retriever is None else retrieve(retriever, h, offset)
+        if cache is not None:
+            call["cache"] = cache[i]
         h = block(h, symbols, **call)
     return h
+
+
+def blocks_support_cache(blocks: nn.ModuleList, retrievers) -> bool:
+    """Whether cached decoding can run `blocks` with `retrievers`: every block's attention
+    takes a cache and every retriever serves offset calls."""
+    if not all(block.supports_cache for block in blocks):
+        return False
+    if isinstance(retrievers, nn.ModuleList):
+        return all(cacheable(r) for r in retrievers)
+    return cacheable(retrievers)
 
 
 def make_blocks(n_layers: int, config: BlockConfig) -> nn.ModuleList:
@@ -62,15 +81,29 @@ def make_blocks(n_layers: int, config: BlockConfig) -> nn.ModuleList:
 
 
 def check_tokens(name: str, idx: torch.Tensor, vocab_size: int, max_len: int | None) -> None:
-    """idx must be (B, T) integer token ids in [0, vocab_size), T <= max_len."""
+    """idx must be (B, T) integer token ids in [0, vocab_size), T <= max_len.
+
+    Shape and dtype are checked on the host always. The id range is a check of tensor values:
+    in eager mode it reads them (one host sync) to name the offending range; under
+    torch.compile it becomes a device-side assertion (torch._assert_async, lowered by inductor
+    to an in-kernel assert) so the compiled graph has no graph break and no host sync, and an
+    out-of-range id still fails (a RuntimeError naming the valid ids on CPU, a device-side
+    assert on CUDA, as an out-of-range embedding lookup is in eager mode).
+    """
     if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
         raise ValueError(
             f"{name} must be (B, T) integer token ids, got {idx.dtype} {tuple(idx.shape)}"
         )
     if max_len is not None and idx.shape[1] > max_len:
         raise ValueError(f"{name} has length {idx.shape[1]} > max_block_size={max_len}")
-    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= vocab_size):
+    if not idx.numel():
+        return
+    if torch.compiler.is_compiling():
+        in_range = (idx.min() >= 0) & (idx.max() < vocab_size)
+        torch._assert_async(in_range, f"{name} has token ids outside 0..{vocab_size - 1}")
+        return
+    low, high = int(idx.min()), int(idx.max())
+    if low < 0 or high >= vocab_size:
         raise ValueError(
-            f"{name} has token ids in [{int(idx.min())}, {int(idx.max())}]; "
-            f"valid ids are 0..{vocab_size - 1}"
+            f"{name} has token ids in [{low}, {high}]; valid ids are 0..{vocab_size - 1}"
         )

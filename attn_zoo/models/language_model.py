@@ -6,6 +6,14 @@
 Causal in every layer; tied input/output embeddings by default; symbols for relational and
 dual attention from a retriever shared across layers (the reference's default) or one per
 layer. `LanguageModel.generate` samples with temperature and top-k.
+
+Cached decoding: ``forward(idx_new, cache=cache)`` (a `Cache` from `new_cache`) runs only
+the tokens after the cache's `length` positions, at positions length.. (learned and sinusoidal
+positions, RoPE tables and positional symbols offset), each layer's attention keeping what it
+needs in its `LayerCache` (see attn_zoo.mechanisms.cache), and advances the cache. `generate` uses
+it when every layer can (`supports_cache`; else, or with use_cache=False, it recomputes the
+whole context for every token), and while the context fits max_block_size: past it the window
+slides, every position moves, and it recomputes the cropped window as the uncached path does.
 """
 
 from __future__ import annotations
@@ -14,8 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attn_zoo.mechanisms.cache import Cache
 from attn_zoo.models.block import BlockConfig
 from attn_zoo.models.common import (
+    blocks_support_cache,
     check_tokens,
     make_blocks,
     run_blocks,
@@ -56,23 +66,53 @@ class LanguageModel(nn.Module):
             self.token_embedder.weight = self.final_out.weight
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        cache: Cache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx (B, T) token ids -> logits (B, T, vocab) and the mean loss (targets -1 ignored)."""
+        """idx (B, T) token ids -> logits (B, T, vocab) and the mean loss (targets -1 ignored).
+        With a `cache` (`new_cache`), idx are the tokens after its cached positions: they sit
+        at positions cache.length.., attend to the cached ones too, and are cached."""
         check_tokens("idx", idx, self.vocab_size, self.max_block_size)
         if targets is not None and targets.shape != idx.shape:
             raise ValueError(
                 f"targets {tuple(targets.shape)} must have idx's shape {tuple(idx.shape)}"
             )
-        h = self.dropout(self.pos_enc(self.token_embedder(idx)))
-        h = run_blocks(
-            self.blocks, self.symbol_retriever, h, rope=self.pos_enc.rotary(idx.shape[1])
-        )
+        offset = 0
+        if cache is not None:
+            if not self.supports_cache():
+                raise ValueError(
+                    "this model's attention (or symbol retriever) takes no cache; run with "
+                    "cache=None (generate falls back by itself)"
+                )
+            if len(cache.layers) != len(self.blocks):
+                raise ValueError(f"{cache!r} is not for a model of {len(self.blocks)} layers")
+            offset = cache.length
+            if offset + idx.shape[1] > self.max_block_size:
+                raise ValueError(
+                    f"{offset} cached + {idx.shape[1]} new positions exceed max_block_size="
+                    f"{self.max_block_size}: crop and run without the cache"
+                )
+        t = idx.shape[1]
+        h = self.dropout(self.pos_enc(self.token_embedder(idx), offset=offset))
+        rope = self.pos_enc.rotary(t, offset=offset)
+        h = run_blocks(self.blocks, self.symbol_retriever, h, cache=cache, rope=rope)
+        if cache is not None:
+            cache.advance(t)
         logits = self.final_out(self.norm(h))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1), ignore_index=-1)
         return logits, loss
+
+    def supports_cache(self) -> bool:
+        """Whether every layer can decode with a cache (its attention and symbol retriever)."""
+        return blocks_support_cache(self.blocks, self.symbol_retriever)
+
+    def new_cache(self) -> Cache:
+        """An empty cache for one batch of sequences (capacity max_block_size positions)."""
+        return Cache(len(self.blocks), capacity=self.max_block_size)
 
     @torch.no_grad()
     def generate(
@@ -81,12 +121,30 @@ class LanguageModel(nn.Module):
         max_new_tokens: int,
         temperature: float = 1.0,
         top_k: int | None = None,
-    ) -> torch.Tensor:
+        use_cache: bool = True,
+        return_logits: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Append `max_new_tokens` sampled tokens to idx (B, T); the context is cropped to
-        the last max_block_size tokens. temperature 0 is greedy."""
+        the last max_block_size tokens. temperature 0 is greedy.
+
+        use_cache: decode with a KV cache (or recurrent state) when the model supports it
+        (`supports_cache`; otherwise the uncached path, silently); the first step runs the
+        whole prompt (prefill), each later one only the newest token, until the context
+        exceeds max_block_size, from where each step recomputes the cropped window as the
+        uncached path does. return_logits: also the logits each step sampled from (before
+        temperature and top-k), (B, max_new_tokens, vocab)."""
+        cache = self.new_cache() if use_cache and self.supports_cache() else None
+        steps = []
         for _ in range(max_new_tokens):
-            logits, _ = self(idx[:, -self.max_block_size :])
+            if cache is not None and idx.shape[1] > self.max_block_size:
+                cache = None  # the window slides: every position moves, recompute
+            if cache is None:
+                logits, _ = self(idx[:, -self.max_block_size :])
+            else:
+                logits, _ = self(idx[:, cache.length :], cache=cache)
             logits = logits[:, -1, :]
+            if return_logits:
+                steps.append(logits)
             if temperature == 0:
                 nxt = logits.argmax(-1, keepdim=True)
             else:
@@ -96,4 +154,8 @@ class LanguageModel(nn.Module):
                     logits = logits.masked_fill(logits < kth, float("-inf"))
                 nxt = torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat([idx, nxt], dim=1)
+        if return_logits:
+            if not steps:
+                return idx, self.final_out.weight.new_zeros(idx.shape[0], 0, self.vocab_size)
+            return idx, torch.stack(steps, dim=1)
         return idx

@@ -1,7 +1,9 @@
 """Positional encodings by name: learned, sinusoidal, rope, rope_half, none.
 
-Each is a module with `forward(x)` (x (B, N, d) -> x with positions added; the identity for
-rotary encodings) and `rotary(n)` (the `Rotary` tables for n positions, or None).
+Each is a module with `forward(x, offset=0)` (x (B, N, d) -> x with the positions offset ..
+offset + N - 1 added; the identity for rotary encodings) and `rotary(n, offset=0)` (the `Rotary`
+tables of those positions, or None). A nonzero offset is a cached decoding call's: its tokens
+follow `offset` cached ones.
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ class _Positional(nn.Module):
         super().__init__()
         self.max_len = max_len
 
-    def check(self, n: int) -> None:
-        if n > self.max_len:
+    def check(self, n: int, offset: int = 0) -> None:
+        if offset + n > self.max_len:
+            at = f" at offset {offset}" if offset else ""
             raise ValueError(
-                f"sequence length {n} exceeds the positional encoding's max length {self.max_len}"
+                f"sequence length {n}{at} exceeds the positional encoding's max length "
+                f"{self.max_len}"
             )
 
-    def rotary(self, n: int) -> Rotary | None:
+    def rotary(self, n: int, offset: int = 0) -> Rotary | None:
         return None
 
 
@@ -39,7 +43,7 @@ class NoPositions(_Positional):
     def __init__(self, d_model: int, max_len: int):
         super().__init__(max_len)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         return x
 
 
@@ -51,9 +55,9 @@ class LearnedPositions(_Positional):
         super().__init__(max_len)
         self.embedding = nn.Embedding(max_len, d_model)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.check(x.shape[1])
-        return x + self.embedding(torch.arange(x.shape[1], device=x.device))
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        self.check(x.shape[1], offset)
+        return x + self.embedding(torch.arange(offset, offset + x.shape[1], device=x.device))
 
 
 @POSITIONAL.register("sinusoidal")
@@ -71,9 +75,9 @@ class SinusoidalPositions(_Positional):
         pe[:, 1::2] = torch.cos(position * div)[:, : d_model // 2]
         self.register_buffer("pe", pe)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.check(x.shape[1])
-        return x * self.factor + self.pe[: x.shape[1]]
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        self.check(x.shape[1], offset)
+        return x * self.factor + self.pe[offset : offset + x.shape[1]]
 
 
 class RotaryPositions(_Positional):
@@ -87,12 +91,14 @@ class RotaryPositions(_Positional):
         self.register_buffer("freqs_cos", cos, persistent=False)
         self.register_buffer("freqs_sin", sin, persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.check(x.shape[1])
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        self.check(x.shape[1], offset)
         return x
 
-    def rotary(self, n: int) -> Rotary:
-        return Rotary(self.freqs_cos[:n], self.freqs_sin[:n], self.interleaved)
+    def rotary(self, n: int, offset: int = 0) -> Rotary:
+        self.check(n, offset)
+        end = offset + n
+        return Rotary(self.freqs_cos[offset:end], self.freqs_sin[offset:end], self.interleaved)
 
 
 @POSITIONAL.register("rope")

@@ -2,6 +2,12 @@
 
 Parameter names and shapes follow `dual_attention.symbol_retrieval`, so checkpoints load as
 they are. Symbols have width d_model: relational attention projects them with its W_v.
+
+Cached decoding: every retriever takes `forward(x, offset=0)`, x the new positions offset ..
+offset + N - 1 of the sequence (`retrieve` passes the offset only when it is nonzero), and
+says by `cacheable` whether its symbols for the new positions are all a cached call needs:
+per-token symbols (symbolic_attention) ignore the offset, positional symbols read E[offset +
+i], relative symbols are one table whatever the offset (the mechanism reads it at j - i).
 """
 
 from __future__ import annotations
@@ -16,6 +22,16 @@ from torch import nn
 from attn_zoo.kernels.relational.naive import relative_index
 from attn_zoo.kernels.softmax import softmax_attention
 from attn_zoo.symbols.registry import register_symbol_retriever
+
+
+def retrieve(retriever: nn.Module, x: torch.Tensor, offset: int = 0):
+    """retriever(x), or retriever(x, offset=offset) for positions after `offset` cached ones."""
+    return retriever(x) if offset == 0 else retriever(x, offset=offset)
+
+
+def cacheable(retriever: nn.Module | None) -> bool:
+    """Whether cached decoding can use `retriever` (None, which retrieves nothing, can)."""
+    return retriever is None or bool(getattr(retriever, "cacheable", False))
 
 
 @register_symbol_retriever("symbolic_attention")
@@ -51,7 +67,10 @@ class SymbolicAttention(nn.Module):
         )
         self.q_proj = nn.Linear(d_model, d_model)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
+    cacheable = True  # per token: the new positions' symbols come from their own x
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
+        """Symbols of x's positions; `offset` (cached decoding) does not change them."""
         q = rearrange(self.q_proj(x), "b n (h d) -> b h n d", h=self.n_heads)
         k, v = (
             repeat(t, "s (h d) -> b h s d", b=x.shape[0], h=self.n_heads)
@@ -84,11 +103,17 @@ class PositionalSymbolRetriever(nn.Module):
                     :, : symbol_dim // 2
                 ]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, N, .) -> (B, N, symbol_dim)
+    cacheable = True  # E[offset + i] for the new positions
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """(B, N, .) -> (B, N, symbol_dim): E[offset], .., E[offset + N - 1]."""
         n = x.shape[1]
-        if n > self.max_length:
-            raise ValueError(f"positional_symbols: length {n} exceeds max_length={self.max_length}")
-        symbols = self.symbol_library(torch.arange(n, device=x.device))
+        if offset + n > self.max_length:
+            at = f" at offset {offset}" if offset else ""
+            raise ValueError(
+                f"positional_symbols: length {n}{at} exceeds max_length={self.max_length}"
+            )
+        symbols = self.symbol_library(torch.arange(offset, offset + n, device=x.device))
         return repeat(symbols, "n d -> b n d", b=x.shape[0])
 
 
@@ -150,6 +175,14 @@ class PositionRelativeSymbolRetriever(nn.Module):
     def returns(self, value: str) -> None:
         self._returns = check_returns(value)
 
-    def forward(self, x: torch.Tensor) -> RelativeSymbols | torch.Tensor:
+    @property
+    def cacheable(self) -> bool:
+        """The table is: relational attention reads it at the offsets of a cached call. The
+        reference's dense (N, N, d) symbols are not (they cover the new positions only)."""
+        return self.returns == "output"
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> RelativeSymbols | torch.Tensor:
+        """The table as `RelativeSymbols` (whatever the offset), or with returns="reference"
+        the dense (N, N, symbol_dim) symbols of x's positions."""
         symbols = RelativeSymbols(self.rel_pos_enc.rel_pos_embeddings, self.max_rel_pos)
         return symbols.dense(x.shape[1]) if self.returns == "reference" else symbols

@@ -49,8 +49,11 @@ def align_causal(
     attn_mask: torch.Tensor | None, is_causal: bool | str, n: int, m: int, device
 ) -> tuple[torch.Tensor | None, bool]:
     """(mask, is_causal) with top-left causality only: a bottom-right causal call with n != m
-    becomes its explicit mask, 4-D, merged into `attn_mask` (j <= i + m - n)."""
+    becomes its explicit mask, 4-D, merged into `attn_mask` (j <= i + m - n); with one query
+    (a decoding step) it masks nothing."""
     alignment = causal_alignment(is_causal)
+    if alignment == "bottom_right" and n == 1:  # the one query is the last: it sees every key
+        return attn_mask, False
     if alignment == "bottom_right" and n != m:
         causal = causal_mask(n, m, device, offset=m - n).view(1, 1, n, m)
         return restrict(attn_mask, causal), False
