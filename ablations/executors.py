@@ -2,7 +2,7 @@
 config and gets its outcome back (the keyword arguments of `ResultsStore.finish`); executors
 never write the store.
 
-    pool = make_executor("local", workers=2)      # or "ray", address=...
+    pool = make_executor("local", workers=2)      # or "ray", address=..., resources=...
     handle = pool.submit(cell.config(), keep_state=True)
     for handle, outcome in pool.wait([handle], timeout=1.0): ...
     for key, step, loss in pool.drain(): ...      # progress events of the running cells
@@ -10,9 +10,16 @@ never write the store.
 
 `EXECUTORS`:
   local  `workers` spawned processes, the machine's cores split between them as torch threads;
-         `workers=1` trains in a thread of the driver's own process.
+         `workers=1` trains in a thread of the driver's own process. Where this machine has
+         GPUs and the grid's device is "auto" or "cuda", worker i trains on cuda:i (more
+         workers than GPUs share them round-robin: `placements`), and the default is one
+         worker per GPU; otherwise every worker trains on the grid's device (CPU for "auto").
   ray    one `ray.remote` task per cell on the cluster at `address` (a local instance when
-         None), one CPU each, retried when its worker dies. Ray is imported only here.
+         None), asking for the grid's `[resources]` (`ray_options`: num_cpus, default 1, also
+         its torch threads; num_gpus, default 0, fractions sharing a GPU), retried when its
+         worker dies. Ray shows a task only the GPUs it was given, so "auto" trains on the GPU
+         of a task with num_gpus > 0 and on the CPU otherwise; "cuda" needs num_gpus > 0.
+         Ray is imported only here.
 
 Every executor has `slots` (cells at once), `submit`, `wait`, `drain`, `close` and `notes`
 (one-line messages for the driver to print); the local one also `kill` (SIGKILL every worker
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import multiprocessing as mp
 import os
 import signal
@@ -36,9 +44,9 @@ from multiprocessing.connection import wait as wait_connections
 
 import torch
 
-from ablations.spec import Cell
+from ablations.spec import RESOURCE_DEFAULTS, Cell, SpecError, training_settings
 from ablations.store import error_summary
-from ablations.train import environment, train_cell
+from ablations.train import environment, resolve_device, train_cell
 
 EXECUTORS = ("local", "ray")
 LOST = "lost"  # no cell's result (Ray lost the task, a worker was killed): released, not recorded
@@ -58,8 +66,30 @@ def _saved(obj) -> bytes:
     return buffer.getvalue()
 
 
-def run_cell(config: dict, threads: int, progress=None, keep_state: bool = False) -> dict:
-    """Train the cell of `config` here with `threads` torch threads; never raises.
+def placement(index: int, n_gpus: int, device: str) -> str:
+    """The device local worker `index` trains a cell with `training.device` = `device` on,
+    where this machine has `n_gpus` GPUs: "auto" and "cuda" are cuda:(index mod n_gpus) when
+    there are GPUs ("auto": "cpu" when none); any other device is itself."""
+    if device in ("auto", "cuda") and n_gpus > 0:
+        return f"cuda:{index % n_gpus}"
+    return "cpu" if device == "auto" else device
+
+
+def placements(workers: int, n_gpus: int, device: str) -> list[str]:
+    """The device of each of `workers` local workers (`placement`): one worker per GPU,
+    round-robin when there are more workers than GPUs."""
+    return [placement(i, n_gpus, device) for i in range(workers)]
+
+
+def run_cell(
+    config: dict,
+    threads: int,
+    progress=None,
+    keep_state: bool = False,
+    device: str | None = None,
+) -> dict:
+    """Train the cell of `config` here with `threads` torch threads, on `device` (the GPU an
+    executor placed it on; default: the cell's device resolved here); never raises.
 
     Returns the outcome as keyword arguments of `ResultsStore.finish`, plus, with `keep_state`
     (a grid that keeps checkpoints), "state" (the trained weights) and, for a finished cell,
@@ -81,10 +111,14 @@ def run_cell(config: dict, threads: int, progress=None, keep_state: bool = False
         except Exception:  # the progress channel is gone (a dead Ray actor): train on without
             progress = None
 
+    placed = {} if device is None else {"device": device}
     try:
-        result = train_cell(cell, on_progress=report, keep_state=keep_state, keep_maps=keep_state)
+        result = train_cell(
+            cell, on_progress=report, keep_state=keep_state, keep_maps=keep_state, **placed
+        )
     except Exception:
-        return dict(status="failed", environment=environment(), error=traceback.format_exc())
+        error = traceback.format_exc()
+        return dict(status="failed", environment=environment(_where(cell, device)), error=error)
     outcome = dict(
         status=result.status,
         metrics=result.metrics,
@@ -98,6 +132,15 @@ def run_cell(config: dict, threads: int, progress=None, keep_state: bool = False
         if result.maps.get("error"):
             outcome["maps_error"] = error_summary(result.maps["error"])
     return outcome
+
+
+def _where(cell: Cell, device: str | None) -> str:
+    """The device a failed cell was to train on: its placement, or its setting resolved."""
+    setting = training_settings(cell.training)["device"]
+    try:
+        return device or resolve_device(setting)
+    except Exception:
+        return setting
 
 
 # Local executor -------------------------------------------------------------------------------
@@ -128,9 +171,15 @@ class _ThreadProgress(_PipeProgress):
         super().put(item)
 
 
-def _train_in_thread(conn, config: dict, threads: int, keep_state: bool, stop) -> None:
+def _run(config: dict, threads: int, progress, keep_state: bool, device: str | None) -> dict:
+    """run_cell, given a device only when the executor placed the cell on a GPU."""
+    placed = {} if device is None else {"device": device}
+    return run_cell(config, threads, progress, keep_state, **placed)
+
+
+def _train_in_thread(conn, config: dict, threads: int, keep_state: bool, device, stop) -> None:
     try:
-        outcome = run_cell(config, threads, _ThreadProgress(conn, stop), keep_state)
+        outcome = _run(config, threads, _ThreadProgress(conn, stop), keep_state, device)
     except CellInterrupted:
         return
     except BaseException:  # run_cell catches Exception; the driver must still hear back
@@ -158,7 +207,7 @@ def _worker_main(conn, threads: int, parent: int) -> None:
             job = conn.recv()
             if job is None:
                 return
-            outcome = run_cell(job[0], threads, progress, job[1])
+            outcome = _run(job[0], threads, progress, job[1], job[2])
             conn.send(("outcome", outcome))
         except (EOFError, OSError):  # the driver is gone
             return
@@ -166,10 +215,12 @@ def _worker_main(conn, threads: int, parent: int) -> None:
 
 class _Worker:
     """One slot of a LocalExecutor: a spawned process, or (process=False) a thread of this
-    process per cell, and the pipe its progress events and outcome come back on."""
+    process per cell, and the pipe its progress events and outcome come back on; `index`
+    places it (`placement`)."""
 
-    def __init__(self, threads: int, process: bool):
+    def __init__(self, threads: int, process: bool, index: int = 0):
         self.threads = threads
+        self.index = index
         self.busy = False
         self.outcome: dict | None = None
         self.stop = threading.Event()
@@ -200,14 +251,14 @@ class _Worker:
     def alive(self) -> bool:
         return self.process.is_alive() if self.process else True
 
-    def start(self, config: dict, keep_state: bool) -> None:
+    def start(self, config: dict, keep_state: bool, device: str | None = None) -> None:
         self.busy, self.outcome = True, None
         if self.process:
-            self.conn.send((config, keep_state))
+            self.conn.send((config, keep_state, device))
         else:
             self.thread = threading.Thread(
                 target=_train_in_thread,
-                args=(self.child, config, self.threads, keep_state, self.stop),
+                args=(self.child, config, self.threads, keep_state, device, self.stop),
                 name="attn-zoo-cell",
                 daemon=True,  # never joined at exit: a stopped run does not wait for it
             )
@@ -254,13 +305,20 @@ class _Worker:
                 os.kill(self.process.pid, signal.SIGKILL)
 
 
+def gpu_count() -> int:
+    """The CUDA devices torch sees in this process (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 class LocalExecutor:
     """`workers` spawned processes with cpu_count // workers torch threads each (one worker:
-    a thread of this process, which keeps the driver free to show progress). Handles are the
-    workers themselves; progress and outcomes come up one pipe per worker."""
+    a thread of this process, which keeps the driver free to show progress), worker i on
+    `placement(i, gpus, the cell's device)`. Handles are the workers themselves; progress and
+    outcomes come up one pipe per worker."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, gpus: int | None = None):
         self.slots = workers
+        self.gpus = gpu_count() if gpus is None else gpus
         self.threads = max(1, (os.cpu_count() or 1) // workers)
         self.processes = workers > 1
         self.workers: list[_Worker] = []
@@ -274,14 +332,24 @@ class LocalExecutor:
         idle = [worker for worker in self.workers if not worker.busy]
         if idle:
             try:
-                idle[0].start(config, keep_state)
+                idle[0].start(config, keep_state, self._device(idle[0], config))
                 return idle[0]
             except OSError:  # it died idle just now
                 self._drop(idle[0])
-        worker = _Worker(self.threads, self.processes)
+        taken = {worker.index for worker in self.workers}
+        index = min(i for i in range(len(self.workers) + 1) if i not in taken)
+        worker = _Worker(self.threads, self.processes, index)
         self.workers.append(worker)
-        worker.start(config, keep_state)
+        worker.start(config, keep_state, self._device(worker, config))
         return worker
+
+    def _device(self, worker: _Worker, config: dict) -> str | None:
+        """The GPU `worker` trains the cell of `config` on (`placement`), or None where the
+        cell's own device setting decides (no GPU here, or a device it names itself)."""
+        setting = training_settings(config["training"])["device"]
+        if setting in ("auto", "cuda") and self.gpus:
+            return placement(worker.index, self.gpus, setting)
+        return None
 
     def wait(self, handles: list, timeout: float) -> list[tuple[object, dict]]:
         """(worker, outcome) of the handles whose cell has come back (or whose process died
@@ -359,12 +427,45 @@ class LocalExecutor:
 # Ray executor ---------------------------------------------------------------------------------
 
 
-class RayExecutor:
-    """Cells as `ray.remote` tasks (1 CPU, 1 torch thread, up to `retries` retries when the
-    worker dies); progress through a Ray queue, best-effort; outcomes come back to the driver.
-    A local instance started here is shut down by `close`."""
+def ray_options(resources: dict | None = None, retries: int = 3) -> dict:
+    """The `.options(...)` of each cell's Ray task: the grid's `[resources]` (num_cpus,
+    num_gpus; defaults `RESOURCE_DEFAULTS`) and `max_retries`."""
+    resources = {**RESOURCE_DEFAULTS, **(resources or {})}
+    return dict(num_cpus=resources["num_cpus"], num_gpus=resources["num_gpus"], max_retries=retries)
 
-    def __init__(self, workers: int | None, address: str | None, retries: int = 3):
+
+def ray_slots(cluster: dict, options: dict) -> int:
+    """Cells at once on a Ray cluster with `cluster` resources, each task asking `options`
+    (`ray_options`): as many as its CPUs and, when a cell asks for GPUs, its GPUs hold."""
+    slots = cluster.get("CPU", 1) // options["num_cpus"]
+    if options["num_gpus"]:
+        slots = min(slots, cluster.get("GPU", 0) // options["num_gpus"])
+    return max(1, int(slots))
+
+
+class RayExecutor:
+    """Cells as `ray.remote` tasks asking for `ray_options(resources)` (default 1 CPU and 1
+    torch thread, no GPU; up to `retries` retries when the worker dies); progress through a
+    Ray queue, best-effort; outcomes come back to the driver. A local instance started here
+    (with `workers` x num_cpus CPUs) is shut down by `close`. SpecError before any cell
+    runs when the grid's device is "cuda"/"cuda:N" and num_gpus is 0 (Ray would hide every GPU
+    from the task), or when a local instance has fewer GPUs than one cell asks for."""
+
+    def __init__(
+        self,
+        workers: int | None,
+        address: str | None,
+        retries: int = 3,
+        resources: dict | None = None,
+        device: str = "auto",
+    ):
+        self.options = ray_options(resources, retries)
+        cpus, gpus = self.options["num_cpus"], self.options["num_gpus"]
+        if device.startswith("cuda") and not gpus:
+            raise SpecError(
+                f"training.device = {device!r} with executor='ray' needs resources.num_gpus > 0 "
+                "(Ray hides the GPUs from a task that asks for none); or use device 'auto'"
+            )
         try:
             import ray
             from ray.util.queue import Queue
@@ -375,16 +476,28 @@ class RayExecutor:
         self.ray = ray
         self.started = not ray.is_initialized()
         if self.started:
-            local = {} if address else {"num_cpus": workers or os.cpu_count()}
+            local = {}
+            if not address:
+                local["num_cpus"] = math.ceil(workers * cpus) if workers else os.cpu_count()
             ray.init(address=address, include_dashboard=False, log_to_driver=False, **local)
-        self.slots = workers or int(ray.cluster_resources().get("CPU", 1))
-        self.progress = Queue()
-        self.task = ray.remote(num_cpus=1, max_retries=retries)(run_cell)
-        self.in_flight: set = set()
         self.notes: list[str] = []
+        cluster = ray.cluster_resources()
+        if gpus > cluster.get("GPU", 0):
+            have = f"the Ray cluster has {cluster.get('GPU', 0):g} GPUs"
+            if self.started and not address:
+                ray.shutdown()
+                raise SpecError(f"resources.num_gpus = {gpus:g} but {have}")
+            self.notes.append(f"resources.num_gpus = {gpus:g} but {have} now: cells wait for one")
+        self.slots = workers or ray_slots(cluster, self.options)
+        self.threads = max(1, int(cpus))
+        self.progress = Queue()
+        self.task = ray.remote(run_cell)
+        self.in_flight: set = set()
 
     def submit(self, config: dict, keep_state: bool):
-        ref = self.task.remote(config, 1, self.progress, keep_state)
+        ref = self.task.options(**self.options).remote(
+            config, self.threads, self.progress, keep_state
+        )
         self.in_flight.add(ref)
         return ref
 
@@ -429,14 +542,25 @@ class RayExecutor:
             self.ray.shutdown()
 
 
-def make_executor(name: str, workers: int | None = None, address: str | None = None):
-    """The executor `name` (one of `EXECUTORS`); ValueError naming the valid ones."""
+def make_executor(
+    name: str,
+    workers: int | None = None,
+    address: str | None = None,
+    resources: dict | None = None,
+    device: str = "auto",
+):
+    """The executor `name` (one of `EXECUTORS`) for a grid whose `training.device` is
+    `device` and whose `[resources]` are `resources` (Ray); ValueError naming the valid ones.
+    The local executor's default `workers`: one per GPU where the cells train on this
+    machine's GPUs (see `placement`), else one per core."""
     if workers is not None and workers < 1:
         raise ValueError(f"workers={workers}: must be >= 1")
     if name == "local":
         if address is not None:
             raise ValueError(f"address={address!r} is for executor='ray', not 'local'")
-        return LocalExecutor(workers or os.cpu_count() or 1)
+        gpus = gpu_count()
+        on_gpus = gpus if device in ("auto", "cuda") else 0
+        return LocalExecutor(workers or on_gpus or os.cpu_count() or 1, gpus)
     if name == "ray":
-        return RayExecutor(workers, address)
+        return RayExecutor(workers, address, resources=resources, device=device)
     raise ValueError(f"executor={name!r} is not valid; valid: {', '.join(EXECUTORS)}")

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from ablations.executors import LOST, make_executor
 from ablations.progress import Progress, cell_label, make_progress
-from ablations.spec import Cell, GridSpec, SpecError
+from ablations.spec import Cell, GridSpec, SpecError, training_settings
 from ablations.status import grid_status
 from ablations.store import FINISHED, ClaimError, ResultsStore
 from ablations.train import smoke_test
@@ -162,7 +162,8 @@ def run_grid(
         return dict.fromkeys(FINISHED, 0)
     commit = source_commit()
     stop = _StopSignals()  # before ray.init, which sets its own SIGTERM handler
-    pool = make_executor(executor, workers, address)
+    device = training_settings(spec.training)["device"]  # where the local workers go
+    pool = make_executor(executor, workers, address, spec.resources, device)
     stop.install(pool)
     try:
         progress = make_progress(todo, len(cells), pool.slots, interval, out)

@@ -24,9 +24,17 @@ validated whole before anything runs, and expanded into cells.
     kwargs = { n_heads = 4 }
 
     [training]                                  # TRAINING: every key, default and range
-    steps = 500
+    steps = 500                                 # or epochs = 3: exactly one of the two
     batch_size = 64
     lr = 1e-3
+    patience = 0                                # evaluations without improvement; 0: off
+    device = "auto"                             # "auto", "cpu", "cuda", "cuda:N", "mps"
+    precision = "float32"                       # or "bf16" (autocast, CUDA and CPU)
+    compile = false                             # true: torch.compile the model
+
+    [resources]                                 # optional: what a Ray task of a cell asks for
+    num_cpus = 1                                # (fractions below 1 allowed; also for GPUs)
+    num_gpus = 0
 
     [grid]                                      # optional: non-rectangular grids
     exclude = [{ task = "match_pattern", mechanism = "standard", seed = 2 }]
@@ -43,6 +51,25 @@ of the grid is built with its kwargs and each (mechanism, size) pair as one atte
 cheaply, so a bad kwarg value is refused too, blamed on the task or the mechanism it belongs
 to. Every error is a one-line `SpecError` naming the file, the key, the bad value and the
 valid range or choices.
+
+Training settings resolve into each cell's `training` (which keys it in the store):
+
+- `steps` or `epochs`, exactly one (neither: `steps` = 500). An epoch is
+  ceil(n_train / batch_size) steps, n_train being the task's (its kwargs' or its default), so a
+  cell of a grid with `epochs` holds `epochs` and its resolved `steps`; batches are drawn at
+  random, so an epoch is as many examples as the training split has, not one pass over each.
+- The keys added after stores existed (`ADDED_KEYS`: epochs, patience, device, precision,
+  compile) enter a cell's `training` only when set to something other than their default:
+  a grid that does not set them, or sets them to their default, keeps every cell's key, and the
+  cells already in its store. Read a cell's settings with `training_settings(cell.training)`.
+- `device` is refused when this machine does not have it, with the reason (`device_problem`);
+  "auto" (CUDA where the worker has it, else CPU; MPS only when named) is resolved by each
+  worker when it trains. `precision = "bf16"` (bfloat16 autocast; the weights and optimizer
+  stay float32) runs on CUDA and on CPU (torch's CPU autocast), and is refused with "mps".
+- `[resources]` is not part of any cell: it says what each cell's Ray task asks for
+  (`num_cpus`, default 1, also its torch threads; `num_gpus`, default 0); a fraction below 1
+  shares a device, above 1 it must be whole. The local executor places its own workers
+  (one per GPU, ablations.executors.placements).
 
 The store path (in the file or from ``--set store=...``) is a string resolved relative to the
 folder of the grid file, not the working directory: a grid and its results move together and
@@ -126,9 +153,18 @@ NAME = Rule(
 SEED = Rule(int, "int in [0, 2**63)", lambda v: 0 <= v < 2**63)
 STORE = Rule(str, "a non-empty str (a path, relative to the grid file's folder)", lambda v: v != "")
 SCHEDULES = ("cosine", "constant")
+PRECISIONS = ("float32", "bf16")
+DEVICES = 'one of "auto", "cpu", "cuda", "cuda:N" (N an int >= 0), "mps"'
+
+
+def _device_name(value: str) -> bool:
+    return re.fullmatch(r"auto|cpu|cuda|cuda:\d+|mps", value) is not None
+
 
 TRAINING: dict[str, tuple[object, Rule]] = {  # key: (default, what it may be)
     "steps": (500, _int(1)),
+    "epochs": (None, Rule(int, "int >= 1 (an epoch: ceil(n_train / batch_size) steps)",
+                          lambda v: v >= 1)),
     "batch_size": (64, _int(1)),
     "lr": (1e-3, _float("> 0", lambda v: v > 0)),
     "weight_decay": (0.01, _float(">= 0", lambda v: v >= 0)),
@@ -137,8 +173,69 @@ TRAINING: dict[str, tuple[object, Rule]] = {  # key: (default, what it may be)
     "grad_clip": (1.0, _float("> 0 (the gradient-norm bound)", lambda v: v > 0)),
     "eval_every": (50, _int(1)),
     "early_stop_target": (0.0, _float("in [0, 1] (0: never stop early)", lambda v: 0 <= v <= 1)),
+    "patience": (0, Rule(int, "int >= 0 (evaluations without improvement of the validation "
+                              "metric before stopping; 0: never)", lambda v: v >= 0)),
+    "device": ("auto", Rule(str, DEVICES, _device_name)),
+    "precision": ("float32", Rule(str, "a precision", choices=PRECISIONS)),
+    "compile": (False, Rule(bool, "a bool (true: train the torch.compile'd model)")),
+}  # fmt: skip
+# Added after stores existed: in a cell's training only when set to another value than the
+# default, so that the cells of a grid that does not use them keep their keys.
+ADDED_KEYS = ("epochs", "patience", "device", "precision", "compile")
+# Every cell's training holds these (the defaults of a grid with an empty [training]).
+TRAINING_DEFAULTS = {k: default for k, (default, _) in TRAINING.items() if k not in ADDED_KEYS}
+
+
+def _resource(low_text: str, ok: Callable[[float], bool]) -> Rule:
+    return _float(
+        f"{low_text}: a fraction below 1 or a whole number",
+        lambda v: ok(v) and (v < 1 or float(v).is_integer()),
+    )
+
+
+RESOURCES: dict[str, tuple[float, Rule]] = {  # [resources]: what each Ray task asks for
+    "num_cpus": (1, _resource("> 0", lambda v: v > 0)),
+    "num_gpus": (0, _resource(">= 0", lambda v: v >= 0)),
 }
-TRAINING_DEFAULTS = {key: default for key, (default, _) in TRAINING.items()}
+RESOURCE_DEFAULTS = {key: default for key, (default, _) in RESOURCES.items()}
+
+
+def training_settings(training: dict) -> dict:
+    """A cell's `training` with every key of `TRAINING`: the added keys it leaves out take
+    their defaults."""
+    return {**{k: default for k, (default, _) in TRAINING.items()}, **training}
+
+
+def device_problem(
+    device: str, cuda_devices: int | None = None, mps: bool | None = None
+) -> str | None:
+    """Why `device` cannot be trained on here (None: it can, or it is "auto"): "cuda" needs
+    CUDA, "cuda:N" N < the device count, "mps" the MPS backend. `cuda_devices` and `mps`
+    default to what torch sees on this machine."""
+    if device in ("auto", "cpu"):
+        return None
+    if device == "mps":
+        if mps is None:
+            mps = torch.backends.mps.is_available()
+        return None if mps else "torch.backends.mps.is_available() is False"
+    if cuda_devices is None:
+        cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if cuda_devices == 0:
+        return "torch.cuda.is_available() is False"
+    index = int(device.partition(":")[2] or 0)
+    if index >= cuda_devices:
+        return f"torch.cuda.device_count() is {cuda_devices}"
+    return None
+
+
+def precision_problem(precision: str, device: str) -> str | None:
+    """Why `precision` cannot be used on `device` (None: it can): bf16 autocast runs on CUDA
+    and CPU, not MPS. (Whether a CUDA GPU has bf16 is checked where the cell trains.)"""
+    if precision == "bf16" and device == "mps":
+        return "bf16 autocast runs on CUDA and CPU, not on MPS"
+    return None
+
+
 SIZE_KEYS = {
     "label": LABEL,
     "d_model": _int(1),
@@ -147,7 +244,8 @@ SIZE_KEYS = {
     "dropout": _float("in [0, 1)", lambda v: 0 <= v < 1),
 }
 TOP_LEVEL = (
-    "name", "seeds", "store", "checkpoints", "tasks", "sizes", "mechanisms", "training", "grid"
+    "name", "seeds", "store", "checkpoints", "tasks", "sizes", "mechanisms", "training",
+    "resources", "grid",
 )  # fmt: skip
 TOP_LEVEL_VALUES = {"name": NAME, "store": STORE, "checkpoints": Rule(bool, "a bool")}
 ENTRY_KEYS = {"tasks": ("name", "label", "kwargs"), "mechanisms": ("label", "name", "kwargs")}
@@ -204,6 +302,7 @@ class GridSpec:
     exclude: list[dict] = field(default_factory=list)
     include: list[dict] = field(default_factory=list)
     checkpoints: bool = False
+    resources: dict = field(default_factory=lambda: dict(RESOURCE_DEFAULTS))  # no cell's part
 
     def cells(self) -> list[Cell]:
         """The product of tasks x sizes x mechanisms x seeds, minus exclude, plus include."""
@@ -237,6 +336,10 @@ class GridSpec:
         return cells
 
     def _cell(self, task, size, mech, seed) -> Cell:
+        training = dict(self.training)
+        if "epochs" in training:  # steps per epoch: the task's training-set size in batches
+            n_train = _task(self.path, task["label"], task["name"], task.get("kwargs", {})).n_train
+            training["steps"] = training["epochs"] * math.ceil(n_train / training["batch_size"])
         return Cell(
             self.name,
             task["label"],
@@ -246,7 +349,7 @@ class GridSpec:
             mech["label"],
             mech["name"],
             dict(mech.get("kwargs", {})),
-            dict(self.training),
+            training,
             seed,
         )
 
@@ -360,10 +463,47 @@ def _check_entries(path, key: str, entries: list[dict]) -> None:
 
 
 def _check_training(path, given: dict) -> dict:
+    """The grid's training settings: the keys of `TRAINING_DEFAULTS` always, an added key
+    (`ADDED_KEYS`) only when it is not its default, "steps" not when "epochs" is set (each
+    cell resolves it); the device and precision refused when this machine cannot train so."""
     _check_keys(path, "training.", given, TRAINING)
     for key, value in given.items():
         TRAINING[key][1].check(path, f"training.{key}", value)
-    return {**TRAINING_DEFAULTS, **given}
+    if "epochs" in given and "steps" in given:
+        raise SpecError(
+            f"{path}: training.epochs = {given['epochs']!r} and training.steps = "
+            f"{given['steps']!r} are both set; set exactly one of them (an epoch is "
+            f"ceil(n_train / batch_size) steps)"
+        )
+    device = given.get("device", TRAINING["device"][0])
+    problem = device_problem(device)
+    if problem:
+        raise SpecError(
+            f"{path}: training.device = {device!r} is not available on this machine: "
+            f'{problem} (valid: {DEVICES}, where available; "auto" takes CUDA where a '
+            "worker has it)"
+        )
+    precision = given.get("precision", TRAINING["precision"][0])
+    problem = precision_problem(precision, device)
+    if problem:
+        raise SpecError(
+            f"{path}: training.precision = {precision!r} cannot be used with training.device "
+            f"= {device!r}: {problem} (valid there: float32)"
+        )
+    training = {**TRAINING_DEFAULTS, **given}
+    if "epochs" in given:
+        del training["steps"]
+    for key in ADDED_KEYS:
+        if key in training and training[key] == TRAINING[key][0]:
+            del training[key]  # its default: keyed as a grid that does not name it
+    return training
+
+
+def _check_resources(path, given: dict) -> dict:
+    _check_keys(path, "resources.", given, RESOURCES)
+    for key, value in given.items():
+        RESOURCES[key][1].check(path, f"resources.{key}", value)
+    return {**RESOURCE_DEFAULTS, **given}
 
 
 def _check_grid_rules(path, grid: dict, valid: dict[str, list]) -> tuple[list, list]:
@@ -392,6 +532,17 @@ def _check_grid_rules(path, grid: dict, valid: dict[str, list]) -> tuple[list, l
     return rules["exclude"], rules["include"]
 
 
+def _task(path, label: str, name: str, kwargs: dict):
+    """Task `name` built with `kwargs` (cheap: no data); SpecError blaming task `label`."""
+    try:
+        return build_task(name, **kwargs)
+    except Exception as err:
+        raise SpecError(
+            f"{path}: task {label!r} (name {name!r}) cannot be built with kwargs {kwargs}: "
+            f"{_one_line(err)}"
+        ) from err
+
+
 def _check_builds(path, cells: list[Cell]) -> None:
     """Build each task with its kwargs and each (mechanism, size) as one attention layer
     (cheap: no data, one layer), turning any exception into a SpecError blaming it."""
@@ -399,13 +550,7 @@ def _check_builds(path, cells: list[Cell]) -> None:
     for cell in cells:
         if cell.task not in tasks:
             tasks.add(cell.task)
-            try:
-                build_task(cell.task_name, **cell.task_kwargs)
-            except Exception as err:
-                raise SpecError(
-                    f"{path}: task {cell.task!r} (name {cell.task_name!r}) cannot be built with "
-                    f"kwargs {cell.task_kwargs}: {_one_line(err)}"
-                ) from err
+            _task(path, cell.task, cell.task_name, cell.task_kwargs)
         layer = (cell.mechanism, cell.size["label"])
         if layer not in layers:
             layers.add(layer)
@@ -445,6 +590,7 @@ def load_grid(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
     for key in ("tasks", "sizes", "mechanisms"):
         _check_entries(path, key, _tables(path, key, raw[key]))
     training = _check_training(path, _table(path, "training", raw.get("training", {})))
+    resources = _check_resources(path, _table(path, "resources", raw.get("resources", {})))
     valid = {
         "task": [t["label"] for t in raw["tasks"]],
         "size": [s["label"] for s in raw["sizes"]],
@@ -464,6 +610,7 @@ def load_grid(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
         exclude,
         include,
         raw.get("checkpoints", False),
+        resources,
     )
     cells = spec.cells()
     if not cells:

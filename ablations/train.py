@@ -2,10 +2,19 @@
 
 AdamW with linear warmup then cosine decay (or constant), gradient-norm clipping, evaluation
 on the validation split every `eval_every` steps (and at the end), early stop once the
-validation metric reaches `early_stop_target`. The metric is accuracy: per example for
-classification (sequences or images), per scored position for language-model and seq2seq
+validation metric reaches `early_stop_target`, or once it has not improved on its best for
+`patience` evaluations (the cell keeps its last weights). The metric is accuracy: per example
+for classification (sequences or images), per scored position for language-model and seq2seq
 tasks, which also get `exact` (the share of examples with every scored position right). A NaN
 or inf loss ends the cell as `diverged` at its step. The same seed gives the same metrics on CPU.
+
+Where and how (`ablations.spec` validates these settings): the model is built on the CPU (the
+same initial weights everywhere) and moved with the data to the cell's device, "auto" resolved
+in the worker (`resolve_device`; an executor may place it, e.g. on its own GPU); with
+`precision = "bf16"` the forward passes (training and evaluation) run under bfloat16 autocast,
+weights and optimizer in float32; with `compile = true` they run through `torch.compile(model)`,
+and an error compiling it fails the cell (no fallback to eager). The environment record says
+the device and compute dtype the cell trained on. Weights and maps come back on the CPU.
 
 With `keep_maps`, a finished cell also returns the attention maps of its trained model on one
 fixed test example (`MAPS_EXAMPLE`, see `attention_record`), so that a report draws them without
@@ -14,6 +23,7 @@ running a model (ablations.attention).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import platform
 import time
@@ -24,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from ablations.spec import Cell
+from ablations.spec import Cell, training_settings
 from ablations.tasks import IGNORE_INDEX, build_task
 from attn_zoo.maps import recording_attention
 from attn_zoo.models import (
@@ -46,17 +56,76 @@ class CellResult:
     maps: dict | None = None  # attention_record of the trained model, when asked for (done only)
 
 
-def environment() -> dict:
+def environment(device: str | None = None, dtype: str | None = None) -> dict:
+    """Versions, machine and threads of this process, and, when known, the device a cell
+    trained on ("cpu", "cuda:0", ...; with "device_name" for a GPU) and its compute dtype
+    ("float32", or "bfloat16" under autocast)."""
     import attn_zoo
 
-    return {
+    env = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "attn_zoo": attn_zoo.__version__,
-        "device": "cpu",
         "machine": platform.machine(),
         "threads": torch.get_num_threads(),
     }
+    if device is not None:
+        env["device"] = str(device)
+        with contextlib.suppress(Exception):  # a device that could not be used: no name
+            if torch.device(device).type == "cuda":
+                env["device_name"] = torch.cuda.get_device_name(torch.device(device))
+    if dtype is not None:
+        env["dtype"] = dtype
+    return env
+
+
+def resolve_device(setting: str) -> str:
+    """The device a cell whose `training.device` is `setting` trains on in this process:
+    "auto" is the current CUDA device where torch sees one, else "cpu" (never MPS); "cuda" the
+    current CUDA device (RuntimeError without one); others as they are."""
+    if setting in ("auto", "cuda"):
+        if torch.cuda.is_available():
+            return f"cuda:{torch.cuda.current_device()}"
+        if setting == "cuda":
+            raise RuntimeError(
+                "training.device = 'cuda' but torch.cuda.is_available() is False in this worker"
+            )
+        return "cpu"
+    return setting
+
+
+def compute_dtype(precision: str, device: str) -> torch.dtype:
+    """The dtype forward passes run in: bfloat16 for "bf16" (autocast; RuntimeError where it
+    cannot run: MPS, a CUDA GPU without bf16), else float32."""
+    if precision != "bf16":
+        return torch.float32
+    kind = torch.device(device).type
+    if kind == "mps":
+        raise RuntimeError("training.precision = 'bf16': bf16 autocast runs on CUDA and CPU")
+    if kind == "cuda" and not torch.cuda.is_bf16_supported():
+        raise RuntimeError(
+            f"training.precision = 'bf16' on {device}: torch.cuda.is_bf16_supported() is False"
+        )
+    return torch.bfloat16
+
+
+def _autocast(device: torch.device, dtype: torch.dtype):
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def _to_cpu(obj, float32: bool = False):
+    """Tensors of `obj` (nested dicts and lists) on the CPU; with `float32`, bfloat16 and
+    float16 ones (maps recorded under autocast) as float32."""
+    if isinstance(obj, Tensor):
+        obj = obj.detach().cpu()
+        return obj.float() if float32 and obj.dtype in (torch.bfloat16, torch.float16) else obj
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v, float32) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cpu(v, float32) for v in obj]
+    return obj
 
 
 def _plain_forward(model: nn.Module, task, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -209,27 +278,41 @@ def attention_record(model: nn.Module, task, test, example: int = MAPS_EXAMPLE) 
 
 
 def train_cell(
-    cell: Cell, on_progress=None, keep_state: bool = False, keep_maps: bool = False
+    cell: Cell,
+    on_progress=None,
+    keep_state: bool = False,
+    keep_maps: bool = False,
+    device: str | None = None,
 ) -> CellResult:
     """Train and evaluate `cell`; `on_progress(step, loss)` is called at each evaluation;
     `keep_state` returns the trained weights too, `keep_maps` the `attention_record` of the
     trained model (a cell that finished, not a diverged one; should recording fail, a record
-    without maps whose "error" is the traceback). Exceptions propagate (the runner records them
-    as failed cells with the traceback)."""
+    without maps whose "error" is the traceback). `device`: where to train (an executor's
+    placement), default the cell's `training.device` resolved here (`resolve_device`).
+    Exceptions propagate (the runner records them as failed cells with the traceback), a
+    compile error included."""
+    t = training_settings(cell.training)
+    device = torch.device(resolve_device(t["device"]) if device is None else device)
+    dtype = compute_dtype(t["precision"], str(device))
     torch.manual_seed(cell.seed)
     task = build_task(cell.task_name, **cell.task_kwargs)
-    splits = task.splits(cell.seed)
-    model = build_model(cell, task)
-    t = cell.training
+    splits = {
+        name: type(split)(split.inputs.to(device), split.targets.to(device))
+        for name, split in task.splits(cell.seed).items()
+    }
+    model = build_model(cell, task).to(device)  # built on the CPU: the same weights anywhere
+    run = torch.compile(model) if t["compile"] else model
     opt = torch.optim.AdamW(model.parameters(), lr=t["lr"], weight_decay=t["weight_decay"])
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, t))
     gen = torch.Generator().manual_seed(cell.seed)
     train = splits["train"]
     curve, start, status, step = [], time.perf_counter(), "done", 0
     val_loss = val_metric = float("nan")
+    best, stale = -math.inf, 0  # best validation metric; evaluations since it improved
     for step in range(1, t["steps"] + 1):
-        batch = torch.randint(len(train.inputs), (t["batch_size"],), generator=gen)
-        _, loss, _ = forward(model, task, train.inputs[batch], train.targets[batch])
+        batch = torch.randint(len(train.inputs), (t["batch_size"],), generator=gen).to(device)
+        with _autocast(device, dtype):
+            _, loss, _ = forward(run, task, train.inputs[batch], train.targets[batch])
         if not torch.isfinite(loss):
             status = "diverged"
             break
@@ -239,13 +322,17 @@ def train_cell(
         opt.step()
         schedule.step()
         if step % t["eval_every"] == 0 or step == t["steps"]:
-            val = evaluate(model, task, splits["validation"])
+            with _autocast(device, dtype):
+                val = evaluate(run, task, splits["validation"])
             val_loss, val_metric = val["loss"], val["acc"]
             curve.append([step, loss.item(), val_loss, val_metric])
             if on_progress is not None:
                 on_progress(step, loss.item())
             target = t["early_stop_target"]
             if target and val_metric >= target:
+                break
+            best, stale = (val_metric, 0) if val_metric > best else (best, stale + 1)
+            if t["patience"] and stale >= t["patience"]:
                 break
     wall = time.perf_counter() - start
     metrics = {
@@ -257,15 +344,19 @@ def train_cell(
         "val_acc": val_metric,
     }
     if status == "done":
-        metrics.update({f"test_{k}": v for k, v in evaluate(model, task, splits["test"]).items()})
+        with _autocast(device, dtype):
+            test = evaluate(run, task, splits["test"])
+        metrics.update({f"test_{k}": v for k, v in test.items()})
     else:
         metrics["diverged_at"] = step
-    state = model.state_dict() if keep_state else None
+    state = _to_cpu(model.state_dict()) if keep_state else None
     maps = None
     if keep_maps and status == "done":
-        try:
-            maps = attention_record(model, task, splits["test"])
+        try:  # the eager model: recording hooks need no tracing
+            with _autocast(device, dtype):
+                maps = _to_cpu(attention_record(model, task, splits["test"]), float32=True)
         except Exception:  # a by-product: the trained cell is kept, the error with its maps
             maps = {"example": MAPS_EXAMPLE, "labels": None, "target": None, "maps": {},
                     "error": traceback.format_exc()}  # fmt: skip
-    return CellResult(status, metrics, curve, environment(), state, maps)
+    env = environment(str(device), str(dtype).removeprefix("torch."))
+    return CellResult(status, metrics, curve, env, state, maps)

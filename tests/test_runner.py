@@ -40,6 +40,9 @@ def test_every_cell_recorded_once_and_a_second_run_skips_them(tmp_path):
     first = rows(spec)
     assert sorted(r["key"] for r in first) == sorted(c.key for c in spec.cells())
     assert all(r["status"] == "done" and r["environment"]["commit"] for r in first)
+    assert {(r["environment"]["device"], r["environment"]["dtype"]) for r in first} == {
+        ("cpu", "float32")
+    }  # where each cell trained, and in which dtype
     assert "4/4 finished" in out.getvalue()
 
     again = io.StringIO()
@@ -50,10 +53,10 @@ def test_every_cell_recorded_once_and_a_second_run_skips_them(tmp_path):
 def test_a_failing_cell_is_recorded_with_its_traceback_and_the_grid_goes_on(tmp_path, monkeypatch):
     real = executors.train_cell
 
-    def flaky(cell, on_progress=None, keep_state=False, keep_maps=False):
+    def flaky(cell, on_progress=None, keep_state=False, keep_maps=False, device=None):
         if cell.mechanism == "rel" and cell.seed == 1:
             raise RuntimeError("boom in cell rel/1")
-        return real(cell, on_progress, keep_state, keep_maps)
+        return real(cell, on_progress, keep_state, keep_maps, device)
 
     monkeypatch.setattr(executors, "train_cell", flaky)
     spec = load_grid(grid_file(tmp_path))
@@ -101,7 +104,15 @@ def test_process_pool_and_ray_give_the_thread_worker_metrics(tmp_path):
             "diverged": 0,
         }
         assert {r["key"]: r["metrics"]["test_acc"] for r in rows(other)} == expected, executor
+        assert {r["environment"]["device"] for r in rows(other)} == {"cpu"}, executor
     assert not ray.is_initialized()
+
+
+def test_a_local_ray_instance_without_gpus_refuses_cells_that_ask_for_one():
+    ray = pytest.importorskip("ray")
+    with pytest.raises(SpecError, match=r"resources.num_gpus = 0.5 but the Ray cluster has 0 GPUs"):
+        make_executor("ray", workers=1, resources={"num_cpus": 1, "num_gpus": 0.5})
+    assert not ray.is_initialized()  # the instance it started is shut down
 
 
 def test_sigkill_midway_then_resume_loses_and_duplicates_nothing(tmp_path):

@@ -6,9 +6,10 @@ import sys
 
 import pytest
 import torch
+from grids import SAME_PAIR, STD, tiny_grid
 
 from ablations.cli import main
-from ablations.spec import SpecError, load_grid
+from ablations.spec import SpecError, load_grid, training_settings
 
 GRID = """\
 name = "v"
@@ -43,6 +44,14 @@ schedule = "cosine"
 grad_clip = 1.0
 eval_every = 10
 early_stop_target = 0.0
+patience = 0
+device = "auto"
+precision = "float32"
+compile = false
+
+[resources]
+num_cpus = 1
+num_gpus = 0
 
 [grid]
 exclude = []
@@ -93,6 +102,70 @@ DEFECTS = [
     ),
     ("schedule-int", 'schedule = "cosine"', "schedule = 1", [], ["schedule = 1", "cosine"]),
     ("training-table", "", "", ["training=5"], ["training = 5", "must be a table"]),
+    # training: the keys added after the first stores
+    ("epochs-0", "steps = 20", "epochs = 0", [], ["training.epochs = 0", "int >= 1"]),
+    ("epochs-float", "steps = 20", "epochs = 1.5", [], ["epochs = 1.5", "ceil(n_train / b"]),
+    (
+        "epochs-and-steps",
+        "steps = 20",
+        "steps = 20\nepochs = 2",
+        [],
+        ["training.epochs = 2 and training.steps = 20 are both set", "exactly one"],
+    ),
+    ("epochs-set", "", "", ["training.epochs=3"], ["training.epochs = 3 and", "exactly one"]),
+    ("patience-neg", "patience = 0", "patience = -1", [], ["training.patience = -1", "int >= 0"]),
+    ("patience-float", "patience = 0", "patience = 2.0", [], ["patience = 2.0", "0: never"]),
+    ("device-name", 'device = "auto"', 'device = "gpu"', [], ["device = 'gpu'", '"cuda:N"']),
+    ("device-index", 'device = "auto"', 'device = "cuda:-1"', [], ["= 'cuda:-1'", "N an int"]),
+    ("device-int", 'device = "auto"', "device = 0", [], ["training.device = 0", '"auto", "cpu"']),
+    (
+        "device-mps-here",
+        'device = "auto"',
+        'device = "mps"',
+        [],
+        ["training.device = 'mps' is not available", "torch.backends.mps.is_available() is False"],
+    ),
+    (
+        "device-cuda-here",
+        'device = "auto"',
+        'device = "cuda"',
+        [],
+        ["training.device = 'cuda' is not available", "torch.cuda.is_available() is False"],
+    ),
+    (
+        "device-cuda-index-here",
+        'device = "auto"',
+        'device = "cuda:3"',
+        [],
+        ["training.device = 'cuda:3' is not available", "torch.cuda"],
+    ),
+    (
+        "precision",
+        'precision = "float32"',
+        'precision = "fp16"',
+        [],
+        ["training.precision = 'fp16'", "Valid: float32, bf16"],
+    ),
+    ("compile-str", "compile = false", 'compile = "yes"', [], ["training.compile = 'yes'", "bool"]),
+    # resources: what a Ray task asks for
+    ("num_cpus-0", "num_cpus = 1", "num_cpus = 0", [], ["resources.num_cpus = 0", "> 0"]),
+    (
+        "num_cpus-1.5",
+        "num_cpus = 1",
+        "num_cpus = 1.5",
+        [],
+        ["resources.num_cpus = 1.5", "a fraction below 1 or a whole number"],
+    ),
+    ("num_gpus-neg", "num_gpus = 0", "num_gpus = -1", [], ["resources.num_gpus = -1", ">= 0"]),
+    ("num_gpus-str", "num_gpus = 0", 'num_gpus = "1"', [], ["resources.num_gpus = '1'", ">= 0"]),
+    (
+        "resources-key",
+        "num_gpus = 0",
+        "num_gpu = 1",
+        [],
+        ["resources.num_gpu (key)", "num_cpus, num_gpus"],
+    ),
+    ("resources-table", "", "", ["resources=2"], ["resources = 2", "must be a table"]),
     # sizes
     ("d_model-neg", "d_model = 16", "d_model = -16", [], ["sizes[0].d_model = -16", "int >= 1"]),
     ("d_model-str", "d_model = 16", 'd_model = "16"', [], ["sizes[0].d_model = '16'", ">= 1"]),
@@ -222,9 +295,16 @@ DEFECTS = [
 ]
 
 
+# refused because this machine has no CUDA: skipped where it has
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+
+
 @pytest.mark.parametrize(
     ("old", "new", "overrides", "fragments"),
-    [pytest.param(*case[1:], id=case[0]) for case in DEFECTS],
+    [
+        pytest.param(*case[1:], id=case[0], marks=[NO_CUDA] if "cuda-" in case[0] else [])
+        for case in DEFECTS
+    ],
 )
 def test_each_defect_is_refused_naming_file_key_value_and_range(
     tmp_path, old, new, overrides, fragments
@@ -285,7 +365,8 @@ def test_a_valid_grid_loads_every_setting_unchanged(tmp_path):
             "early_stop_target": 0.0,
         },
         "seed": 0,
-    }
+    }  # the added keys (patience, device, precision, compile) at their defaults: not keyed
+    assert spec.resources == {"num_cpus": 1, "num_gpus": 0}  # resources: no part of a cell
     # an int where a float is expected is accepted as given (it keys the cell as before)
     assert load_grid(write(tmp_path, mutate("lr = 1e-3", "lr = 1"))).training["lr"] == 1
 
@@ -374,3 +455,37 @@ def test_ablate_run_exit_status_and_stderr_from_the_command_line(tmp_path):
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == f"error: {path}: training.steps = 0 must be int >= 1\n"
     assert not (tmp_path / "out").exists() and not (tmp_path / "results").exists()
+
+
+# Keys of the cells of tests/grids.py's tiny grid as stores written before the added training
+# keys (epochs, patience, device, precision, compile) and [resources] hold them.
+TINY_KEYS = ["9d8cd390b825c377", "8546a34f940fe71e", "aa4fa11bfa2d53d1", "af7175b40bd1dd6f"]
+
+
+def test_added_keys_keep_the_cell_keys_of_existing_grids_unless_set_otherwise(tmp_path):
+    assert [c.key for c in load_grid(tiny_grid(tmp_path)).cells()] == TINY_KEYS
+    defaults = {"patience": 0, "device": "auto", "precision": "float32", "compile": False}
+    stated = tiny_grid(tmp_path, training=defaults, file="stated.toml")
+    resources = ["resources.num_cpus=2", "resources.num_gpus=0.5"]
+    assert [c.key for c in load_grid(stated, resources).cells()] == TINY_KEYS
+    for key, value in [("patience", 3), ("device", "cpu"), ("precision", "bf16"),
+                       ("compile", True)]:  # fmt: skip
+        cell = load_grid(stated, [f"training.{key}={_toml(value)}"]).cells()[0]
+        assert cell.training[key] == value and cell.key != TINY_KEYS[0], key
+        assert training_settings(cell.training)[key] == value
+
+
+def test_epochs_resolve_to_steps_per_task_and_batch_size(tmp_path):
+    tasks = [SAME_PAIR, {"name": "same_pair", "label": "default_size"}]  # n_train 128; 2000
+    path = tiny_grid(tmp_path, tasks=tasks, mechanisms=[STD], seeds=[0])
+    text = path.read_text().replace("steps = 20", "epochs = 3")
+    spec = load_grid(write(tmp_path, text, "epochs.toml"), ["training.batch_size=30"])
+    assert "steps" not in spec.training and spec.training["epochs"] == 3
+    small, large = spec.cells()
+    assert small.training["steps"] == 3 * 5 and large.training["steps"] == 3 * 67
+    assert small.training["epochs"] == 3  # in the key: the same epochs, another n_train
+    assert load_grid(path).cells()[0].training["steps"] == 20  # neither: steps as given
+
+
+def _toml(value) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else repr(value)

@@ -1,11 +1,13 @@
-"""Training one cell: deterministic on CPU, early stop, divergence, both task kinds."""
+"""Training one cell: deterministic on CPU, early stop (target, patience), epochs, divergence,
+every task kind, bf16 autocast and torch.compile."""
 
 import dataclasses
 
 import pytest
 import torch
+from grids import STD, tiny_grid
 
-from ablations.spec import TRAINING_DEFAULTS, Cell
+from ablations.spec import TRAINING_DEFAULTS, Cell, load_grid
 from ablations.tasks import IGNORE_INDEX, build_task
 from ablations.train import MAPS_EXAMPLE, forward, lr_factor, train_cell
 
@@ -170,3 +172,74 @@ def test_keep_maps_records_the_trained_model_on_one_test_example_and_changes_not
                 warmup_steps=1, grad_clip=1e30)  # fmt: skip
     diverged = train_cell(cell(training=wild), keep_maps=True)
     assert diverged.status == "diverged" and diverged.maps is None
+
+
+def test_patience_stops_once_the_validation_metric_stops_improving(tmp_path):
+    # lr so small that the weights do not move: validation accuracy is the same at every
+    # evaluation, so the first sets the best and `patience` more end the cell
+    training = {"steps": 100, "eval_every": 5, "lr": 1e-12, "patience": 2}
+    path = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training=training)
+    (plateau,) = load_grid(path).cells()
+    result = train_cell(plateau)
+    assert result.status == "done" and result.metrics["steps"] == 15
+    assert [row[0] for row in result.curve] == [5, 10, 15]
+    assert len({row[3] for row in result.curve}) == 1  # the plateau
+    assert "test_acc" in result.metrics  # a cell stopped early is a finished cell
+    off = train_cell(dataclasses.replace(plateau, training=dict(plateau.training, patience=0)))
+    assert off.metrics["steps"] == 100  # patience 0: never stops early
+
+
+def test_patience_counts_evaluations_since_the_best_not_since_the_first():
+    # learning: accuracy improves now and then, and each improvement restarts the count
+    t = dict(TRAINING_DEFAULTS, steps=60, eval_every=5, batch_size=16, lr=3e-3, warmup_steps=0)
+    full = train_cell(cell(training=t))
+    patience, best, stale, stop = 3, -1.0, 0, len(full.curve)
+    for i, row in enumerate(full.curve):
+        best, stale = (row[3], 0) if row[3] > best else (best, stale + 1)
+        if stale >= patience:
+            stop = i + 1
+            break
+    assert stop > patience + 1  # the case this test is for: the best moved after the first
+    stopped = train_cell(cell(training=dict(t, patience=patience)))
+    assert stopped.curve == full.curve[:stop] and stopped.metrics["steps"] == 5 * stop
+
+
+def test_a_cell_of_epochs_trains_its_resolved_steps(tmp_path):
+    path = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0])  # n_train 128, batch_size 16
+    path.write_text(path.read_text().replace("steps = 20", "epochs = 2"))
+    (two_epochs,) = load_grid(path).cells()
+    assert two_epochs.training["steps"] == 2 * 8
+    result = train_cell(two_epochs)
+    assert result.metrics["steps"] == 16 and [row[0] for row in result.curve] == [10, 16]
+
+
+def test_the_environment_records_the_device_and_dtype_trained_on():
+    plain = train_cell(cell(training=dict(cell().training, steps=5)))
+    assert plain.environment["device"] == "cpu" and plain.environment["dtype"] == "float32"
+
+
+def test_bf16_on_the_cpu_trains_under_autocast_and_keeps_float32_weights():
+    t = dict(TRAINING_DEFAULTS, steps=30, eval_every=10, batch_size=16, precision="bf16")
+    result = train_cell(cell(training=t), keep_state=True, keep_maps=True)
+    assert result.status == "done" and result.environment["dtype"] == "bfloat16"
+    assert result.environment["device"] == "cpu"
+    assert all(v.dtype == torch.float32 for v in result.state.values() if v.is_floating_point())
+    (weights,) = [kinds["attention"] for kinds in result.maps["maps"].values()]
+    assert weights.dtype == torch.float32 and weights.device.type == "cpu"
+    eager = train_cell(cell())  # bf16 rounds, but trains the same model to about the same loss
+    assert result.curve[-1][2] == pytest.approx(eager.curve[-1][2], abs=0.05)
+
+
+def test_compile_trains_to_the_eager_metrics():
+    # inductor on the CPU: up to 40 s for one tiny cell (its training and evaluation graphs)
+    t = dict(TRAINING_DEFAULTS, steps=20, eval_every=10, batch_size=16)
+    small = dict(n_train=128, n_validation=32, n_test=32)
+    eager = train_cell(cell(task_kwargs=small, training=t))
+    compiled = train_cell(cell(task_kwargs=small, training=dict(t, compile=True)), keep_state=True)
+    assert compiled.status == "done"
+    assert [row[0] for row in compiled.curve] == [row[0] for row in eager.curve]
+    for got, want in zip(compiled.curve, eager.curve, strict=True):
+        assert got[1:] == pytest.approx(want[1:], abs=1e-4)
+    for name in ("test_loss", "test_acc", "val_loss", "val_acc"):
+        assert compiled.metrics[name] == pytest.approx(eager.metrics[name], abs=1e-4), name
+    assert not any(k.startswith("_orig_mod") for k in compiled.state)  # the model's own keys

@@ -1,0 +1,224 @@
+"""Devices and resources on a CPU-only machine: which devices a grid may name here, where
+"auto" resolves, bf16 on each kind of device, where the local executor places its workers,
+what each Ray task asks for, and the device and dtype a cell records."""
+
+import dataclasses
+import types
+
+import pytest
+import torch
+from grids import STD, tiny_grid
+
+from ablations import executors
+from ablations.executors import (
+    LocalExecutor,
+    RayExecutor,
+    make_executor,
+    placements,
+    ray_options,
+    ray_slots,
+    run_cell,
+)
+from ablations.spec import (
+    SpecError,
+    device_problem,
+    load_grid,
+    precision_problem,
+    training_settings,
+)
+from ablations.train import compute_dtype, environment, resolve_device
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+
+
+@pytest.mark.parametrize(
+    ("device", "cuda_devices", "mps", "problem"),
+    [
+        ("auto", 0, False, None),
+        ("cpu", 0, False, None),
+        ("cuda", 0, False, "torch.cuda.is_available() is False"),
+        ("cuda:0", 0, False, "torch.cuda.is_available() is False"),
+        ("cuda", 1, False, None),
+        ("cuda:0", 2, False, None),
+        ("cuda:1", 2, False, None),
+        ("cuda:2", 2, False, "torch.cuda.device_count() is 2"),
+        ("mps", 0, False, "torch.backends.mps.is_available() is False"),
+        ("mps", 0, True, None),
+    ],
+)
+def test_device_problem_names_what_torch_lacks(device, cuda_devices, mps, problem):
+    assert device_problem(device, cuda_devices=cuda_devices, mps=mps) == problem
+
+
+def test_bf16_is_refused_on_mps_only():
+    assert precision_problem("bf16", "mps") == "bf16 autocast runs on CUDA and CPU, not on MPS"
+    for device in ("auto", "cpu", "cuda", "cuda:1"):
+        assert precision_problem("bf16", device) is None
+    assert precision_problem("float32", "mps") is None
+
+
+@NO_CUDA
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_cuda_is_refused_at_load_time_on_this_machine(tmp_path, device):
+    path = tiny_grid(tmp_path)
+    with pytest.raises(SpecError) as err:
+        load_grid(path, [f"training.device={device}"])
+    message = str(err.value)
+    assert message.startswith(f"{path}: training.device = {device!r} is not available")
+    assert "torch.cuda.is_available() is False" in message and "\n" not in message
+
+
+def test_bf16_with_mps_is_refused_at_load_time_where_mps_is_available(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    path = tiny_grid(tmp_path)
+    assert load_grid(path, ["training.device=mps"]).training["device"] == "mps"
+    with pytest.raises(SpecError) as err:
+        load_grid(path, ["training.device=mps", "training.precision=bf16"])
+    message = str(err.value)
+    assert message.startswith(f"{path}: training.precision = 'bf16' cannot be used with")
+    assert "training.device = 'mps'" in message and "valid there: float32" in message
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu"])
+def test_bf16_is_accepted_on_the_cpu(tmp_path, device):
+    overrides = [f"training.device={device}", "training.precision=bf16"]
+    (cell, *_) = load_grid(tiny_grid(tmp_path), overrides).cells()
+    assert training_settings(cell.training)["precision"] == "bf16"
+    assert compute_dtype("bf16", "cpu") == torch.bfloat16
+
+
+def test_compute_dtype_refuses_bf16_where_it_cannot_run():
+    assert compute_dtype("float32", "mps") == torch.float32
+    with pytest.raises(RuntimeError, match="CUDA and CPU"):
+        compute_dtype("bf16", "mps")
+
+
+@NO_CUDA
+def test_auto_resolves_to_the_cpu_here_and_cuda_fails_in_the_worker():
+    assert resolve_device("auto") == "cpu" and resolve_device("cpu") == "cpu"
+    assert resolve_device("mps") == "mps"  # only when named
+    with pytest.raises(RuntimeError, match=r"torch.cuda.is_available\(\) is False"):
+        resolve_device("cuda")
+
+
+@pytest.mark.parametrize(
+    ("workers", "n_gpus", "device", "expected"),
+    [
+        (2, 2, "auto", ["cuda:0", "cuda:1"]),
+        (1, 4, "auto", ["cuda:0"]),
+        (5, 2, "auto", ["cuda:0", "cuda:1", "cuda:0", "cuda:1", "cuda:0"]),  # round-robin
+        (3, 3, "cuda", ["cuda:0", "cuda:1", "cuda:2"]),
+        (2, 0, "auto", ["cpu", "cpu"]),  # as before: CPU workers
+        (2, 4, "cpu", ["cpu", "cpu"]),
+        (3, 2, "cuda:1", ["cuda:1"] * 3),  # a named GPU: every worker on it
+        (2, 0, "mps", ["mps", "mps"]),
+    ],
+)
+def test_placements_put_one_worker_per_gpu(workers, n_gpus, device, expected):
+    assert placements(workers, n_gpus, device) == expected
+
+
+def test_the_local_executor_places_each_worker_by_its_index(monkeypatch):
+    pool = LocalExecutor(3, gpus=2)
+    auto = {"training": {}}  # device at its default: "auto"
+    named = {"training": {"device": "cpu"}}
+    workers = [types.SimpleNamespace(index=i) for i in range(3)]
+    assert [pool._device(w, auto) for w in workers] == ["cuda:0", "cuda:1", "cuda:0"]
+    # None: the cell's own setting decides ("cpu" here; "auto" on a machine without GPUs)
+    assert [pool._device(w, named) for w in workers] == [None] * 3
+    assert LocalExecutor(2, gpus=0)._device(workers[1], auto) is None
+
+    monkeypatch.setattr(executors, "gpu_count", lambda: 2)  # one worker per GPU by default
+    assert make_executor("local").slots == 2
+    assert make_executor("local", device="cpu").slots == (executors.os.cpu_count() or 1)
+    assert make_executor("local", workers=5).slots == 5
+
+
+def test_the_local_executor_sends_each_worker_its_placement(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_run_cell(config, threads, progress=None, keep_state=False, device=None):
+        seen.append(device)
+        return dict(status="failed", error="not trained", environment=environment(device))
+
+    monkeypatch.setattr(executors, "run_cell", fake_run_cell)
+    (cell, *_) = load_grid(tiny_grid(tmp_path)).cells()
+    pool = LocalExecutor(1, gpus=3)  # a thread worker: the patched run_cell is the one called
+    try:
+        handle = pool.submit(cell.config(), False)
+        ((_, outcome),) = pool.wait([handle], timeout=30)
+    finally:
+        pool.close()
+    assert seen == ["cuda:0"] and outcome["environment"]["device"] == "cuda:0"
+
+
+def test_ray_options_ask_for_the_grid_resources():
+    assert ray_options() == {"num_cpus": 1, "num_gpus": 0, "max_retries": 3}
+    assert ray_options({"num_cpus": 2, "num_gpus": 0.5}, retries=1) == {
+        "num_cpus": 2,
+        "num_gpus": 0.5,
+        "max_retries": 1,
+    }
+    assert ray_slots({"CPU": 16.0}, ray_options()) == 16
+    assert ray_slots({"CPU": 16.0, "GPU": 2.0}, ray_options({"num_gpus": 0.5})) == 4
+    assert ray_slots({"CPU": 16.0, "GPU": 2.0}, ray_options({"num_cpus": 8})) == 2
+    assert ray_slots({"CPU": 1.0}, ray_options({"num_cpus": 4})) == 1
+
+
+def test_the_ray_executor_submits_each_cell_with_its_options(tmp_path):
+    calls = []
+
+    class Task:
+        def options(self, **options):
+            calls.append(("options", options))
+            return self
+
+        def remote(self, *args):
+            calls.append(("remote", args))
+            return object()
+
+    spec = load_grid(tiny_grid(tmp_path), ["resources.num_cpus=2", "resources.num_gpus=0.25"])
+    pool = object.__new__(RayExecutor)  # no Ray instance: what submit hands to Ray
+    pool.options, pool.threads, pool.progress = ray_options(spec.resources), 2, None
+    pool.task, pool.in_flight = Task(), set()
+    cell = spec.cells()[0]
+    pool.submit(cell.config(), True)
+    assert calls == [
+        ("options", {"num_cpus": 2, "num_gpus": 0.25, "max_retries": 3}),
+        ("remote", (cell.config(), 2, None, True)),
+    ]
+
+
+def test_the_ray_executor_refuses_cuda_without_gpus_before_starting_ray():
+    pytest.importorskip("ray")
+    import ray
+
+    with pytest.raises(SpecError, match=r"device = 'cuda' .* needs resources.num_gpus > 0"):
+        make_executor("ray", workers=1, device="cuda")
+    assert not ray.is_initialized()
+
+
+def test_run_cell_records_the_device_and_dtype_and_a_failed_cells_device(tmp_path):
+    (cell, *_) = load_grid(tiny_grid(tmp_path, mechanisms=[STD], seeds=[0])).cells()
+    done = run_cell(cell.config(), 1)
+    assert done["status"] == "done"
+    assert done["environment"]["device"] == "cpu" and done["environment"]["dtype"] == "float32"
+    bf16 = dataclasses.replace(cell, training=dict(cell.training, precision="bf16"))
+    assert run_cell(bf16.config(), 1, device="cpu")["environment"]["dtype"] == "bfloat16"
+    # a placement that cannot be used here fails the cell, naming the device tried
+    failed = run_cell(cell.config(), 1, device="cuda:99")
+    assert failed["status"] == "failed" and "Traceback" in failed["error"]
+    assert failed["environment"]["device"] == "cuda:99"
+
+
+def test_a_compile_error_fails_the_cell_without_falling_back_to_eager(tmp_path, monkeypatch):
+    def broken(gm, example_inputs):
+        raise RuntimeError("backend exploded")
+
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model: compile_(model, backend=broken))
+    (cell, *_) = load_grid(tiny_grid(tmp_path, mechanisms=[STD], seeds=[0])).cells()
+    compiled = dataclasses.replace(cell, training=dict(cell.training, compile=True))
+    outcome = run_cell(compiled.config(), 1)
+    assert outcome["status"] == "failed" and "backend exploded" in outcome["error"]
+    assert run_cell(cell.config(), 1)["status"] == "done"  # eager cells never compile
