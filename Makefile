@@ -40,6 +40,7 @@ benchmarks: install
 	$(BIN)/attn-zoo bench --suite softmax relational dual --repeats 3 --report reports/benchmarks
 	$(BIN)/attn-zoo bench --suite relational --lengths 1024 2048 4096 8192 --also-non-causal \
 		--ra-backends cpp chunked --repeats 5 --report reports/benchmarks/relational
+	$(BIN)/attn-zoo bench --suite generation --repeats 5 --report reports/benchmarks/generation
 
 bench: install
 	$(BIN)/attn-zoo bench

@@ -20,6 +20,7 @@ def test_the_readme_has_python_blocks():
 
 def test_every_python_block_runs_verbatim(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # files the blocks write (maps.png) land here
+    (tmp_path / "ablations").symlink_to(ROOT / "ablations")  # paths as from the repository
     namespace: dict = {"__name__": "readme"}
     for line, block in python_blocks():
         try:
