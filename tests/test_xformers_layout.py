@@ -4,6 +4,7 @@ feeding them to a plain-torch reader of the xformers layout."""
 import torch
 from hypothesis import given
 
+from attn_zoo.kernels.dispatch import family
 from attn_zoo.kernels.softmax.naive import naive
 from attn_zoo.kernels.softmax.xformers import CAUSAL, from_xformers_layout, xformers_inputs
 from attn_zoo.testing import attention_problems, compare
@@ -22,17 +23,19 @@ def read_xformers_layout(q, k, v, bias, scale):
     return torch.einsum("b...nm,bm...d->bn...d", torch.softmax(scores, dim=-1), v)
 
 
-@given(attention_problems(dtypes=(torch.float64,), masks=("none", "random", "key_padding")))
+@given(
+    attention_problems(dtypes=(torch.float64,), masks=("none", "random", "key_padding", "additive"))
+)
 def test_conversions_reproduce_the_reference(problem):
-    x = problem.inputs()
+    x = family("softmax").check(**problem.inputs())  # as backends get it: top-left causality
     scale = problem.scale or problem.key_dim**-0.5
     xq, xk, xv, bias, has_key = xformers_inputs(
-        x["q"], x["k"], x["v"], x["attn_mask"], problem.is_causal
+        x["q"], x["k"], x["v"], x["attn_mask"], x["is_causal"]
     )
     assert xq.shape[1] == problem.q_len and xk.shape[1] == problem.k_len
     if bias is not None and not isinstance(bias, str):
         assert bias.untyped_storage().nbytes() // bias.element_size() % 8 == 0  # aligned storage
-    if problem.is_causal and problem.mask == "none":
+    if x["is_causal"] and x["attn_mask"] is None:
         assert bias == CAUSAL
     out = from_xformers_layout(read_xformers_layout(xq, xk, xv, bias, scale))
     if has_key is not None:
