@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test lint install demo relational-games benchmarks bench clean
+.PHONY: test test-slow lint install demo relational-games benchmarks bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -23,7 +23,12 @@ lint: install
 # Two test processes (pytest-xdist): the suite's subprocess, signal and Ray tests wait more than
 # they compute, so two workers on two cores finish it in well under 10 minutes.
 test: lint
-	$(BIN)/python -m pytest -n 2
+	$(BIN)/python -m pytest -n 2 -m "not slow"
+
+# The slow tests: the full torch.compile grid (every model x mechanism x backend), inductor
+# runs, dynamic shapes (about 9 more CPU minutes).
+test-slow: install
+	$(BIN)/python -m pytest -n 2 -m slow
 
 # The main job: train the demo grid (resumable: run it again to finish or skip), write its report.
 demo: install

@@ -169,3 +169,121 @@ def test_cpp_any_thread_count(threads):
         assert_backends_agree(problem, "relational", backends=[], kernels={"cpp": kernel})
     finally:
         torch.set_num_threads(before)
+
+
+def kernel_inputs(is_causal, requires_grad=False, seed=7):
+    """q, k, v, qr, kr of a GQA problem spanning several tiles (blocks (8, 16, 16, 8))."""
+    problem = RelationalProblem(
+        batch=2, heads=4, kv_heads=2, n_relations=3, q_len=37, k_len=37, key_dim=8, rel_dim=8,
+        head_dim=6, is_causal=is_causal, seed=seed,
+    )  # fmt: skip
+    x = problem.inputs()
+    return {name: x[name].detach().requires_grad_(requires_grad) for name in TENSORS}
+
+
+TENSORS = ("q", "k", "v", "qr", "kr")
+BLOCKS = (8, 16, 16, 8)
+
+
+@needs_cpp
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_cpp_custom_op_is_the_extension_bit_for_bit(is_causal):
+    """cpp() through the custom ops and their autograd gives the extension's own numbers: out
+    and every gradient equal to calling its forward and backward directly (one thread: with
+    more, the per-thread dq buffers are summed in the order threads take tasks)."""
+    from attn_zoo.kernels.relational.cpp import _state
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x = kernel_inputs(is_causal, requires_grad=True)
+        out = cpp(**x, is_causal=is_causal, blocks=BLOCKS)
+        dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
+        out.backward(dout)
+        ext = _state["ops"]
+        scale, rel_scale = x["q"].shape[-1] ** -0.5, x["qr"].shape[-1] ** -0.5
+        args = is_causal, scale, rel_scale
+        raw = [t.detach() for t in (x["q"], x["k"], x["v"], x["qr"], x["kr"])]
+        ref, lse = ext.forward(*raw, *args, *BLOCKS[:2])
+        grads = ext.backward(*raw, dout, lse, (dout * ref).sum(-1), *args, *BLOCKS[2:])
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(out.detach(), ref)
+    for name, grad in zip(TENSORS, grads, strict=True):
+        assert torch.equal(x[name].grad, grad), name
+
+
+@needs_cpp
+def test_cpp_custom_ops_pass_opcheck():
+    """torch.library.opcheck: schema, fake kernels against the real ones (shapes, dtypes,
+    strides), the autograd registration, and tracing with dynamic shapes."""
+    from attn_zoo.kernels.relational.cpp import _backward_op, _forward_op
+
+    x = kernel_inputs(is_causal=True, requires_grad=True)
+    args = tuple(x[name] for name in TENSORS)
+    forward_args = (*args, True, 0.35, 0.5, list(BLOCKS))
+    torch.library.opcheck(_forward_op, forward_args)
+    out, lse = _forward_op(*(t.detach() for t in args), True, 0.35, 0.5, list(BLOCKS))
+    dout = torch.randn_like(out)
+    plain = tuple(t.detach() for t in args)
+    backward_args = (*plain, dout, lse, (dout * out).sum(-1), True, 0.35, 0.5, *BLOCKS[2:])
+    torch.library.opcheck(_backward_op, backward_args)
+
+
+@needs_cpp
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_cpp_compiles_fullgraph_with_strided_inputs(is_causal):
+    """relational_attention(backend="cpp") under torch.compile(fullgraph=True): one graph with
+    the custom ops in it, the same outputs and gradients as eager, inputs viewed from (B, N, H,
+    d) projections as the mechanisms pass them."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def attend(q, k, v, qr, kr):
+        q, k, v, qr, kr = (t.transpose(1, 2) for t in (q, k, v, qr, kr))
+        return relational_attention(q, k, qr, kr, v=v, is_causal=is_causal, backend="cpp")
+
+    x = kernel_inputs(is_causal)
+    inputs = [x[name].transpose(1, 2).contiguous().requires_grad_() for name in TENSORS]
+    out = attend(*inputs)
+    out.backward(torch.ones_like(out))
+    grads = [t.grad for t in inputs]
+    for t in inputs:
+        t.grad = None
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager_decomp_partition")
+    compiled = torch.compile(attend, fullgraph=True, backend=counter)
+    c_out = compiled(*inputs)
+    c_out.backward(torch.ones_like(c_out))
+    assert counter.frame_count == 1
+    torch.testing.assert_close(c_out, out, atol=1e-5, rtol=1e-4)
+    for t, grad in zip(inputs, grads, strict=True):
+        torch.testing.assert_close(t.grad, grad, atol=5e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("no_cpp", ["0", "1"])
+def test_a_compiled_first_call_builds_or_falls_back(no_cpp):
+    """The first call of a process is a compiled one: the availability check runs at trace time
+    (building or loading the kernel, or finding why not), and `auto` traces the backend it
+    picks: cpp where it builds, else chunked (ATTN_ZOO_NO_CPP=1)."""
+    code = (
+        "import torch\n"
+        "from attn_zoo.kernels.dispatch import recording_choices\n"
+        "from attn_zoo.kernels.relational import relational_attention\n"
+        "q, k, v, qr, kr = torch.randn(5, 1, 2, 5, 8, requires_grad=True).unbind(0)\n"
+        "f = torch.compile(lambda *x: relational_attention(*x[:4], v=x[4], is_causal=True),\n"
+        "                  fullgraph=True, backend='aot_eager')\n"
+        "with recording_choices() as choices:\n"
+        "    f(q, k, qr, kr, v).sum().backward()\n"
+        "from attn_zoo.kernels.relational.cpp import cpp_missing\n"
+        "print(choices[0].chosen, cpp_missing())\n"
+    )
+    env = {**os.environ, "ATTN_ZOO_NO_CPP": no_cpp}
+    child = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    chosen, why = child.stdout.strip().splitlines()[-1].split(" ", 1)
+    if no_cpp == "1":
+        assert (chosen, why) == ("chunked", "disabled by ATTN_ZOO_NO_CPP=1")
+    else:
+        assert (chosen, why) == ("cpp", "None") if cpp_missing() is None else chosen == "chunked"

@@ -101,8 +101,62 @@ def agrees_on_drawn_problems(problem):
     agrees(problem)
 
 
+def triton_inputs(requires_grad=True):
+    """A small softmax-activation, masked, causal GQA call: every input the ops take."""
+    problem = RelationalProblem(
+        heads=2, kv_heads=1, q_len=9, k_len=9, mask="key_padding", is_causal=True,
+        rel_activation="softmax", seed=11,
+    )  # fmt: skip
+    x = problem.inputs()
+    tensors = {n: x[n].detach().requires_grad_(requires_grad) for n in ("q", "k", "v", "qr", "kr")}
+    mask = x["attn_mask"].reshape((1,) * (4 - x["attn_mask"].dim()) + x["attn_mask"].shape)
+    return tensors, mask
+
+
+def passes_opcheck():
+    """torch.library.opcheck of both custom ops (schema, fake kernels against the kernels'
+    outputs, autograd registration, dynamic-shape tracing), run by the interpreter."""
+    from attn_zoo.kernels.relational.triton import _backward_op, _forward_op
+
+    x, mask = triton_inputs()
+    args = (*x.values(), mask, True, 0.5, 0.5, "softmax", 16)
+    torch.library.opcheck(_forward_op, args)
+    out, lse, rlse = _forward_op(*(t.detach() for t in x.values()), *args[5:])
+    hd = x["v"].shape[-1]
+    do_sym, do_rel = torch.randn_like(out[..., :hd]), torch.randn_like(out[..., hd:])
+    delta = (do_sym * out[..., :hd]).sum(-1) + (do_rel * out[..., hd:]).sum(-1)
+    row_term = (do_rel * out[..., hd:]).sum(1).transpose(1, 2).contiguous()
+    plain = tuple(t.detach() for t in x.values())
+    tensors = (*plain, mask, do_sym, do_rel, lse, delta, rlse, row_term)
+    torch.library.opcheck(_backward_op, (*tensors, *args[6:]))
+
+
+def compiles_fullgraph():
+    """triton_relational under torch.compile(fullgraph=True) (interpreted kernels on CPU): one
+    graph, the same outputs and gradients as eager."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def attend(q, k, v, qr, kr, mask):
+        return triton_relational(q, k, qr, kr, v=v, attn_mask=mask, is_causal=True,
+                                 rel_activation="softmax")  # fmt: skip
+
+    x, mask = triton_inputs()
+    out = attend(*x.values(), mask)
+    grads = torch.autograd.grad(out.sum(), list(x.values()))
+    counter = CompileCounterWithBackend("aot_eager_decomp_partition")
+    compiled = torch.compile(attend, fullgraph=True, backend=counter)
+    c_out = compiled(*x.values(), mask)
+    c_grads = torch.autograd.grad(c_out.sum(), list(x.values()))
+    assert counter.frame_count == 1
+    torch.testing.assert_close(c_out, out, atol=1e-5, rtol=1e-4)
+    for c_grad, grad in zip(c_grads, grads, strict=True):
+        torch.testing.assert_close(c_grad, grad, atol=5e-5, rtol=1e-4)
+
+
 CHECKS = {name: functools.partial(agrees, problem) for name, problem in CASES.items()}
 CHECKS["drawn_problems"] = agrees_on_drawn_problems
+CHECKS["opcheck"] = passes_opcheck
+CHECKS["compiled_fullgraph"] = compiles_fullgraph
 
 
 def run_check(name: str) -> str:
@@ -183,6 +237,68 @@ def test_direct_calls_check_their_own_arguments():
     assert "no dropout" in triton.refusal(Call("cuda", torch.float32, frozenset({"dropout"})))
     v_rel = Call("cuda", torch.float32, frozenset({"relative_symbols"}))
     assert "not v_rel" in triton.refusal(v_rel)
+
+
+def fake_inputs(device, requires_grad, dtype=torch.float16):
+    """Fake (B=2, H=4, Hkv=2, N=5, M=7) inputs, widths 8/6/4, R=3, and a boolean (N, M) mask."""
+    shapes = dict(q=(2, 4, 5, 8), k=(2, 2, 7, 8), v=(2, 2, 7, 6), qr=(2, 3, 5, 4), kr=(2, 3, 7, 4))
+    x = {
+        n: torch.randn(*s, device=device, dtype=dtype).requires_grad_(requires_grad)
+        for n, s in shapes.items()
+    }
+    return x, torch.ones(5, 7, dtype=torch.bool, device=device)
+
+
+@needs_triton
+@pytest.mark.parametrize("act", ["identity", "softmax"])
+def test_traces_on_cuda_fake_tensors_into_one_custom_op(act):
+    """No GPU needed: on fake CUDA tensors, the family call under Dynamo (torch.export strict,
+    the tracer torch.compile uses) is one graph holding the forward op, with the output's
+    shape, dtype and device from its fake kernel."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v, qr, kr, mask):
+            return relational_attention(q, k, qr, kr, v=v, attn_mask=mask, rel_activation=act,
+                                        is_causal=True, backend="triton")  # fmt: skip
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x, mask = fake_inputs("cuda", requires_grad=False)
+        out = Attend()(*x.values(), mask)
+        assert (out.shape, out.dtype, out.device.type) == ((2, 4, 5, 9), torch.float16, "cuda")
+        graph = torch.export.export(Attend(), (*x.values(), mask), strict=True).graph
+    ops = [str(node.target) for node in graph.nodes if "attn_zoo" in str(node.target)]
+    assert ops == ["attn_zoo.relational_triton_forward.default"]
+
+
+@needs_triton
+def test_backward_traces_through_the_registered_autograd(monkeypatch):
+    """Forward and backward traced on fake tensors (CPU fakes: autograd needs a device guard,
+    which a CPU-only build lacks for CUDA): the graph holds both custom ops, and every gradient
+    has its input's shape and dtype."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from attn_zoo.kernels.relational import triton as module
+
+    monkeypatch.setattr(module, "_interpreted", lambda: True)  # CPU tensors pass its check
+
+    def attend(q, k, v, qr, kr, mask):
+        out = triton_relational(q, k, qr, kr, v=v, attn_mask=mask, rel_activation="softmax")
+        return out, *torch.autograd.grad(out.sum(), (q, k, v, qr, kr))
+
+    with FakeTensorMode():
+        x, mask = fake_inputs("cpu", requires_grad=True)
+        out, *grads = attend(*x.values(), mask)
+        graph = make_fx(attend)(*x.values(), mask).graph
+    assert out.shape == (2, 4, 5, 9)
+    for grad, t in zip(grads, x.values(), strict=True):
+        assert (grad.shape, grad.dtype) == (t.shape, t.dtype)
+    ops = [str(node.target) for node in graph.nodes if "attn_zoo" in str(node.target)]
+    assert ops == [
+        "attn_zoo.relational_triton_forward.default",
+        "attn_zoo.relational_triton_backward.default",
+    ]
 
 
 def test_imports_and_reports_missing_without_triton():

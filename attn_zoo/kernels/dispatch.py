@@ -193,7 +193,7 @@ class KernelFamily:
             refused.append((backend.name, reason))
             if name != backend.name and (backend.name, reason) not in self._logged:
                 self._logged.add((backend.name, reason))
-                log.info("%s backend %r skipped: %s", self.name, backend.name, reason)
+                _log_skip(self.name, backend.name, reason)
         serving = [b.name for b in self.backends.values() if b.refusal(call) is None]
         why = "; ".join(f"{b}: {r}" for b, r in refused)
         raise UnsupportedCallError(
@@ -211,6 +211,14 @@ class KernelFamily:
             return False, str(err)
         picked = "" if backend.name == name else f" (picks {backend.name!r})"
         return True, f"available on {device}{picked}"
+
+
+# A logging call inside torch.compile is a graph break (an error with fullgraph=True). Marked
+# as a constant, the compiler calls it while tracing instead: logged once, when the choice is
+# made, as in eager mode.
+@torch.compiler.assume_constant_result
+def _log_skip(family_name: str, backend: str, reason: str) -> None:
+    log.info("%s backend %r skipped: %s", family_name, backend, reason)
 
 
 @dataclass(frozen=True)

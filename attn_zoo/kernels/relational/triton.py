@@ -38,6 +38,12 @@ accumulation). No dropout, no relative symbols (v_rel). Tiles are BLOCK x BLOCK;
 / relation counts are padded to powers of two (widths to at least 16, the smallest dot).
 Without CUDA the kernels run only under the Triton interpreter (TRITON_INTERPRET=1 set before
 triton is first imported), which is how the tests check them on CPU.
+
+The launches are two torch custom ops, attn_zoo::relational_triton_forward -> (out, lse, rlse)
+and attn_zoo::relational_triton_backward -> (dq, dk, dv, dqr, dkr), with fake kernels (output
+shapes, dtypes, contiguous layout) and the autograd formula registered: torch.compile(
+fullgraph=True) traces a call as one opaque op each way (inductor calls them as extern kernels,
+it does not fuse into the Triton code).
 """
 
 from __future__ import annotations
@@ -453,44 +459,120 @@ class _Launch:
         return (triton.cdiv(length, self.block), self.b)
 
 
-class TritonRelationalAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, qr, kr, mask, is_causal, scale, rel_scale, act, block):
-        run = _Launch(q, k, v, qr, mask, is_causal, scale, rel_scale, act, block)
-        b, h, n, r = run.b, run.h, run.n, qr.shape[1]
-        o_sym = q.new_empty(b, h, n, v.shape[3])
-        o_rel = q.new_empty(b, h, n, r)
-        lse = q.new_empty(b, h, n, dtype=torch.float32)
-        rlse = q.new_empty(b, r, n, dtype=torch.float32) if act == "softmax" else lse
-        with _on_device_of(q):
-            _forward[run.grid(n)](
-                q, k, v, qr, kr, run.mask, o_sym, o_rel, lse, rlse, *run.scalars, **run.meta
-            )
-        ctx.save_for_backward(q, k, v, qr, kr, o_sym, o_rel, lse, rlse)
-        ctx.run = run
-        return torch.cat([o_sym, o_rel], dim=-1)
+# The kernels as torch custom ops (forward and backward), with fake kernels and the autograd
+# formula registered, so torch.compile(fullgraph=True) traces a call as one opaque op each way
+# (inductor calls them as extern kernels). Their bodies launch the kernels and are never traced.
+# rlse (the relation row logsumexp) is an output of its own even where the activation does not
+# use it: outputs of a custom op may not alias one another.
 
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, qr, kr, o_sym, o_rel, lse, rlse = ctx.saved_tensors
-        run, hd = ctx.run, v.shape[3]
-        do_sym = dout[..., :hd].to(v.dtype).contiguous()
-        do_rel = dout[..., hd:].float().contiguous()
-        delta = (do_sym.float() * o_sym.float()).sum(-1) + (do_rel * o_rel.float()).sum(-1)
-        row_term = lse  # a dummy pointer, read by the softmax activation only:
-        if run.meta["ACT"] == "softmax":  # sum_j r_ij dr_ij = sum_h drel_hil rel_hil, (B, R, N)
-            row_term = (do_rel * o_rel.float()).sum(1).transpose(1, 2).contiguous()
-        f32 = dict(dtype=torch.float32)
-        dq, dqr, dkr = (t.new_empty(t.shape, **f32) for t in (q, qr, kr))
-        dk = k.new_empty(run.b, run.h, run.m, k.shape[3], **f32)  # per query head
-        dv = v.new_empty(run.b, run.h, run.m, hd, **f32)
-        shared = (q, k, v, qr, kr, run.mask, do_sym, do_rel, lse, delta, rlse, row_term)
-        with _on_device_of(q):
-            _backward_queries[run.grid(run.n)](*shared, dq, dqr, *run.scalars, **run.meta)
-            _backward_keys[run.grid(run.m)](*shared, dk, dv, dkr, *run.scalars, **run.meta)
-        dk, dv = (t.view(run.b, run.hkv, run.h // run.hkv, run.m, -1).sum(2) for t in (dk, dv))
-        grads = zip((dq, dk, dv, dqr, dkr), (q, k, v, qr, kr), strict=True)
-        return *(g.to(t.dtype) for g, t in grads), None, None, None, None, None, None
+
+@torch.library.custom_op("attn_zoo::relational_triton_forward", mutates_args=())
+def _forward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    qr: torch.Tensor,
+    kr: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float,
+    rel_scale: float,
+    act: str,
+    block: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out (B, H, N, hd + R) in q's dtype, lse (B, H, N), rlse (B, R, N)) from contiguous
+    q, k, v, qr, kr of one dtype; lse and rlse float32."""
+    q, k, v, qr, kr = (t.contiguous() for t in (q, k, v, qr, kr))
+    run = _Launch(q, k, v, qr, attn_mask, is_causal, scale, rel_scale, act, block)
+    b, h, n, r = run.b, run.h, run.n, qr.shape[1]
+    o_sym = q.new_empty(b, h, n, v.shape[3])
+    o_rel = q.new_empty(b, h, n, r)
+    lse = q.new_empty(b, h, n, dtype=torch.float32)
+    # written by the softmax activation only; zeros otherwise, so that the output is defined
+    rlse = (q.new_empty if act == "softmax" else q.new_zeros)(b, r, n, dtype=torch.float32)
+    with _on_device_of(q):
+        _forward[run.grid(n)](
+            q, k, v, qr, kr, run.mask, o_sym, o_rel, lse, rlse, *run.scalars, **run.meta
+        )
+    return torch.cat([o_sym, o_rel], dim=-1), lse, rlse
+
+
+@_forward_op.register_fake
+def _(q, k, v, qr, kr, attn_mask, is_causal, scale, rel_scale, act, block):
+    (b, h, n, _), r = q.shape, qr.shape[1]
+    out = q.new_empty(b, h, n, v.shape[3] + r)
+    f32 = dict(dtype=torch.float32)
+    return out, q.new_empty(b, h, n, **f32), q.new_empty(b, r, n, **f32)
+
+
+@torch.library.custom_op("attn_zoo::relational_triton_backward", mutates_args=())
+def _backward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    qr: torch.Tensor,
+    kr: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    do_sym: torch.Tensor,
+    do_rel: torch.Tensor,
+    lse: torch.Tensor,
+    delta: torch.Tensor,
+    rlse: torch.Tensor,
+    row_term: torch.Tensor,
+    is_causal: bool,
+    scale: float,
+    rel_scale: float,
+    act: str,
+    block: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dqr, dkr), each in its input's dtype and shape. do_sym (B, H, N, hd) in
+    v's dtype, do_rel (B, H, N, R), delta (B, H, N) and row_term (B, R, N) float32 (row_term
+    is read by the softmax activation only)."""
+    q, k, v, qr, kr, do_sym, do_rel, lse, delta, rlse, row_term = (
+        t.contiguous() for t in (q, k, v, qr, kr, do_sym, do_rel, lse, delta, rlse, row_term)
+    )
+    run = _Launch(q, k, v, qr, attn_mask, is_causal, scale, rel_scale, act, block)
+    hd = v.shape[3]
+    f32 = dict(dtype=torch.float32)
+    dq, dqr, dkr = (t.new_empty(t.shape, **f32) for t in (q, qr, kr))
+    dk = k.new_empty(run.b, run.h, run.m, k.shape[3], **f32)  # per query head
+    dv = v.new_empty(run.b, run.h, run.m, hd, **f32)
+    shared = (q, k, v, qr, kr, run.mask, do_sym, do_rel, lse, delta, rlse, row_term)
+    with _on_device_of(q):
+        _backward_queries[run.grid(run.n)](*shared, dq, dqr, *run.scalars, **run.meta)
+        _backward_keys[run.grid(run.m)](*shared, dk, dv, dkr, *run.scalars, **run.meta)
+    dk, dv = (t.view(run.b, run.hkv, run.h // run.hkv, run.m, -1).sum(2) for t in (dk, dv))
+    grads = zip((dq, dk, dv, dqr, dkr), (q, k, v, qr, kr), strict=True)
+    return tuple(g.to(t.dtype) for g, t in grads)
+
+
+@_backward_op.register_fake
+def _(q, k, v, qr, kr, attn_mask, do_sym, do_rel, lse, delta, rlse, row_term, *args):
+    return tuple(t.new_empty(t.shape) for t in (q, k, v, qr, kr))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, qr, kr, attn_mask, *ctx.args = inputs
+    out, lse, rlse = output
+    ctx.save_for_backward(q, k, v, qr, kr, attn_mask, out, lse, rlse)
+
+
+def _backward(ctx, dout, _dlse, _drlse):
+    q, k, v, qr, kr, attn_mask, out, lse, rlse = ctx.saved_tensors
+    hd, act = v.shape[3], ctx.args[3]
+    do_sym = dout[..., :hd].to(v.dtype).contiguous()
+    do_rel = dout[..., hd:].float().contiguous()
+    o_sym, o_rel = out[..., :hd], out[..., hd:]
+    delta = (do_sym.float() * o_sym.float()).sum(-1) + (do_rel * o_rel.float()).sum(-1)
+    row_term = lse  # a placeholder, read by the softmax activation only:
+    if act == "softmax":  # sum_j r_ij dr_ij = sum_h drel_hil rel_hil, (B, R, N)
+        row_term = (do_rel * o_rel.float()).sum(1).transpose(1, 2).contiguous()
+    shared = q, k, v, qr, kr, attn_mask, do_sym, do_rel, lse, delta, rlse, row_term
+    grads = _backward_op(*shared, *ctx.args)
+    return *grads, None, None, None, None, None, None
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 # Flash-style Triton kernels (CUDA). Below chunked on CUDA for `auto` until the compiled kernel has
@@ -543,6 +625,5 @@ def triton_relational(
     if attn_mask is not None and attn_mask.dim() < 4:
         attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
     q, k, v, qr, kr = (t.to(q.dtype).contiguous() for t in (q, k, v, qr, kr))
-    return TritonRelationalAttention.apply(
-        q, k, v, qr, kr, attn_mask, is_causal, float(scale), float(rel_scale), rel_activation, block
-    )
+    args = bool(is_causal), float(scale), float(rel_scale), rel_activation, block
+    return _forward_op(q, k, v, qr, kr, attn_mask, *args)[0]
