@@ -122,7 +122,10 @@ def _bench_generation(args: argparse.Namespace) -> None:
     print(f"\n{settings}")
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     if args.report:
-        out = write_generation_report(table, args.report, settings, _command(args))
+        words = ["attn-zoo", "bench", "--suite", "generation", "--repeats", str(args.repeats)]
+        words += ["--lengths", *map(str, args.lengths)] if args.lengths else []
+        words += ["--device", args.device, "--report", args.report]
+        out = write_generation_report(table, args.report, settings, shlex.join(words))
         print(f"\nwrote {out}/report.md, {out}/index.html, the CSV and the plots beside them")
 
 
