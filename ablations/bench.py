@@ -476,6 +476,18 @@ def _plot_lines(
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1))
 
 
+def _report_folder(out_dir: str | Path, command: str) -> tuple[Path, list[str]]:
+    """The report folder (created) and the facts every benchmark report opens with."""
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    facts = [
+        f"Machine: {machine()}",
+        f"Generated: {datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+        f"Command: {command}",
+    ]
+    return folder, facts
+
+
 def write_bench_report(
     tables: dict[str, pd.DataFrame],
     out_dir: str | Path,
@@ -505,13 +517,7 @@ def write_bench_report(
         write_pages,
     )
 
-    folder = Path(out_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    facts = [
-        f"Machine: {machine()}",
-        f"Generated: {datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
-        f"Command: {command}",
-    ]
+    folder, facts = _report_folder(out_dir, command)
     page = Page(title, facts, REPORT_NOTES)
     for suite, table in tables.items():
         table.to_csv(folder / f"bench_{suite}.csv", index=False)
@@ -654,13 +660,7 @@ def write_generation_report(
         write_pages,
     )
 
-    folder = Path(out_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    facts = [
-        f"Machine: {machine()}",
-        f"Generated: {datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
-        f"Command: {command}",
-    ]
+    folder, facts = _report_folder(out_dir, command)
     page = Page("Generation benchmark: cached vs uncached decoding", facts, GENERATION_NOTES)
     table.to_csv(folder / "bench_generation.csv", index=False)
     columns = {"tokens_per_s": "tokens/s", "ms_per_token": "ms/token", "speedup": "speedup"}
