@@ -23,7 +23,7 @@ validated whole before anything runs, and expanded into cells.
     name = "relational"
     kwargs = { n_heads = 4 }
 
-    [training]                                  # TRAINING: every key, default and range
+    [training]                                  # class Training: every key, default, range
     steps = 500                                 # or epochs = 3: exactly one of the two
     batch_size = 64
     lr = 1e-3
@@ -43,10 +43,13 @@ validated whole before anything runs, and expanded into cells.
 A cell is one (task, size, mechanism, seed) with everything resolved; `--set key=value`
 overrides (dotted keys, TOML values: ``--set training.steps=50``) apply before validation.
 
-Validation refuses, before anything is built or written, every value that could not train:
-unknown keys and names, wrong types (a bool is not an int; an int is a float), values out of
-range (`TRAINING`, `SIZE_KEYS`), duplicate seeds or labels, include/exclude entries whose keys
-are not axes (`AXES`) or whose labels do not exist, and a grid with no cells. Then each task
+The file's schema is typed: `GridFile` and its tables (`TaskEntry`, `SizeEntry`,
+`MechanismEntry`, `Training`, `Resources`, `GridRules`) are strict pydantic models whose fields
+carry their type, default and range (`Valid`, shown in messages). Validation refuses, before
+anything is built or written, every value that could not train: unknown keys and names, wrong
+types (a bool is not an int; an int is a float), values out of range, duplicate seeds or
+labels, include/exclude entries whose keys are not axes (`AXES`) or whose labels do not exist,
+and a grid with no cells. Then each task
 of the grid is built with its kwargs and each (mechanism, size) pair as one attention layer,
 cheaply, so a bad kwarg value is refused too, blamed on the task or the mechanism it belongs
 to. Every error is a one-line `SpecError` naming the file, the key, the bad value and the
@@ -87,8 +90,22 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
 import torch
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -105,53 +122,72 @@ class SpecError(ValueError):
     """A grid spec that cannot run, with the file, key, value and valid choices."""
 
 
-def _is(value: object, kind: type) -> bool:
-    """isinstance, except that a bool is only a bool and an int is also a float."""
-    if isinstance(value, bool):
-        return kind is bool
-    return isinstance(value, (int, float) if kind is float else kind)
-
-
 @dataclass(frozen=True)
-class Rule:
-    """What one value may be: of `kind` (see `_is`) with `ok(value)` true, `valid` saying so
-    in messages; or, with `choices`, one of them."""
+class Valid:
+    """What a field of the spec may be, as its error messages say: `text` ("int >= 1"), or
+    one of `choices` (a tuple, or a function giving them, e.g. the registered task names)."""
 
-    kind: type
-    valid: str
-    ok: Callable[[object], bool] = lambda value: True
-    choices: tuple = ()
+    text: str = ""
+    choices: tuple | Callable[[], list[str]] = ()
 
-    def check(self, path: Path, key: str, value: object) -> None:
-        if self.choices:
-            if not _is(value, self.kind) or value not in self.choices:
-                raise _fail(path, key, value, self.choices)
-            return
+    def options(self) -> list[str]:
+        return list(self.choices() if callable(self.choices) else self.choices)
+
+
+def _checked(ok: Callable[[object], bool]) -> AfterValidator:
+    def check(value):
         try:
-            good = _is(value, self.kind) and self.ok(value)
+            good = ok(value)
         except (OverflowError, TypeError):  # e.g. math.isfinite of an int beyond floats
             good = False
         if not good:
-            raise SpecError(f"{path}: {key} = {value!r} must be {self.valid}")
+            raise ValueError("out of range")
+        return value
+
+    return AfterValidator(check)
 
 
-def _int(low: int) -> Rule:
-    return Rule(int, f"int >= {low}", lambda v: v >= low)
+# Strict: a bool is not an int, "16" not an int, 2.0 not an int; a float field takes an int as
+# given (it keys a cell as the file wrote it).
+Number = StrictInt | StrictFloat
 
 
-def _float(valid: str, ok: Callable[[float], bool]) -> Rule:
-    return Rule(float, f"a finite float {valid}", lambda v: math.isfinite(v) and ok(v))
+def rule(kind: object, valid: str, ok: Callable[[object], bool] = lambda value: True) -> object:
+    """A field type: `kind` with `ok(value)` true; `valid` says what it may be in messages."""
+    return Annotated[kind, _checked(ok), Valid(valid)]
 
 
-LABEL = Rule(str, "a non-empty str", lambda v: v != "")
+def choice(choices: tuple | Callable[[], list[str]]) -> object:
+    """A field type: a str, one of `choices` (a tuple, or a function giving them)."""
+    valid = Valid(choices=choices)
+    return Annotated[StrictStr, _checked(lambda v: v in valid.options()), valid]
+
+
+def whole(low: int, valid: str = "") -> object:
+    return rule(StrictInt, valid or f"int >= {low}", lambda v: v >= low)
+
+
+def finite(valid: str, ok: Callable[[float], bool]) -> object:
+    return rule(Number, f"a finite float {valid}", lambda v: math.isfinite(v) and ok(v))
+
+
+def resource(valid: str, ok: Callable[[float], bool]) -> object:
+    return finite(
+        f"{valid}: a fraction below 1 or a whole number",
+        lambda v: ok(v) and (v < 1 or float(v).is_integer()),
+    )
+
+
+Label = rule(StrictStr, "a non-empty str", lambda v: v != "")
 # A grid name names files (results/<name>.sqlite, reports/<name>/): no path, no hidden file
-NAME = Rule(
-    str,
+Name = rule(
+    StrictStr,
     "a file-name-safe str: letters, digits, '_', '-', '.', not starting with '.'",
     lambda v: re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*", v) is not None,
 )
-SEED = Rule(int, "int in [0, 2**63)", lambda v: 0 <= v < 2**63)
-STORE = Rule(str, "a non-empty str (a path, relative to the grid file's folder)", lambda v: v != "")
+SEED_RANGE = "int in [0, 2**63)"
+Seed = rule(StrictInt, SEED_RANGE, lambda v: 0 <= v < 2**63)
+Kwargs = Annotated[dict[str, Any], Valid("a table, e.g. { key = value }")]
 SCHEDULES = ("cosine", "constant")
 PRECISIONS = ("float32", "bf16")
 DEVICES = 'one of "auto", "cpu", "cuda", "cuda:N" (N an int >= 0), "mps"'
@@ -161,49 +197,110 @@ def _device_name(value: str) -> bool:
     return re.fullmatch(r"auto|cpu|cuda|cuda:\d+|mps", value) is not None
 
 
-TRAINING: dict[str, tuple[object, Rule]] = {  # key: (default, what it may be)
-    "steps": (500, _int(1)),
-    "epochs": (None, Rule(int, "int >= 1 (an epoch: ceil(n_train / batch_size) steps)",
-                          lambda v: v >= 1)),
-    "batch_size": (64, _int(1)),
-    "lr": (1e-3, _float("> 0", lambda v: v > 0)),
-    "weight_decay": (0.01, _float(">= 0", lambda v: v >= 0)),
-    "warmup_steps": (50, _int(0)),
-    "schedule": ("cosine", Rule(str, "a schedule", choices=SCHEDULES)),
-    "grad_clip": (1.0, _float("> 0 (the gradient-norm bound)", lambda v: v > 0)),
-    "eval_every": (50, _int(1)),
-    "early_stop_target": (0.0, _float("in [0, 1] (0: never stop early)", lambda v: 0 <= v <= 1)),
-    "patience": (0, Rule(int, "int >= 0 (evaluations without improvement of the validation "
-                              "metric before stopping; 0: never)", lambda v: v >= 0)),
-    "device": ("auto", Rule(str, DEVICES, _device_name)),
-    "precision": ("float32", Rule(str, "a precision", choices=PRECISIONS)),
-    "compile": (False, Rule(bool, "a bool (true: train the torch.compile'd model)")),
-}  # fmt: skip
+def tables(entry: type, valid: str = "a non-empty list of tables", min_length: int = 1) -> object:
+    return Annotated[list[entry], Field(min_length=min_length), Valid(valid)]
+
+
+class Table(BaseModel):
+    """A table of the grid file: its keys typed, no other key."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class TaskEntry(Table):
+    """A [[tasks]] entry: a registered task, its kwargs, its label (default: the name)."""
+
+    name: choice(list_tasks)
+    label: Label | None = None
+    kwargs: Kwargs = {}
+
+
+class SizeEntry(Table):
+    """A [[sizes]] entry: a model size."""
+
+    label: Label
+    d_model: whole(1)
+    n_layers: whole(1)
+    dff: whole(1) | None = None
+    dropout: finite("in [0, 1)", lambda v: 0 <= v < 1) = 0.0
+
+
+class MechanismEntry(Table):
+    """A [[mechanisms]] entry: a registered mechanism, its kwargs (the model fills d_model and
+    backend), its label (default: the name)."""
+
+    name: choice(list_mechanisms)
+    label: Label | None = None
+    kwargs: Kwargs = {}
+
+
+class Training(Table):
+    """[training]: every key with its default and range."""
+
+    steps: whole(1) = 500  # or epochs: exactly one of the two
+    epochs: whole(1, "int >= 1 (an epoch: ceil(n_train / batch_size) steps)") | None = None
+    batch_size: whole(1) = 64
+    lr: finite("> 0", lambda v: v > 0) = 1e-3
+    weight_decay: finite(">= 0", lambda v: v >= 0) = 0.01
+    warmup_steps: whole(0) = 50
+    schedule: choice(SCHEDULES) = "cosine"
+    grad_clip: finite("> 0 (the gradient-norm bound)", lambda v: v > 0) = 1.0
+    eval_every: whole(1) = 50
+    early_stop_target: finite("in [0, 1] (0: never stop early)", lambda v: 0 <= v <= 1) = 0.0
+    patience: whole(
+        0,
+        "int >= 0 (evaluations without improvement of the validation metric before "
+        "stopping; 0: never)",
+    ) = 0
+    device: rule(StrictStr, DEVICES, _device_name) = "auto"
+    precision: choice(PRECISIONS) = "float32"
+    compile: rule(StrictBool, "a bool (true: train the torch.compile'd model)") = False
+
+
+class Resources(Table):
+    """[resources]: what each Ray task of a cell asks for (no part of any cell)."""
+
+    num_cpus: resource("> 0", lambda v: v > 0) = 1
+    num_gpus: resource(">= 0", lambda v: v >= 0) = 0
+
+
+class GridRules(Table):
+    """[grid]: cells taken out of the product and cells added to it (checked against the
+    grid's labels and seeds by `load_grid`)."""
+
+    exclude: tables(Kwargs, "a list of tables", 0) = []
+    include: tables(Kwargs, "a list of tables", 0) = []
+
+
+class GridFile(Table):
+    """A grid file as written: the typed schema `load_grid` validates it with."""
+
+    name: Name
+    seeds: tables(Seed, f"a non-empty list of distinct ints ({SEED_RANGE})") = [0]
+    store: (
+        rule(StrictStr, "a non-empty str (a path, relative to the grid file's folder)", bool) | None
+    ) = None
+    checkpoints: rule(StrictBool, "a bool") = False
+    tasks: tables(TaskEntry)
+    sizes: tables(SizeEntry)
+    mechanisms: tables(MechanismEntry)
+    training: Training = Training()
+    resources: Resources = Resources()
+    grid: GridRules = GridRules()
+
+
 # Added after stores existed: in a cell's training only when set to another value than the
 # default, so that the cells of a grid that does not use them keep their keys.
 ADDED_KEYS = ("epochs", "patience", "device", "precision", "compile")
 # Every cell's training holds these (the defaults of a grid with an empty [training]).
-TRAINING_DEFAULTS = {k: default for k, (default, _) in TRAINING.items() if k not in ADDED_KEYS}
-
-
-def _resource(low_text: str, ok: Callable[[float], bool]) -> Rule:
-    return _float(
-        f"{low_text}: a fraction below 1 or a whole number",
-        lambda v: ok(v) and (v < 1 or float(v).is_integer()),
-    )
-
-
-RESOURCES: dict[str, tuple[float, Rule]] = {  # [resources]: what each Ray task asks for
-    "num_cpus": (1, _resource("> 0", lambda v: v > 0)),
-    "num_gpus": (0, _resource(">= 0", lambda v: v >= 0)),
-}
-RESOURCE_DEFAULTS = {key: default for key, (default, _) in RESOURCES.items()}
+TRAINING_DEFAULTS = {k: v for k, v in Training().model_dump().items() if k not in ADDED_KEYS}
+RESOURCE_DEFAULTS = Resources().model_dump()
 
 
 def training_settings(training: dict) -> dict:
     """A cell's `training` with every key of `TRAINING`: the added keys it leaves out take
     their defaults."""
-    return {**{k: default for k, (default, _) in TRAINING.items()}, **training}
+    return {**Training().model_dump(), **training}
 
 
 def device_problem(
@@ -236,20 +333,6 @@ def precision_problem(precision: str, device: str) -> str | None:
     return None
 
 
-SIZE_KEYS = {
-    "label": LABEL,
-    "d_model": _int(1),
-    "n_layers": _int(1),
-    "dff": _int(1),
-    "dropout": _float("in [0, 1)", lambda v: 0 <= v < 1),
-}
-TOP_LEVEL = (
-    "name", "seeds", "store", "checkpoints", "tasks", "sizes", "mechanisms", "training",
-    "resources", "grid",
-)  # fmt: skip
-TOP_LEVEL_VALUES = {"name": NAME, "store": STORE, "checkpoints": Rule(bool, "a bool")}
-ENTRY_KEYS = {"tasks": ("name", "label", "kwargs"), "mechanisms": ("label", "name", "kwargs")}
-REQUIRED = {"tasks": ("name",), "sizes": ("label", "d_model", "n_layers"), "mechanisms": ("name",)}
 AXES = ("task", "size", "mechanism", "seed")
 
 
@@ -369,23 +452,62 @@ def _check_keys(path, where, table: dict, valid, what: str = "") -> None:
             raise _fail(path, f"{where}{key} (key)", key, valid, what)
 
 
-def _table(path, key: str, value: object) -> dict:
-    if not isinstance(value, dict):
-        raise SpecError(f"{path}: {key} = {value!r} must be a table, e.g. {{ key = value }}")
-    return value
-
-
-def _tables(path, key: str, value: object, empty_ok: bool = False) -> list[dict]:
-    if not isinstance(value, list) or not (value or empty_ok):
-        need = "a list" if empty_ok else "a non-empty list"
-        raise SpecError(f"{path}: {key} = {value!r} must be {need} of tables")
-    for i, item in enumerate(value):
-        _table(path, f"{key}[{i}]", item)
-    return value
-
-
 def _one_line(err: Exception) -> str:
     return " ".join(f"{type(err).__name__}: {err}".split())
+
+
+def _parts(annotation: object) -> tuple[object, list[Valid]]:
+    """The type under `Annotated` and `X | None`, and the `Valid`s annotating it."""
+    valids = []
+    while True:
+        if get_origin(annotation) is Annotated:
+            annotation, *meta = get_args(annotation)
+            valids += [m for m in meta if isinstance(m, Valid)]
+        elif get_origin(annotation) in (Union, UnionType) and type(None) in get_args(annotation):
+            annotation = next(a for a in get_args(annotation) if a is not type(None))
+        else:
+            return annotation, valids
+
+
+def _where(loc: tuple) -> tuple[str, list[str], Valid | None]:
+    """For an error's location in `GridFile`: its key as the file writes it ("tasks[0].name";
+    a union member's tag left out), the keys its table may hold, and its `Valid`."""
+    node, key, keys = GridFile, "", []
+    for part in loc:
+        base, _ = _parts(node)
+        if isinstance(base, type) and issubclass(base, BaseModel) and part in base.model_fields:
+            keys, node = list(base.model_fields), get_type_hints(base, include_extras=True)[part]
+            key += f".{part}" if key else part
+        elif isinstance(part, int) and get_origin(base) is list:
+            node, key = get_args(base)[0], f"{key}[{part}]"
+        elif isinstance(part, str) and get_origin(base) is dict:
+            node, key = get_args(base)[1], f"{key}.{part}"
+        else:  # the tag of a union member (int or float)
+            break
+    base, valids = _parts(node)
+    if isinstance(base, type) and issubclass(base, BaseModel):
+        keys = list(base.model_fields)
+    return key, keys, (valids[0] if valids else None)
+
+
+def _spec_error(path, err: ValidationError) -> SpecError:
+    """The first error of validating the file against `GridFile`, as a one-line SpecError
+    naming the key, the value and what it may be."""
+    error = err.errors()[0]
+    loc, value = error["loc"], error["input"]
+    if error["type"] == "extra_forbidden":
+        parent, keys, _ = _where(loc[:-1])
+        return _fail(path, f"{parent + '.' if parent else ''}{loc[-1]} (key)", loc[-1], keys)
+    if error["type"] == "missing":
+        parent = _where(loc[:-1])[0]
+        return SpecError(f"{path}: {parent + ' is ' if parent else ''}missing {loc[-1]!r}")
+    key, _, valid = _where(loc)
+    if error["type"] in ("model_type", "dict_type"):
+        return SpecError(f"{path}: {key} = {value!r} must be a table, e.g. {{ key = value }}")
+    if valid is not None and valid.choices:
+        return _fail(path, key, value, valid.options())
+    text = valid.text if valid is not None else error["msg"]
+    return SpecError(f"{path}: {key} = {value!r} must be {text}")
 
 
 def apply_overrides(raw: dict, overrides: list[str], path) -> dict:
@@ -408,128 +530,101 @@ def apply_overrides(raw: dict, overrides: list[str], path) -> dict:
     return raw
 
 
-def _check_seeds(path, seeds: object) -> list[int]:
-    if not isinstance(seeds, list) or not seeds:
-        raise SpecError(f"{path}: seeds = {seeds!r} must be a non-empty list of distinct ints")
+def _check_seeds(path, seeds: list[int]) -> None:
     first: dict[int, int] = {}
     for i, seed in enumerate(seeds):
-        SEED.check(path, f"seeds[{i}]", seed)
         if seed in first:
             raise SpecError(
                 f"{path}: seeds[{i}] = {seed!r} repeats seeds[{first[seed]}]; seeds must be "
                 f"distinct (got {seeds})"
             )
         first[seed] = i
-    return seeds
 
 
-def _check_entries(path, key: str, entries: list[dict]) -> None:
-    """Keys, names, labels (defaulting to the name) and kwargs of the tasks, sizes or
-    mechanisms; labels unique."""
+def _check_entries(path, key: str, entries: list[TaskEntry | SizeEntry | MechanismEntry]) -> None:
+    """Labels (defaulting to the name) unique; kwargs keys of tasks and mechanisms known."""
     taken: dict[str, int] = {}
     for i, entry in enumerate(entries):
         where = f"{key}[{i}]"
-        _check_keys(path, f"{where}.", entry, ENTRY_KEYS.get(key, SIZE_KEYS))
-        for required in REQUIRED[key]:
-            if required not in entry:
-                raise SpecError(f"{path}: {where} is missing {required!r}")
-        if key == "sizes":
-            for name, value in entry.items():
-                SIZE_KEYS[name].check(path, f"{where}.{name}", value)
-        else:
-            names = list_tasks() if key == "tasks" else list_mechanisms()
-            if not isinstance(entry["name"], str) or entry["name"] not in names:
-                raise _fail(path, f"{where}.name", entry["name"], names)
-            entry.setdefault("label", entry["name"])
-            LABEL.check(path, f"{where}.label", entry["label"])
-            kwargs = _table(path, f"{where}.kwargs", entry.get("kwargs", {}))
-            if key == "tasks":
-                valid = task_arguments(entry["name"])
-                what = f" for task {entry['label']!r}"
+        if isinstance(entry, (TaskEntry, MechanismEntry)):
+            entry.label = entry.label or entry.name
+            if isinstance(entry, TaskEntry):
+                valid = task_arguments(entry.name)
+                what = f" for task {entry.label!r}"
             else:
-                valid = MECHANISMS.kwargs(entry["name"])  # None: it takes any
+                valid = MECHANISMS.kwargs(entry.name)  # None: it takes any
                 if valid is not None:  # the model fills d_model and backend in itself
                     valid = [k for k in valid if k not in ("d_model", "backend")]
-                what = f" for mechanism {entry['label']!r}"
+                what = f" for mechanism {entry.label!r}"
             if valid is not None:
-                _check_keys(path, f"{where}.kwargs.", kwargs, valid, what)
-        label = entry["label"]
-        if label in taken:
+                _check_keys(path, f"{where}.kwargs.", entry.kwargs, valid, what)
+        if entry.label in taken:
             raise SpecError(
-                f"{path}: {where}.label = {label!r} repeats {key}[{taken[label]}].label; "
-                f"labels must be unique within {key} (a label defaults to the name)"
+                f"{path}: {where}.label = {entry.label!r} repeats {key}[{taken[entry.label]}]"
+                f".label; labels must be unique within {key} (a label defaults to the name)"
             )
-        taken[label] = i
+        taken[entry.label] = i
 
 
-def _check_training(path, given: dict) -> dict:
+def _check_training(path, training: Training) -> dict:
     """The grid's training settings: the keys of `TRAINING_DEFAULTS` always, an added key
     (`ADDED_KEYS`) only when it is not its default, "steps" not when "epochs" is set (each
     cell resolves it); the device and precision refused when this machine cannot train so."""
-    _check_keys(path, "training.", given, TRAINING)
-    for key, value in given.items():
-        TRAINING[key][1].check(path, f"training.{key}", value)
+    given = training.model_dump(exclude_unset=True)
     if "epochs" in given and "steps" in given:
         raise SpecError(
             f"{path}: training.epochs = {given['epochs']!r} and training.steps = "
             f"{given['steps']!r} are both set; set exactly one of them (an epoch is "
             f"ceil(n_train / batch_size) steps)"
         )
-    device = given.get("device", TRAINING["device"][0])
-    problem = device_problem(device)
+    problem = device_problem(training.device)
     if problem:
         raise SpecError(
-            f"{path}: training.device = {device!r} is not available on this machine: "
+            f"{path}: training.device = {training.device!r} is not available on this machine: "
             f'{problem} (valid: {DEVICES}, where available; "auto" takes CUDA where a '
             "worker has it)"
         )
-    precision = given.get("precision", TRAINING["precision"][0])
-    problem = precision_problem(precision, device)
+    problem = precision_problem(training.precision, training.device)
     if problem:
         raise SpecError(
-            f"{path}: training.precision = {precision!r} cannot be used with training.device "
-            f"= {device!r}: {problem} (valid there: float32)"
+            f"{path}: training.precision = {training.precision!r} cannot be used with "
+            f"training.device = {training.device!r}: {problem} (valid there: float32)"
         )
-    training = {**TRAINING_DEFAULTS, **given}
+    resolved = {**TRAINING_DEFAULTS, **given}
     if "epochs" in given:
-        del training["steps"]
+        del resolved["steps"]
+    defaults = Training()
     for key in ADDED_KEYS:
-        if key in training and training[key] == TRAINING[key][0]:
-            del training[key]  # its default: keyed as a grid that does not name it
-    return training
+        if key in resolved and resolved[key] == getattr(defaults, key):
+            del resolved[key]  # its default: keyed as a grid that does not name it
+    return resolved
 
 
-def _check_resources(path, given: dict) -> dict:
-    _check_keys(path, "resources.", given, RESOURCES)
-    for key, value in given.items():
-        RESOURCES[key][1].check(path, f"resources.{key}", value)
-    return {**RESOURCE_DEFAULTS, **given}
-
-
-def _check_grid_rules(path, grid: dict, valid: dict[str, list]) -> tuple[list, list]:
-    """grid.exclude and grid.include: lists of tables of axes; include names every axis.
-    Labels must exist; an excluded seed must be one of the seeds, an included one any seed."""
-    _check_keys(path, "grid.", grid, ("exclude", "include"))
-    rules = {}
+def _check_grid_rules(path, grid: GridRules, valid: dict[str, list]) -> None:
+    """grid.exclude and grid.include: tables of axes; include names every axis. Labels must
+    exist; an excluded seed must be one of the seeds, an included one any seed."""
     for kind in ("exclude", "include"):
-        rules[kind] = _tables(path, f"grid.{kind}", grid.get(kind, []), empty_ok=True)
-        for i, rule in enumerate(rules[kind]):
+        for i, rule_ in enumerate(getattr(grid, kind)):
             where = f"grid.{kind}[{i}]"
-            _check_keys(path, f"{where}.", rule, AXES)
-            if kind == "include" and set(rule) != set(AXES):
-                raise SpecError(f"{path}: {where} = {rule!r} must name all of {', '.join(AXES)}")
-            if not rule:
+            _check_keys(path, f"{where}.", rule_, AXES)
+            if kind == "include" and set(rule_) != set(AXES):
+                raise SpecError(f"{path}: {where} = {rule_!r} must name all of {', '.join(AXES)}")
+            if not rule_:
                 raise SpecError(
                     f"{path}: {where} = {{}} must name one or more of {', '.join(AXES)}"
                 )
-            for axis, value in rule.items():
+            for axis, value in rule_.items():
                 if axis == "seed":
-                    SEED.check(path, f"{where}.seed", value)
+                    try:
+                        TypeAdapter(Seed).validate_python(value, strict=True)
+                    except ValidationError:
+                        raise SpecError(
+                            f"{path}: {where}.seed = {value!r} must be {SEED_RANGE}"
+                        ) from None
                     if kind == "include":
                         continue
-                if not _is(value, int if axis == "seed" else str) or value not in valid[axis]:
+                if isinstance(value, bool) or value not in valid[axis]:
                     raise _fail(path, f"{where}.{axis}", value, valid[axis])
-    return rules["exclude"], rules["include"]
 
 
 def _task(path, label: str, name: str, kwargs: dict):
@@ -579,44 +674,40 @@ def load_grid(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
         raise SpecError(f"{path}: cannot read the grid spec: {_one_line(err)}") from err
     raw = apply_overrides(raw, overrides or [], path)
-    _check_keys(path, "", raw, TOP_LEVEL)
-    for key in ("name", "tasks", "sizes", "mechanisms"):
-        if key not in raw:
-            raise SpecError(f"{path}: missing {key!r}")
-    for key, rule in TOP_LEVEL_VALUES.items():
-        if key in raw:
-            rule.check(path, key, raw[key])
-    seeds = _check_seeds(path, raw.get("seeds", [0]))
+    try:
+        grid = GridFile.model_validate(raw)
+    except ValidationError as err:
+        raise _spec_error(path, err) from None
+    _check_seeds(path, grid.seeds)
     for key in ("tasks", "sizes", "mechanisms"):
-        _check_entries(path, key, _tables(path, key, raw[key]))
-    training = _check_training(path, _table(path, "training", raw.get("training", {})))
-    resources = _check_resources(path, _table(path, "resources", raw.get("resources", {})))
+        _check_entries(path, key, getattr(grid, key))
+    training = _check_training(path, grid.training)
     valid = {
-        "task": [t["label"] for t in raw["tasks"]],
-        "size": [s["label"] for s in raw["sizes"]],
-        "mechanism": [m["label"] for m in raw["mechanisms"]],
-        "seed": seeds,
+        "task": [t.label for t in grid.tasks],
+        "size": [s.label for s in grid.sizes],
+        "mechanism": [m.label for m in grid.mechanisms],
+        "seed": grid.seeds,
     }
-    exclude, include = _check_grid_rules(path, _table(path, "grid", raw.get("grid", {})), valid)
+    _check_grid_rules(path, grid.grid, valid)
     spec = GridSpec(
         path,
-        raw["name"],
-        seeds,
-        Path(os.path.normpath(path.parent / raw.get("store", f"results/{raw['name']}.sqlite"))),
-        raw["tasks"],
-        raw["sizes"],
-        raw["mechanisms"],
+        grid.name,
+        grid.seeds,
+        Path(os.path.normpath(path.parent / (grid.store or f"results/{grid.name}.sqlite"))),
+        [t.model_dump() for t in grid.tasks],
+        [s.model_dump(exclude_unset=True) for s in grid.sizes],
+        [m.model_dump() for m in grid.mechanisms],
         training,
-        exclude,
-        include,
-        raw.get("checkpoints", False),
-        resources,
+        grid.grid.exclude,
+        grid.grid.include,
+        grid.checkpoints,
+        grid.resources.model_dump(),
     )
     cells = spec.cells()
     if not cells:
         shape = " x ".join(str(len(v)) for v in valid.values())
         raise SpecError(
-            f"{path}: grid.exclude = {exclude!r} leaves no cell of the {shape} "
+            f"{path}: grid.exclude = {grid.grid.exclude!r} leaves no cell of the {shape} "
             f"(tasks x sizes x mechanisms x seeds) and grid.include adds none; a grid needs at "
             f"least one cell"
         )
