@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
+from ablations.models import build_model
 from ablations.report_pages import label_file_name, path_in, plot_text
 from ablations.spec import Cell
 from ablations.store import ResultsStore, error_summary
 from ablations.tasks import build_task
-from ablations.train import build_model
 from attn_zoo.maps import plot_attention_maps
 
 NOTE_LENGTH = 200  # at most this many characters of an error in a skipped map's note

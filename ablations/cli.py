@@ -238,14 +238,19 @@ def _ablate_status(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from ablations.report import write_report
 
-    source = Path(args.source)
+    source, selection = Path(args.source), None
     if source.suffix == ".toml":
         spec = _load_grid(args.source, args.set)
-        store, name = spec.store, spec.name
+        store, name, selection = spec.store, spec.name, spec.selection
     else:
         store, name = source, source.stem
     out = Path(args.out or Path("reports") / name)
-    write_report(store, out, title=args.title, target=args.target, note=args.note)
+    try:
+        write_report(
+            store, out, title=args.title, target=args.target, note=args.note, selection=selection
+        )
+    except (OSError, ValueError) as err:  # no store, not a store, a folder that is not a report
+        raise SystemExit(f"error: {err}") from None
     print(f"wrote {out}/report.md, {out}/index.html and the CSVs and plots beside them")
     return 0
 

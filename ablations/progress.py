@@ -55,7 +55,10 @@ REDRAW = 0.25  # seconds between redraws of a live display
 
 
 def cell_label(cell: Cell) -> str:
-    return f"{cell.task}/{cell.size['label']}/{cell.mechanism}/seed{cell.seed}"
+    """'task/size/mechanism/seed0', with its swept keys' values before the seed
+    ('.../lr=0.003/seed0': the key's last part)."""
+    swept = [f"{key.rsplit('.', 1)[-1]}={cell.setting(key)}/" for key in cell.axes]
+    return f"{cell.task}/{cell.size['label']}/{cell.mechanism}/{''.join(swept)}seed{cell.seed}"
 
 
 def duration(seconds: float) -> str:

@@ -54,12 +54,15 @@ from ablations.report_pages import (
     plot_text,
     write_pages,
 )
+from ablations.selection import HIGHER_IS_BETTER, axes, paired, select, setting_text
+from ablations.spec import Selection
 from ablations.store import ResultsStore, error_summary
 
 SUMMARY_COLUMNS = [
     "task",
     "size",
     "mechanism",
+    "setting",
     "cells",
     "seeds",
     "test_acc_mean",
@@ -74,6 +77,7 @@ SUMMARY_COLUMNS = [
 SPLIT_SIZES = ("n_train", "n_validation", "n_test")
 REPORT_SUFFIXES = (".md", ".html", ".csv", ".png")  # what a report folder may hold
 LINESTYLES = ["-", "--", ":", "-."]
+N_TRAIN_AXES = ("task_kwargs.n_train", "training.steps")  # what a training-set size varies
 MARKERS = ["o", "s", "^", "D", "v"]
 
 
@@ -86,6 +90,10 @@ FIELDS = {  # tidy column of a cell: its column in the flattened store frame
     "batch_size": "config.training.batch_size",
     "early_stop_target": "config.training.early_stop_target",
     "test_acc": "metrics.test_acc",
+    "test_loss": "metrics.test_loss",
+    "test_exact": "metrics.test_exact",
+    "val_acc": "metrics.val_acc",
+    "val_loss": "metrics.val_loss",
     "params": "metrics.params",
     "step_ms": "metrics.step_ms",
     "diverged_at": "metrics.diverged_at",
@@ -95,13 +103,19 @@ FIELDS = {  # tidy column of a cell: its column in the flattened store frame
 
 
 def _cells(df: pd.DataFrame) -> pd.DataFrame:
-    """One tidy row per cell: task label and name, other labels, status and the numbers the
-    report uses."""
-    flat = pd.json_normalize(df.to_dict("records"), sep=".")
+    """One tidy row per cell (the index of `df`): task label and name, other labels, status,
+    the numbers the report uses, the axes the cells vary in beyond task, size, mechanism and
+    seed (ablations.selection.axes: one column each, named as swept, e.g. "training.lr") and
+    `setting`, their values as one text ('' without axes)."""
+    flat = pd.json_normalize(df.to_dict("records"), sep=".").set_index(df.index)
     missing = pd.Series(float("nan"), index=flat.index)
     cells = {"task": flat.get("config.task", missing), "family": df.apply(_family, axis=1)}
     cells.update({column: flat.get(field, missing) for column, field in FIELDS.items()})
-    return pd.DataFrame(cells)
+    settings = axes(df)
+    cells = pd.concat([pd.DataFrame(cells, index=df.index), settings], axis=1)
+    keys = list(settings.columns)
+    cells["setting"] = [setting_text(row, keys) for _, row in settings.iterrows()] or ""
+    return cells
 
 
 def _family(row: pd.Series) -> str:
@@ -122,15 +136,16 @@ def _first_step(curve: list | None, target: float) -> int | None:
 
 def summary_table(df: pd.DataFrame, target: float | None = None) -> pd.DataFrame:
     """The main table from `ResultsStore.to_dataframe()`: per task,
-    size and mechanism, over the seeds that finished (`seeds`, of `cells` in all), test accuracy
+    size, mechanism and setting (of the axes the cells vary in, e.g. "training.lr=0.001"; ''
+    without), over the seeds that finished (`seeds`, of `cells` in all), test accuracy
     mean and std; the target validation accuracy (`target`, else the cells' nonzero
     training.early_stop_target, else none), how many seeds `reached` it and their mean steps and
     samples (steps x batch size) to first reach it; mean parameters and ms per step.
     Rows follow the order the cells started in."""
     cells = _cells(df)
     rows = []
-    for (task, size, mechanism), group in cells.groupby(
-        ["task", "size", "mechanism"], sort=False, dropna=False
+    for (task, size, mechanism, setting), group in cells.groupby(
+        ["task", "size", "mechanism", "setting"], sort=False, dropna=False
     ):
         done = group[group.status == "done"]
         goal = target if target is not None else group.early_stop_target.iloc[0]
@@ -147,6 +162,7 @@ def summary_table(df: pd.DataFrame, target: float | None = None) -> pd.DataFrame
                 "task": task,
                 "size": size,
                 "mechanism": mechanism,
+                "setting": setting,
                 "cells": len(group),
                 "seeds": len(done),
                 "test_acc_mean": done.test_acc.mean(),
@@ -196,6 +212,7 @@ def _task_table(table: pd.DataFrame) -> Table:
     texts = {
         "size": table["size"].astype(str),
         "mechanism": table.mechanism.astype(str),
+        **({"setting": table.setting.astype(str)} if table.setting.astype(bool).any() else {}),
         "seeds": [
             f"{seeds}" if seeds == cells else f"{seeds} of {cells}"
             for seeds, cells in zip(table.seeds, table.cells, strict=True)
@@ -205,7 +222,8 @@ def _task_table(table: pd.DataFrame) -> Table:
             for mean, std in zip(table.test_acc_mean, table.test_acc_std, strict=True)
         ],
     }
-    headers = dict(size="size", mechanism="mechanism", seeds="seeds", test_acc_mean="test acc")
+    headers = dict(size="size", mechanism="mechanism", setting="setting", seeds="seeds",
+                   test_acc_mean="test acc")  # fmt: skip
     if len(target):
         reached = " (" + table.reached.astype(str) + "/" + table.seeds.astype(str) + ")"
         for column in ("steps_to_target", "samples_to_target"):
@@ -230,17 +248,20 @@ def _detail(cell: pd.Series) -> str:
 
 
 def _plot_curves(task: str, done: pd.DataFrame, colours: dict) -> Figure | None:
-    """Validation accuracy vs step per mechanism (and size): mean line and min-max band over
-    seeds; a seed that stopped early holds its last value."""
+    """Validation accuracy vs step per mechanism (and size, and setting): mean line and
+    min-max band over seeds; a seed that stopped early holds its last value."""
     figure, ax = new_figure()
     sizes = list(dict.fromkeys(done["size"]))
-    for (size, mechanism), group in done.groupby(["size", "mechanism"], sort=False):
+    settings = list(dict.fromkeys(done["setting"]))
+    for (size, mechanism, setting), group in done.groupby(
+        ["size", "mechanism", "setting"], sort=False
+    ):
         runs = [pd.Series({p[0]: p[3] for p in curve}) for curve in group.curve if curve]
         if not runs:
             continue
         frame = pd.concat(runs, axis=1).sort_index().ffill()
-        label = plot_text(mechanism if len(sizes) == 1 else f"{mechanism} ({size})")
-        style = LINESTYLES[sizes.index(size) % len(LINESTYLES)]
+        label = plot_text(_curve_label(mechanism, size, setting, len(sizes) > 1))
+        style = LINESTYLES[(sizes.index(size) + settings.index(setting)) % len(LINESTYLES)]
         colour = colours[mechanism]
         ax.plot(frame.index, frame.mean(axis=1), style, color=colour, label=label)
         ax.fill_between(frame.index, frame.min(axis=1), frame.max(axis=1), color=colour, alpha=0.2)
@@ -251,6 +272,13 @@ def _plot_curves(task: str, done: pd.DataFrame, colours: dict) -> Figure | None:
     return figure
 
 
+def _curve_label(mechanism: str, size: str, setting: str, sizes: bool) -> str:
+    """'relational (small; training.lr=0.001)': the size where a plot has several, the
+    setting where the cells have one."""
+    details = ([size] if sizes else []) + ([setting] if setting else [])
+    return f"{mechanism} ({'; '.join(details)})" if details else mechanism
+
+
 def _plot_vs_params(task: str, table: pd.DataFrame, colours: dict) -> Figure | None:
     """Test accuracy vs parameters, one point per mechanism and size, error bars = std."""
     table = table[table.seeds > 0]
@@ -259,8 +287,7 @@ def _plot_vs_params(task: str, table: pd.DataFrame, colours: dict) -> Figure | N
     figure, ax = new_figure()
     sizes = list(dict.fromkeys(table["size"]))
     for _, row in table.iterrows():
-        label = row.mechanism if len(sizes) == 1 else f"{row.mechanism} ({row['size']})"
-        label = plot_text(label)
+        label = plot_text(_curve_label(row.mechanism, row["size"], row.setting, len(sizes) > 1))
         marker = MARKERS[sizes.index(row["size"]) % len(MARKERS)]
         error = 0.0 if pd.isna(row.test_acc_std) else row.test_acc_std
         ax.errorbar(
@@ -382,13 +409,16 @@ def write_report(
     title: str | None = None,
     target: float | None = None,
     note: str | None = None,
+    selection: Selection | None = None,
 ) -> Path:
     """Write the report of `store` (a ResultsStore or the path of its SQLite file) into the
     folder `out_dir`: report.md, index.html, summary.csv, cells.csv and the PNG plots, with
     attention maps of the cells that kept checkpoints. `target` is the validation accuracy for
     steps-to-target (default: the cells' training.early_stop_target when nonzero); `note` a
     paragraph shown under the header (e.g. the conclusion), the one text whose markdown
-    report.md keeps (raw HTML in it is escaped, see ablations.report_pages). Returns `out_dir`.
+    report.md keeps (raw HTML in it is escaped, see ablations.report_pages); `selection` (a
+    grid's [selection]) adds the section comparing each mechanism at its best setting
+    (ablations.selection) and writes selection.csv and paired.csv. Returns `out_dir`.
 
     The folder belongs to the report and is written whole or not at all: the report is written
     into a new hidden sibling folder (``.<name>.partial-<pid>-<random>``), which then replaces
@@ -404,7 +434,7 @@ def write_report(
     partial = final.with_name(f".{final.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     partial.mkdir()
     try:
-        write_pages(report_page(store, partial, title, target, note), partial)
+        write_pages(report_page(store, partial, title, target, note, selection), partial)
         _replace_folder(partial, final)
     finally:
         shutil.rmtree(partial, ignore_errors=True)  # gone already unless something failed
@@ -476,6 +506,7 @@ def report_page(
     title: str | None = None,
     target: float | None = None,
     note: str | None = None,
+    selection: Selection | None = None,
 ) -> Page:
     """Write the report's data and plots (summary.csv, cells.csv, the PNGs) into the empty
     `folder` and return its page (the model report.md and index.html are rendered from, see
@@ -491,6 +522,8 @@ def report_page(
 
     colours = label_colours(cells.mechanism.dropna())
     done = cells[cells.status == "done"]
+    if selection is not None:
+        page.sections.append(_selection_section(cells, selection, folder))
     for task, table in summary.groupby("task", sort=False):
         section = Section(f"Task: {task}", [_task_table(table.reset_index(drop=True))])
         figures = [
@@ -504,16 +537,22 @@ def report_page(
                 section.parts.append(Image(name, f"{task}: {alt}"))
         page.sections.append(section)
 
-    for family, group in done.dropna(subset=["n_train"]).groupby("family", sort=False):
+    # one section per task family and setting of the axes other than n_train (and the steps
+    # an epoch count resolves to)
+    others = [c for c in cells.columns if "." in c and c not in N_TRAIN_AXES]
+    done = done.assign(others=[setting_text(row, others) for _, row in done.iterrows()] or "")
+    with_n = done.dropna(subset=["n_train"])
+    for (family, other), group in with_n.groupby(["family", "others"], sort=False):
         if group.n_train.nunique() > 1:
-            name = label_file_name("vs_train_size", str(family))
-            _plot_vs_train_size(family, group, colours).savefig(_new_file(folder, name), dpi=100)
+            heading = f"{family}; {other}" if other else family
+            name = label_file_name("vs_train_size", str(heading))
+            _plot_vs_train_size(heading, group, colours).savefig(_new_file(folder, name), dpi=100)
             parts = [
                 Paragraph("Test accuracy, mean ± std (seeds); bold: the best mechanism per row."),
                 _train_size_table(group),
-                Image(name, f"{family}: accuracy vs training-set size"),
+                Image(name, f"{heading}: accuracy vs training-set size"),
             ]
-            page.sections.append(Section(f"Training-set size: {family}", parts))
+            page.sections.append(Section(f"Training-set size: {heading}", parts))
 
     page.sections.extend(_attention_sections(store, folder))
     unfinished = cells[cells.status != "done"]
@@ -524,6 +563,91 @@ def report_page(
         part = Table(data.assign(detail=unfinished.apply(_detail, axis=1)))
     page.sections.append(Section("Cells not in the tables", [part]))
     return page
+
+
+def _interval_text(mean: float, low: float, high: float, n: int, signed: bool = False) -> str:
+    """'0.912 [0.880, 0.944] (n=3)' ('+0.031 [-0.002, +0.064] (n=3)' `signed`); no interval
+    for n < 2; '-' without a mean."""
+    if pd.isna(mean):
+        return "-"
+    form = "+.3f" if signed else ".3f"
+    if pd.isna(low):
+        return f"{mean:{form}} (n={n})"
+    return f"{mean:{form}} [{low:{form}}, {high:{form}}] (n={n})"
+
+
+def _selection_section(cells: pd.DataFrame, selection: Selection, folder: Path) -> Section:
+    """Each mechanism at its best setting of `selection.over` (ablations.selection.select) per
+    task, size and other axes; the paired differences `selection.compare` names. Writes
+    selection.csv and paired.csv."""
+    axis_columns = [c for c in cells.columns if "." in c]
+    over = [k for k in selection.over or axis_columns if k in axis_columns]
+    metric, reported = selection.metric, selection.reported
+    chosen = select(cells, over, metric, reported)
+    chosen.drop(columns=["seeds", "keys"], errors="ignore").to_csv(
+        _new_file(folder, "selection.csv"), index=False
+    )
+    pairs = pd.concat(
+        [paired(cells, chosen, a, b, reported) for a, b in selection.compare]
+        or [paired(cells, chosen.iloc[:0], "", "", reported)]
+    )
+    pairs.to_csv(_new_file(folder, "paired.csv"), index=False)
+    better = "highest" if HIGHER_IS_BETTER[metric] else "lowest"
+    parts: list = [Paragraph(
+        f"Each mechanism at its best setting of {', '.join(over) or 'no axis (nothing swept)'}: "
+        f"the setting with the {better} mean {metric} over seeds, among the settings whose "
+        f"every seed finished (eligible of tried), per task, size and other axes; {reported} "
+        f"at that setting: mean and 95% confidence interval over seeds (Student's t). "
+        f"Bold: the best {reported} of its task, size and other axes. Data: selection.csv."
+    )]  # fmt: skip
+    if chosen.empty:
+        parts.append(Paragraph("No cells."))
+    else:
+        sign = 1 if HIGHER_IS_BETTER[reported] else -1
+        group = chosen.groupby(["task", "size", "others"], sort=False, dropna=False)["mean"]
+        best = (sign * chosen["mean"]).eq(group.transform(lambda m: (sign * m).max()))
+        data = pd.DataFrame({
+            "task": chosen.task.astype(str),
+            "size": chosen["size"].astype(str),
+            "mechanism": chosen.mechanism.astype(str),
+            **({"other axes": chosen.others} if chosen.others.astype(bool).any() else {}),
+            "best setting": chosen.best.astype(str),
+            f"{metric} (mean)": chosen.chosen_on.map(lambda v: "-" if pd.isna(v) else f"{v:.3f}"),
+            f"{reported} [95% CI]": [
+                _interval_text(m, lo, hi, n)
+                for m, lo, hi, n in zip(chosen["mean"], chosen.low, chosen.high, chosen.n,
+                                        strict=True)  # fmt: skip
+            ],
+            "eligible of tried": [f"{c} of {t}" for c, t in zip(chosen.candidates,
+                                                                 chosen.settings, strict=True)],
+        })  # fmt: skip
+        bold = pd.DataFrame(False, index=data.index, columns=data.columns)
+        bold[f"{reported} [95% CI]"] = best.to_numpy()
+        parts.append(Table(data, bold))
+    if selection.compare:
+        parts.append(Paragraph(
+            f"Paired differences of {reported}: a − b, each mechanism at its own best setting, "
+            "seed by seed over the seeds both finished; mean and 95% paired t interval. An "
+            "interval that excludes 0 is a difference at that level. Data: paired.csv."
+        ))  # fmt: skip
+        verdict = [
+            "-" if pd.isna(lo) else f"{a} ahead" if lo > 0 else f"{b} ahead" if hi < 0
+            else "no clear difference"
+            for a, b, lo, hi in zip(pairs.a, pairs.b, pairs.low, pairs.high, strict=True)
+        ]  # fmt: skip
+        parts.append(Table(pd.DataFrame({
+            "task": pairs.task.astype(str),
+            "size": pairs["size"].astype(str),
+            **({"other axes": pairs.others} if pairs.others.astype(bool).any() else {}),
+            "a − b": [f"{a} − {b}" for a, b in zip(pairs.a, pairs.b, strict=True)],
+            f"{reported} difference [95% CI]": [
+                _interval_text(m, lo, hi, n, signed=True)
+                for m, lo, hi, n in zip(pairs["mean"], pairs.low, pairs.high, pairs.n,
+                                        strict=True)  # fmt: skip
+            ],
+            "verdict": verdict,
+        }).reset_index(drop=True)))  # fmt: skip
+    return Section("Selection: each mechanism at its best setting", parts)
 
 
 def _attention_sections(store: ResultsStore, folder: Path) -> list[Section]:

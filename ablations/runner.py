@@ -38,7 +38,7 @@ from ablations.executors import LOST, make_executor
 from ablations.progress import Progress, cell_label, make_progress
 from ablations.spec import Cell, GridSpec, SpecError, training_settings
 from ablations.status import grid_status
-from ablations.store import FINISHED, ClaimError, ResultsStore
+from ablations.store import FINISHED, ClaimError, ResultsStore, config_key
 from ablations.train import smoke_test
 
 
@@ -85,20 +85,24 @@ class ExpandedGrid:
 
 
 def check_cells(spec: GridSpec | ExpandedGrid) -> None:
-    """`smoke_test` every (task, size, mechanism) of the grid once, before any training;
-    SpecError naming the file, the labels and the error."""
+    """`smoke_test` every model of the grid (task, size with its model options, mechanism with
+    its kwargs) once, before any training; SpecError naming the file, the labels and the
+    error."""
     seen = set()
     for cell in spec.cells():
-        labels = (cell.task, cell.size["label"], cell.mechanism)
-        if labels in seen:
+        model = config_key(
+            {k: v for k, v in cell.config().items() if k not in ("training", "seed")}
+        )
+        if model in seen:
             continue
-        seen.add(labels)
+        seen.add(model)
         try:
             smoke_test(cell)
         except Exception as err:
             raise SpecError(
                 f"{spec.path}: mechanism {cell.mechanism!r} (name {cell.mechanism_name!r}, "
-                f"kwargs {cell.mechanism_kwargs}) with size {cell.size['label']!r} on task "
+                f"kwargs {cell.mechanism_kwargs}) with size {cell.size['label']!r} (model "
+                f"{cell.size}) on task "
                 f"{cell.task!r} cannot train: {type(err).__name__}: {err}"
             ) from err
 

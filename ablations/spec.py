@@ -83,11 +83,12 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import json
 import math
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import UnionType
@@ -112,10 +113,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from ablations.models import build_model
 from ablations.store import config_key
 from ablations.tasks import build_task, list_tasks, task_arguments
 from attn_zoo.mechanisms.registry import MECHANISMS, list_mechanisms
 from attn_zoo.models.block import build_attention
+from attn_zoo.models.feedforward import ACTIVATIONS
+from attn_zoo.models.norms import NORMS
+from attn_zoo.models.positional import POSITIONAL
+from attn_zoo.symbols import list_symbol_retrievers
 
 
 class SpecError(ValueError):
@@ -207,31 +213,30 @@ class Table(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class TaskEntry(Table):
-    """A [[tasks]] entry: a registered task, its kwargs, its label (default: the name)."""
+class ModelOptions(Table):
+    """[model], and the options of a [[sizes]] entry or of a task's or mechanism's `model`:
+    `BlockConfig` settings and the model's own (pos_enc, pool: only where the task kind's model
+    takes them, ablations.models). Unset: the model's default. A cell holds the options set."""
 
-    name: choice(list_tasks)
-    label: Label | None = None
-    kwargs: Kwargs = {}
+    dff: whole(1) | None = None
+    dropout: finite("in [0, 1)", lambda v: 0 <= v < 1) | None = None
+    activation: choice(lambda: [*ACTIVATIONS, "swiglu"]) | None = None
+    norm_type: choice(NORMS.names) | None = None
+    norm_first: rule(StrictBool, "a bool (true: pre-norm, false: post-norm)") | None = None
+    bias: rule(StrictBool, "a bool (biases in the feed-forward)") | None = None
+    pos_enc: choice(POSITIONAL.names) | None = None
+    pool: choice(("mean", "first", "cls")) | None = None
+    symbol_retrieval: choice(list_symbol_retrievers) | None = None
+    symbol_retrieval_kwargs: Kwargs = {}
+    shared_symbol_retriever: rule(StrictBool, "a bool (false: a retriever per layer)") | None = None
 
 
-class SizeEntry(Table):
-    """A [[sizes]] entry: a model size."""
+class SizeEntry(ModelOptions):
+    """A [[sizes]] entry: a model size, and any model option."""
 
     label: Label
     d_model: whole(1)
     n_layers: whole(1)
-    dff: whole(1) | None = None
-    dropout: finite("in [0, 1)", lambda v: 0 <= v < 1) = 0.0
-
-
-class MechanismEntry(Table):
-    """A [[mechanisms]] entry: a registered mechanism, its kwargs (the model fills d_model and
-    backend), its label (default: the name)."""
-
-    name: choice(list_mechanisms)
-    label: Label | None = None
-    kwargs: Kwargs = {}
 
 
 class Training(Table):
@@ -257,6 +262,38 @@ class Training(Table):
     compile: rule(StrictBool, "a bool (true: train the torch.compile'd model)") = False
 
 
+Values = Annotated[list[Any], Field(min_length=1), Valid("a non-empty list of values")]
+
+
+class Sweep(Table):
+    """[sweep] (or an entry's `sweep`): axes of the grid, each a key and its values; a key is
+    a [training] or [model] key, or a task's or mechanism's kwarg."""
+
+    training: dict[str, Values] = {}
+    model: dict[str, Values] = {}
+    task_kwargs: dict[str, Values] = {}
+    mechanism_kwargs: dict[str, Values] = {}
+
+
+class TaskEntry(Table):
+    """A [[tasks]] entry: a registered task, its kwargs, its label (default: the name), and
+    training settings, model options and sweeps for its cells only."""
+
+    name: choice(list_tasks)
+    label: Label | None = None
+    kwargs: Kwargs = {}
+    training: Training = Training()
+    model: ModelOptions = ModelOptions()
+    sweep: Sweep = Sweep()
+
+
+class MechanismEntry(TaskEntry):
+    """A [[mechanisms]] entry: a registered mechanism, its kwargs (the model fills d_model and
+    backend), its label, and its own training settings, model options and sweeps."""
+
+    name: choice(list_mechanisms)
+
+
 class Resources(Table):
     """[resources]: what each Ray task of a cell asks for (no part of any cell)."""
 
@@ -266,10 +303,29 @@ class Resources(Table):
 
 class GridRules(Table):
     """[grid]: cells taken out of the product and cells added to it (checked against the
-    grid's labels and seeds by `load_grid`)."""
+    grid's axes by `load_grid`)."""
 
     exclude: tables(Kwargs, "a list of tables", 0) = []
     include: tables(Kwargs, "a list of tables", 0) = []
+
+
+SELECTION_METRICS = ("val_acc", "val_loss")  # chosen on: the highest accuracy, lowest loss
+REPORTED_METRICS = ("test_acc", "test_exact", "test_loss")
+
+
+class Selection(Table):
+    """[selection]: the report compares each mechanism at its best setting (per task and size)
+    of the axes `over` (default: every swept key), chosen on `metric` (its mean over seeds),
+    reporting `reported` there; `compare` names [a, b] mechanism pairs whose paired difference
+    (a - b, seed by seed, each at its own best setting) the report gives."""
+
+    over: Annotated[list[StrictStr], Valid('a list of swept keys, e.g. ["training.lr"]')] = []
+    metric: choice(SELECTION_METRICS) = "val_acc"
+    reported: choice(REPORTED_METRICS) = "test_acc"
+    compare: Annotated[
+        list[Annotated[list[StrictStr], Field(min_length=2, max_length=2)]],
+        Valid('a list of [mechanism, mechanism] label pairs, e.g. [["relational", "standard"]]'),
+    ] = []
 
 
 class GridFile(Table):
@@ -285,6 +341,9 @@ class GridFile(Table):
     sizes: tables(SizeEntry)
     mechanisms: tables(MechanismEntry)
     training: Training = Training()
+    model: ModelOptions = ModelOptions()
+    sweep: Sweep = Sweep()
+    selection: Selection | None = None
     resources: Resources = Resources()
     grid: GridRules = GridRules()
 
@@ -295,10 +354,17 @@ ADDED_KEYS = ("epochs", "patience", "device", "precision", "compile")
 # Every cell's training holds these (the defaults of a grid with an empty [training]).
 TRAINING_DEFAULTS = {k: v for k, v in Training().model_dump().items() if k not in ADDED_KEYS}
 RESOURCE_DEFAULTS = Resources().model_dump()
+AXES = ("task", "size", "mechanism", "seed")
+# The sections of a swept key ("training.lr"): the table whose field it is (None: a kwarg,
+# checked by building the task or mechanism)
+SECTIONS: dict[str, type[Table] | None] = {
+    "training": Training, "model": ModelOptions, "task_kwargs": None, "mechanism_kwargs": None,
+}  # fmt: skip
+LENGTH = ("steps", "epochs")  # one setting: setting either replaces both
 
 
 def training_settings(training: dict) -> dict:
-    """A cell's `training` with every key of `TRAINING`: the added keys it leaves out take
+    """A cell's `training` with every key of `Training`: the added keys it leaves out take
     their defaults."""
     return {**Training().model_dump(), **training}
 
@@ -333,12 +399,10 @@ def precision_problem(precision: str, device: str) -> str | None:
     return None
 
 
-AXES = ("task", "size", "mechanism", "seed")
-
-
 @dataclass(frozen=True)
 class Cell:
-    """One training run of the grid, fully resolved."""
+    """One training run of the grid, fully resolved. `axes`: the swept keys the cell has
+    beyond task, size, mechanism and seed (its labels; no part of its config or key)."""
 
     grid: str
     task: str  # its label
@@ -350,26 +414,70 @@ class Cell:
     mechanism_kwargs: dict
     training: dict
     seed: int
+    axes: tuple[str, ...] = ()
 
     def config(self) -> dict:
         """The resolved config that keys the cell in the results store."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "axes"}
 
     @property
     def key(self) -> str:
         """The cell's key in the results store: a hash of its resolved config."""
         return config_key(self.config())
 
+    def setting(self, key: str) -> object:
+        """The value of an axis: a label ("task", "size", "mechanism"), the seed, or a swept
+        key ("training.lr": its resolved value, the default where the cell does not set it;
+        "model.pos_enc", "task_kwargs.n_train", ...: None where it does not set it)."""
+        if key in AXES:
+            return self.labels[key]
+        section, _, name = key.partition(".")
+        if section == "training":
+            return training_settings(self.training).get(name)
+        table = {"model": self.size, "task_kwargs": self.task_kwargs}.get(section)
+        return (self.mechanism_kwargs if table is None else table).get(name)
+
     @property
     def labels(self) -> dict:
-        """Where the cell sits in the grid: task, size and mechanism labels, and seed."""
-        return {
-            "task": self.task, "size": self.size["label"], "mechanism": self.mechanism,
-            "seed": self.seed,
-        }  # fmt: skip
+        """Where the cell sits in the grid: task, size and mechanism labels, the values of its
+        swept keys, and the seed."""
+        labels = {"task": self.task, "size": self.size["label"], "mechanism": self.mechanism}
+        labels.update({key: self.setting(key) for key in self.axes})
+        return {**labels, "seed": self.seed}
 
     def __str__(self) -> str:
         return " / ".join(str(v) for v in self.labels.values())
+
+
+def _flat(sweep: Sweep) -> dict[str, list]:
+    """An entry's or the grid's sweep as {"section.key": values}."""
+    return {
+        f"{section}.{key}": values
+        for section in SECTIONS
+        for key, values in getattr(sweep, section).items()
+    }
+
+
+def _set_training(training: dict, key: str, value: object) -> None:
+    """Set a training key; steps and epochs are one setting (setting one drops the other)."""
+    if key in LENGTH:
+        for length in LENGTH:
+            training.pop(length, None)
+    training[key] = value
+
+
+@dataclass
+class Base:
+    """What the cells of one (task, size, mechanism) share before sweeps: the training keys
+    set (grid < task < mechanism), the size with its model options (grid < size < task <
+    mechanism), and the swept keys with their values (grid < task < mechanism; a sweep
+    overrides a fixed value at any level)."""
+
+    task: TaskEntry
+    size: dict
+    mechanism: MechanismEntry
+    training: dict
+    sweep: dict[str, list]
 
 
 @dataclass
@@ -378,63 +486,117 @@ class GridSpec:
     name: str
     seeds: list[int]
     store: Path  # the store's path joined to the grid file's folder
-    tasks: list[dict]
-    sizes: list[dict]
-    mechanisms: list[dict]
-    training: dict
-    exclude: list[dict] = field(default_factory=list)
+    file: GridFile  # the validated file (labels filled in)
+    training: dict  # [training] resolved as the cells of a grid without overrides hold it
+    exclude: list[dict] = field(default_factory=list)  # rules, swept keys flattened
     include: list[dict] = field(default_factory=list)
     checkpoints: bool = False
     resources: dict = field(default_factory=lambda: dict(RESOURCE_DEFAULTS))  # no cell's part
+    selection: Selection | None = None
+
+    def base(self, task: TaskEntry, size: SizeEntry, mech: MechanismEntry) -> Base:
+        training: dict = {}
+        for level in (self.file.training, task.training, mech.training):
+            for key, value in level.model_dump(exclude_unset=True).items():
+                _set_training(training, key, value)
+        options = {}
+        for level in (self.file.model, size, task.model, mech.model):
+            options.update(level.model_dump(exclude_unset=True))
+        sized = {"label": size.label, "d_model": size.d_model, "n_layers": size.n_layers}
+        sweep: dict[str, list] = {}
+        for level in (self.file.sweep, task.sweep, mech.sweep):
+            for key, values in _flat(level).items():
+                if key.removeprefix("training.") in LENGTH:
+                    sweep.pop("training.steps", None)
+                    sweep.pop("training.epochs", None)
+                sweep[key] = values
+        return Base(task, {**sized, **options}, mech, training, sweep)
+
+    def bases(self) -> Iterator[Base]:
+        for task, size, mech in itertools.product(
+            self.file.tasks, self.file.sizes, self.file.mechanisms
+        ):
+            yield self.base(task, size, mech)
 
     def cells(self) -> list[Cell]:
-        """The product of tasks x sizes x mechanisms x seeds, minus exclude, plus include."""
-        cells = []
-        for task, size, mech, seed in itertools.product(
-            self.tasks, self.sizes, self.mechanisms, self.seeds
-        ):
-            labels = {
-                "task": task["label"],
-                "size": size["label"],
-                "mechanism": mech["label"],
-                "seed": seed,
-            }
-            if any(all(labels[k] == v for k, v in rule.items()) for rule in self.exclude):
-                continue
-            cells.append(self._cell(task, size, mech, seed))
-        by = {
-            "task": {t["label"]: t for t in self.tasks},
-            "size": {s["label"]: s for s in self.sizes},
-            "mechanism": {m["label"]: m for m in self.mechanisms},
-        }
+        """The product of tasks x sizes x mechanisms x swept values x seeds, minus exclude,
+        plus include."""
+        cells: dict[str, Cell] = {}
+        for base in self.bases():
+            for values in _assignments(base.sweep):
+                for seed in self.seeds:
+                    cell = self.cell(base, values, seed)
+                    if not any(_matches(rule, cell) for rule in self.exclude):
+                        cells.setdefault(cell.key, cell)
         for rule in self.include:
-            cell = self._cell(
-                by["task"][rule["task"]],
-                by["size"][rule["size"]],
-                by["mechanism"][rule["mechanism"]],
-                rule["seed"],
-            )
-            if cell not in cells:
-                cells.append(cell)
-        return cells
+            base = self.base(*(
+                _by_label(getattr(self.file, f"{axis}s"))[rule[axis]]
+                for axis in ("task", "size", "mechanism")
+            ))  # fmt: skip
+            fixed = {k: v for k, v in rule.items() if k not in AXES}
+            sweep = {k: v for k, v in base.sweep.items() if k not in fixed}
+            for values in _assignments(sweep):
+                cell = self.cell(base, {**values, **fixed}, rule["seed"])
+                cells.setdefault(cell.key, cell)
+        return list(cells.values())
 
-    def _cell(self, task, size, mech, seed) -> Cell:
-        training = dict(self.training)
+    def cell(self, base: Base, values: dict, seed: int) -> Cell:
+        """The cell of `base` with swept keys at `values`, for `seed`."""
+        training, size = dict(base.training), dict(base.size)
+        task_kwargs, mech_kwargs = dict(base.task.kwargs), dict(base.mechanism.kwargs)
+        for key, value in values.items():
+            section, _, name = key.partition(".")
+            if section == "training":
+                _set_training(training, name, value)
+            else:
+                target = {"model": size, "task_kwargs": task_kwargs}.get(section, mech_kwargs)
+                target[name] = value
+        training = _resolve_training(training)
         if "epochs" in training:  # steps per epoch: the task's training-set size in batches
-            n_train = _task(self.path, task["label"], task["name"], task.get("kwargs", {})).n_train
+            n_train = _task(self.path, base.task.label, base.task.name, task_kwargs).n_train
             training["steps"] = training["epochs"] * math.ceil(n_train / training["batch_size"])
         return Cell(
-            self.name,
-            task["label"],
-            task["name"],
-            dict(task.get("kwargs", {})),
-            dict(size),
-            mech["label"],
-            mech["name"],
-            dict(mech.get("kwargs", {})),
-            training,
-            seed,
-        )
+            self.name, base.task.label, base.task.name, task_kwargs, size, base.mechanism.label,
+            base.mechanism.name, mech_kwargs, training, seed, tuple(values),
+        )  # fmt: skip
+
+    def swept_keys(self) -> list[str]:
+        """Every swept key of the grid (any level, or named by an include), in order."""
+        keys = [k for base in self.bases() for k in base.sweep]
+        keys += [k for rule in self.include for k in rule if k not in AXES]
+        return list(dict.fromkeys(keys))
+
+
+def _assignments(sweep: dict[str, list]) -> Iterator[dict]:
+    """Every assignment of the swept keys to one of their values (one empty one: no sweep)."""
+    for combo in itertools.product(*sweep.values()):
+        yield dict(zip(sweep, combo, strict=True))
+
+
+def _matches(rule: dict, cell: Cell) -> bool:
+    return all(_same(cell.setting(key), value) for key, value in rule.items())
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal, with a bool never equal to an int (True == 1 in Python)."""
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
+def _by_label(entries: list) -> dict:
+    return {entry.label: entry for entry in entries}
+
+
+def _resolve_training(given: dict) -> dict:
+    """A cell's training from the keys set: the keys of `TRAINING_DEFAULTS` always (but steps
+    where epochs are set), an added key (`ADDED_KEYS`) only when it is not its default."""
+    resolved = {**TRAINING_DEFAULTS, **given}
+    if "epochs" in given:
+        del resolved["steps"]
+    defaults = Training()
+    for key in ADDED_KEYS:
+        if key in resolved and resolved[key] == getattr(defaults, key):
+            del resolved[key]  # its default: keyed as a grid that does not name it
+    return resolved
 
 
 def _fail(path, key, value, valid, what: str = "") -> SpecError:
@@ -469,10 +631,11 @@ def _parts(annotation: object) -> tuple[object, list[Valid]]:
             return annotation, valids
 
 
-def _where(loc: tuple) -> tuple[str, list[str], Valid | None]:
-    """For an error's location in `GridFile`: its key as the file writes it ("tasks[0].name";
-    a union member's tag left out), the keys its table may hold, and its `Valid`."""
-    node, key, keys = GridFile, "", []
+def _where(loc: tuple, root: type[BaseModel] = None) -> tuple[str, list[str], Valid | None]:
+    """For an error's location in `root` (default `GridFile`): its key as the file writes it
+    ("tasks[0].name"; a union member's tag left out), the keys its table may hold, and its
+    `Valid`."""
+    node, key, keys = root or GridFile, "", []
     for part in loc:
         base, _ = _parts(node)
         if isinstance(base, type) and issubclass(base, BaseModel) and part in base.model_fields:
@@ -490,28 +653,37 @@ def _where(loc: tuple) -> tuple[str, list[str], Valid | None]:
     return key, keys, (valids[0] if valids else None)
 
 
-def _spec_error(path, err: ValidationError) -> SpecError:
-    """The first error of validating the file against `GridFile`, as a one-line SpecError
-    naming the key, the value and what it may be."""
+def _spec_error(
+    path, err: ValidationError, root: type[BaseModel] | None = None, key: str | None = None
+) -> SpecError:
+    """The first error of validating against `root` (default `GridFile`) as a one-line
+    SpecError naming the key (or `key`, for a value validated alone), the value and what it
+    may be."""
     error = err.errors()[0]
     loc, value = error["loc"], error["input"]
     if error["type"] == "extra_forbidden":
-        parent, keys, _ = _where(loc[:-1])
+        parent, keys, _ = _where(loc[:-1], root)
         return _fail(path, f"{parent + '.' if parent else ''}{loc[-1]} (key)", loc[-1], keys)
     if error["type"] == "missing":
-        parent = _where(loc[:-1])[0]
+        parent = _where(loc[:-1], root)[0]
         return SpecError(f"{path}: {parent + ' is ' if parent else ''}missing {loc[-1]!r}")
-    key, _, valid = _where(loc)
+    where, _, valid = _where(loc, root)
+    where = key or where
     if error["type"] in ("model_type", "dict_type"):
-        return SpecError(f"{path}: {key} = {value!r} must be a table, e.g. {{ key = value }}")
+        return SpecError(f"{path}: {where} = {value!r} must be a table, e.g. {{ key = value }}")
     if valid is not None and valid.choices:
-        return _fail(path, key, value, valid.options())
+        return _fail(path, where, value, valid.options())
     text = valid.text if valid is not None else error["msg"]
-    return SpecError(f"{path}: {key} = {value!r} must be {text}")
+    return SpecError(f"{path}: {where} = {value!r} must be {text}")
+
+
+_PART = re.compile(r"([A-Za-z0-9_-]+)((?:\[\d+\])*)")
 
 
 def apply_overrides(raw: dict, overrides: list[str], path) -> dict:
-    """`key.sub=value` strings (TOML values; bare words as strings) applied to the raw spec."""
+    """`key=value` strings applied to the raw spec: a dotted key whose parts may index a list
+    (``mechanisms[1].kwargs.n_heads=4``, ``sweep.training.lr=[1e-3,3e-3]``); TOML values,
+    bare words as strings. A missing table is created; a list entry must exist."""
     for item in overrides:
         if "=" not in item:
             raise SpecError(f"{path}: --set {item!r} must look like key=value")
@@ -520,14 +692,40 @@ def apply_overrides(raw: dict, overrides: list[str], path) -> dict:
             value = tomllib.loads(f"v = {text}")["v"]
         except tomllib.TOMLDecodeError:
             value = text
-        target = raw
-        *parents, last = key.split(".")
-        for part in parents:
-            target = target.setdefault(part, {})
-            if not isinstance(target, dict):
-                raise SpecError(f"{path}: --set {key}: {part!r} is not a table")
+        steps: list[str | int] = []
+        for part in key.split("."):
+            match = _PART.fullmatch(part)
+            if match is None:
+                raise SpecError(
+                    f"{path}: --set {key!r}: {part!r} is not a key (letters, digits, '_', '-'), "
+                    f"optionally indexed, e.g. mechanisms[0].kwargs.n_heads"
+                )
+            steps += [match[1], *(int(i) for i in re.findall(r"\d+", match[2]))]
+        target: object = raw
+        for i, step in enumerate(steps[:-1]):
+            where = _step_name(steps[: i + 1])
+            if isinstance(step, int):
+                if not isinstance(target, list) or not 0 <= step < len(target):
+                    size = len(target) if isinstance(target, list) else "no"
+                    raise SpecError(f"{path}: --set {key}: {where} does not exist "
+                                    f"({_step_name(steps[:i])} has {size} entries)")  # fmt: skip
+                target = target[step]
+            else:
+                if not isinstance(target, dict):
+                    raise SpecError(f"{path}: --set {key}: {_step_name(steps[:i])} is not a table")
+                target = target.setdefault(step, [] if isinstance(steps[i + 1], int) else {})
+        last = steps[-1]
+        if isinstance(last, int):
+            if not isinstance(target, list) or not 0 <= last < len(target):
+                raise SpecError(f"{path}: --set {key}: {_step_name(steps)} does not exist")
+        elif not isinstance(target, dict):
+            raise SpecError(f"{path}: --set {key}: {_step_name(steps[:-1])} is not a table")
         target[last] = value
     return raw
+
+
+def _step_name(steps: list[str | int]) -> str:
+    return "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in steps).lstrip(".")
 
 
 def _check_seeds(path, seeds: list[int]) -> None:
@@ -541,23 +739,71 @@ def _check_seeds(path, seeds: list[int]) -> None:
         first[seed] = i
 
 
-def _check_entries(path, key: str, entries: list[TaskEntry | SizeEntry | MechanismEntry]) -> None:
-    """Labels (defaulting to the name) unique; kwargs keys of tasks and mechanisms known."""
+def _kwarg_names(entry: TaskEntry) -> list[str] | None:
+    """The kwargs a task or mechanism entry may set (None: any)."""
+    if not isinstance(entry, MechanismEntry):
+        return task_arguments(entry.name)
+    valid = MECHANISMS.kwargs(entry.name)
+    if valid is None:
+        return None
+    return [k for k in valid if k not in ("d_model", "backend")]  # the model fills them in
+
+
+def _check_setting(path, where: str, key: str, value: object, at: str | None = None) -> None:
+    """A swept or rule key ("training.lr", written at `where`) and one value of it (written at
+    `at`, default `where`): the section and key must exist, a training or model value be valid
+    for its key (kwargs are checked by building)."""
+    section, _, name = key.partition(".")
+    if section not in SECTIONS or not name:
+        raise _fail(path, f"{where} (key)", key, [*AXES, *(f"{s}.<key>" for s in SECTIONS)])
+    table = SECTIONS[section]
+    if table is None:
+        return
+    if name not in table.model_fields:
+        raise _fail(path, f"{where} (key)", name, table.model_fields)
+    try:
+        table.model_validate({name: value})
+    except ValidationError as err:
+        raise _spec_error(path, err, table, at or where) from None
+
+
+def _check_sweep(path, where: str, sweep: Sweep, entries: list[TaskEntry]) -> None:
+    """Each swept key exists (a kwarg: for every entry of `entries` of its kind), and its
+    values are valid and distinct."""
+    for key, values in _flat(sweep).items():
+        section, _, name = key.partition(".")
+        at = f"{where}.{key}"
+        for i, value in enumerate(values):
+            _check_setting(path, at, key, value, f"{at}[{i}]")
+            if any(_same(value, other) for other in values[:i]):
+                raise SpecError(
+                    f"{path}: {at}[{i}] = {value!r} repeats a value of {at} = {values!r}; "
+                    f"a swept key's values must be distinct"
+                )
+        kind = {"task_kwargs": TaskEntry, "mechanism_kwargs": MechanismEntry}.get(section)
+        for entry in entries:
+            if kind is not None and type(entry) is kind:
+                valid = _kwarg_names(entry)
+                if valid is not None and name not in valid:
+                    what = f" for {'mechanism' if kind is MechanismEntry else 'task'} "
+                    raise _fail(path, f"{at} (key)", name, valid, what + repr(entry.label))
+
+
+def _check_entries(path, key: str, entries: list[TaskEntry | SizeEntry]) -> None:
+    """Labels (defaulting to the name) unique; kwargs keys of tasks and mechanisms known;
+    their training (steps or epochs) and sweeps valid."""
     taken: dict[str, int] = {}
     for i, entry in enumerate(entries):
         where = f"{key}[{i}]"
-        if isinstance(entry, (TaskEntry, MechanismEntry)):
+        if isinstance(entry, TaskEntry):
             entry.label = entry.label or entry.name
-            if isinstance(entry, TaskEntry):
-                valid = task_arguments(entry.name)
-                what = f" for task {entry.label!r}"
-            else:
-                valid = MECHANISMS.kwargs(entry.name)  # None: it takes any
-                if valid is not None:  # the model fills d_model and backend in itself
-                    valid = [k for k in valid if k not in ("d_model", "backend")]
-                what = f" for mechanism {entry.label!r}"
+            valid = _kwarg_names(entry)
+            kind = "mechanism" if isinstance(entry, MechanismEntry) else "task"
             if valid is not None:
+                what = f" for {kind} {entry.label!r}"
                 _check_keys(path, f"{where}.kwargs.", entry.kwargs, valid, what)
+            _check_length(path, f"{where}.training", entry.training)
+            _check_sweep(path, f"{where}.sweep", entry.sweep, [entry])
         if entry.label in taken:
             raise SpecError(
                 f"{path}: {where}.label = {entry.label!r} repeats {key}[{taken[entry.label]}]"
@@ -566,54 +812,70 @@ def _check_entries(path, key: str, entries: list[TaskEntry | SizeEntry | Mechani
         taken[entry.label] = i
 
 
-def _check_training(path, training: Training) -> dict:
-    """The grid's training settings: the keys of `TRAINING_DEFAULTS` always, an added key
-    (`ADDED_KEYS`) only when it is not its default, "steps" not when "epochs" is set (each
-    cell resolves it); the device and precision refused when this machine cannot train so."""
+def _check_length(path, where: str, training: Training) -> None:
     given = training.model_dump(exclude_unset=True)
     if "epochs" in given and "steps" in given:
         raise SpecError(
-            f"{path}: training.epochs = {given['epochs']!r} and training.steps = "
+            f"{path}: {where}.epochs = {given['epochs']!r} and {where}.steps = "
             f"{given['steps']!r} are both set; set exactly one of them (an epoch is "
             f"ceil(n_train / batch_size) steps)"
         )
-    problem = device_problem(training.device)
-    if problem:
-        raise SpecError(
-            f"{path}: training.device = {training.device!r} is not available on this machine: "
-            f'{problem} (valid: {DEVICES}, where available; "auto" takes CUDA where a '
-            "worker has it)"
-        )
-    problem = precision_problem(training.precision, training.device)
-    if problem:
-        raise SpecError(
-            f"{path}: training.precision = {training.precision!r} cannot be used with "
-            f"training.device = {training.device!r}: {problem} (valid there: float32)"
-        )
-    resolved = {**TRAINING_DEFAULTS, **given}
-    if "epochs" in given:
-        del resolved["steps"]
-    defaults = Training()
-    for key in ADDED_KEYS:
-        if key in resolved and resolved[key] == getattr(defaults, key):
-            del resolved[key]  # its default: keyed as a grid that does not name it
-    return resolved
 
 
-def _check_grid_rules(path, grid: GridRules, valid: dict[str, list]) -> None:
-    """grid.exclude and grid.include: tables of axes; include names every axis. Labels must
-    exist; an excluded seed must be one of the seeds, an included one any seed."""
+def _check_training(path, cells: list[Cell]) -> None:
+    """Each distinct training of the cells: device and precision usable on this machine."""
+    for training in {
+        json.dumps(cell.training, sort_keys=True): cell.training for cell in cells
+    }.values():
+        t = training_settings(training)
+        problem = device_problem(t["device"])
+        if problem:
+            raise SpecError(
+                f"{path}: training.device = {t['device']!r} is not available on this machine: "
+                f'{problem} (valid: {DEVICES}, where available; "auto" takes CUDA where a '
+                "worker has it)"
+            )
+        problem = precision_problem(t["precision"], t["device"])
+        if problem:
+            raise SpecError(
+                f"{path}: training.precision = {t['precision']!r} cannot be used with "
+                f"training.device = {t['device']!r}: {problem} (valid there: float32)"
+            )
+
+
+def _flat_rule(rule: dict) -> dict:
+    """An include or exclude table with swept keys as written (``training.lr = 1e-3`` is
+    {"training": {"lr": 0.001}} in TOML) flattened to {"training.lr": 0.001}."""
+    flat = {}
+    for key, value in rule.items():
+        if key in SECTIONS and isinstance(value, dict):
+            flat.update({f"{key}.{name}": v for name, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def _check_grid_rules(path, grid: GridRules, valid: dict[str, list]) -> tuple[list, list]:
+    """grid.exclude and grid.include: tables of axes (task, size, mechanism, seed, swept
+    keys); include names task, size, mechanism and seed (swept keys it leaves out take every
+    value). Labels must exist; an excluded seed must be one of the seeds, an included one any
+    seed; a swept key's value must be valid for its key."""
+    rules = {}
     for kind in ("exclude", "include"):
-        for i, rule_ in enumerate(getattr(grid, kind)):
+        rules[kind] = [_flat_rule(rule_) for rule_ in getattr(grid, kind)]
+        for i, rule_ in enumerate(rules[kind]):
             where = f"grid.{kind}[{i}]"
-            _check_keys(path, f"{where}.", rule_, AXES)
-            if kind == "include" and set(rule_) != set(AXES):
-                raise SpecError(f"{path}: {where} = {rule_!r} must name all of {', '.join(AXES)}")
             if not rule_:
                 raise SpecError(
-                    f"{path}: {where} = {{}} must name one or more of {', '.join(AXES)}"
+                    f"{path}: {where} = {{}} must name one or more of {', '.join(AXES)} or "
+                    f"swept keys"
                 )
+            if kind == "include" and not set(AXES) <= set(rule_):
+                raise SpecError(f"{path}: {where} = {rule_!r} must name all of {', '.join(AXES)}")
             for axis, value in rule_.items():
+                if axis not in AXES:
+                    _check_setting(path, f"{where}.{axis}", axis, value)
+                    continue
                 if axis == "seed":
                     try:
                         TypeAdapter(Seed).validate_python(value, strict=True)
@@ -625,6 +887,24 @@ def _check_grid_rules(path, grid: GridRules, valid: dict[str, list]) -> None:
                         continue
                 if isinstance(value, bool) or value not in valid[axis]:
                     raise _fail(path, f"{where}.{axis}", value, valid[axis])
+    return rules["exclude"], rules["include"]
+
+
+def _check_selection(path, selection: Selection | None, swept: list[str], mechanisms: list) -> None:
+    if selection is None:
+        return
+    for i, key in enumerate(selection.over):
+        if key not in swept:
+            raise _fail(path, f"selection.over[{i}]", key, swept or ["(no swept key)"])
+    labels = [m.label for m in mechanisms]
+    for i, pair in enumerate(selection.compare):
+        for j, label in enumerate(pair):
+            if label not in labels:
+                raise _fail(path, f"selection.compare[{i}][{j}]", label, labels)
+        if pair[0] == pair[1]:
+            raise SpecError(
+                f"{path}: selection.compare[{i}] = {pair!r} compares a mechanism with itself"
+            )
 
 
 def _task(path, label: str, name: str, kwargs: dict):
@@ -639,18 +919,20 @@ def _task(path, label: str, name: str, kwargs: dict):
 
 
 def _check_builds(path, cells: list[Cell]) -> None:
-    """Build each task with its kwargs and each (mechanism, size) as one attention layer
-    (cheap: no data, one layer), turning any exception into a SpecError blaming it."""
-    tasks, layers = set(), set()
-    for cell in cells:
-        if cell.task not in tasks:
-            tasks.add(cell.task)
-            _task(path, cell.task, cell.task_name, cell.task_kwargs)
-        layer = (cell.mechanism, cell.size["label"])
-        if layer not in layers:
-            layers.add(layer)
-            try:
-                with torch.random.fork_rng(devices=[]):  # leave the global RNG as it was
+    """Build each task with its kwargs, each (mechanism, size) as one attention layer, then
+    each distinct model (cheap: no data, no training), turning any exception into a SpecError
+    blaming the task, the mechanism, or the model options."""
+    tasks, layers, models = {}, set(), set()
+    with torch.random.fork_rng(devices=[]):  # leave the global RNG as it was
+        for cell in cells:
+            task_id = (cell.task, json.dumps(cell.task_kwargs, sort_keys=True, default=str))
+            if task_id not in tasks:
+                tasks[task_id] = _task(path, cell.task, cell.task_name, cell.task_kwargs)
+            layer = json.dumps([cell.mechanism_name, cell.mechanism_kwargs, cell.size],
+                               sort_keys=True, default=str)  # fmt: skip
+            if layer not in layers:
+                layers.add(layer)
+                try:
                     build_attention(
                         cell.mechanism_name,
                         cell.size["d_model"],
@@ -658,12 +940,28 @@ def _check_builds(path, cells: list[Cell]) -> None:
                         cell.size.get("dropout", 0.0),
                         "auto",
                     )
-            except Exception as err:
-                raise SpecError(
-                    f"{path}: mechanism {cell.mechanism!r} (name {cell.mechanism_name!r}) cannot "
-                    f"be built with kwargs {cell.mechanism_kwargs} at size "
-                    f"{cell.size['label']!r} (d_model {cell.size['d_model']}): {_one_line(err)}"
-                ) from err
+                except Exception as err:
+                    raise SpecError(
+                        f"{path}: mechanism {cell.mechanism!r} (name {cell.mechanism_name!r}) "
+                        f"cannot be built with kwargs {cell.mechanism_kwargs} at size "
+                        f"{cell.size['label']!r} (d_model {cell.size['d_model']}): "
+                        f"{_one_line(err)}"
+                    ) from err
+            model = f"{task_id}{layer}"
+            if model not in models:
+                models.add(model)
+                try:
+                    build_model(cell, tasks[task_id])
+                except Exception as err:
+                    options = {k: v for k, v in cell.size.items() if k not in SIZE_FIELDS}
+                    raise SpecError(
+                        f"{path}: the model of task {cell.task!r}, size {cell.size['label']!r} "
+                        f"and mechanism {cell.mechanism!r} cannot be built with model options "
+                        f"{options}: {_one_line(err)}"
+                    ) from err
+
+
+SIZE_FIELDS = ("label", "d_model", "n_layers")
 
 
 def load_grid(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
@@ -681,35 +979,44 @@ def load_grid(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
     _check_seeds(path, grid.seeds)
     for key in ("tasks", "sizes", "mechanisms"):
         _check_entries(path, key, getattr(grid, key))
-    training = _check_training(path, grid.training)
+    _check_length(path, "training", grid.training)
+    _check_sweep(path, "sweep", grid.sweep, [*grid.tasks, *grid.mechanisms])
     valid = {
         "task": [t.label for t in grid.tasks],
         "size": [s.label for s in grid.sizes],
         "mechanism": [m.label for m in grid.mechanisms],
         "seed": grid.seeds,
     }
-    _check_grid_rules(path, grid.grid, valid)
+    exclude, include = _check_grid_rules(path, grid.grid, valid)
+    given = {}
+    for key, value in grid.training.model_dump(exclude_unset=True).items():
+        _set_training(given, key, value)
     spec = GridSpec(
         path,
         grid.name,
         grid.seeds,
         Path(os.path.normpath(path.parent / (grid.store or f"results/{grid.name}.sqlite"))),
-        [t.model_dump() for t in grid.tasks],
-        [s.model_dump(exclude_unset=True) for s in grid.sizes],
-        [m.model_dump() for m in grid.mechanisms],
-        training,
-        grid.grid.exclude,
-        grid.grid.include,
+        grid,
+        _resolve_training(given),
+        exclude,
+        include,
         grid.checkpoints,
         grid.resources.model_dump(),
+        grid.selection,
     )
+    _check_selection(path, grid.selection, spec.swept_keys(), grid.mechanisms)
     cells = spec.cells()
     if not cells:
-        shape = " x ".join(str(len(v)) for v in valid.values())
         raise SpecError(
-            f"{path}: grid.exclude = {grid.grid.exclude!r} leaves no cell of the {shape} "
-            f"(tasks x sizes x mechanisms x seeds) and grid.include adds none; a grid needs at "
-            f"least one cell"
+            f"{path}: grid.exclude = {grid.grid.exclude!r} leaves no cell of the product of "
+            f"tasks x sizes x mechanisms x swept values x seeds and grid.include adds none; a "
+            f"grid needs at least one cell"
         )
+    for i, rule_ in enumerate(exclude):
+        if not any(_matches(rule_, cell) for base in spec.bases()
+                   for values in _assignments(base.sweep) for seed in spec.seeds
+                   for cell in [spec.cell(base, values, seed)]):  # fmt: skip
+            raise SpecError(f"{path}: grid.exclude[{i}] = {rule_!r} matches no cell of the grid")
+    _check_training(path, cells)
     _check_builds(path, cells)
     return spec

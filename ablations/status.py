@@ -15,11 +15,13 @@ from ablations.spec import GridSpec
 from ablations.store import ResultsStore, error_summary
 
 COLUMNS = ["key", "task", "size", "mechanism", "seed", "status", "steps", "test_acc", "error"]
+# between mechanism and seed: the grid's swept keys (GridSpec.swept_keys), where it has any
 
 
 def grid_status(spec: GridSpec) -> pd.DataFrame:
-    """One row per cell of `spec` (columns `COLUMNS`): its key, labels, status and main
-    metrics (steps trained, test accuracy) or the last line of its error."""
+    """One row per cell of `spec` (columns `COLUMNS`, with the swept keys before the seed):
+    its key, labels, status and main metrics (steps trained, test accuracy) or the last line of
+    its error."""
     rows = {}
     if spec.store.exists():
         rows = {row["key"]: row for row in ResultsStore(spec.store, readonly=True).rows()}
@@ -38,4 +40,5 @@ def grid_status(spec: GridSpec) -> pd.DataFrame:
                 "error": error_summary(error) if error else None,
             }
         )
-    return pd.DataFrame(records, columns=COLUMNS).astype({"steps": "Int64", "test_acc": float})
+    columns = [*COLUMNS[:4], *spec.swept_keys(), *COLUMNS[4:]]
+    return pd.DataFrame(records, columns=columns).astype({"steps": "Int64", "test_acc": float})

@@ -28,22 +28,15 @@ import math
 import platform
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
+from ablations.models import build_model, forward
 from ablations.spec import Cell, training_settings
 from ablations.tasks import IGNORE_INDEX, build_task
 from attn_zoo.maps import recording_attention
-from attn_zoo.models import (
-    BlockConfig,
-    LanguageModel,
-    Seq2Seq,
-    SequenceClassifier,
-    VisionClassifier,
-)
 
 
 @dataclass
@@ -126,86 +119,6 @@ def _to_cpu(obj, float32: bool = False):
     if isinstance(obj, list):
         return [_to_cpu(v, float32) for v in obj]
     return obj
-
-
-def _plain_forward(model: nn.Module, task, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    logits, loss = model(x, y)
-    return logits, loss, y
-
-
-def _teacher_forced(model: nn.Module, task, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The decoder reads ``y[:, :-1]`` (padding as the task's pad token), scored on ``y[:, 1:]``."""
-    decoder_in = y[:, :-1].masked_fill(y[:, :-1] == IGNORE_INDEX, task.pad_token)
-    logits, loss = model(x, decoder_in, y[:, 1:])
-    return logits, loss, y[:, 1:]
-
-
-@dataclass(frozen=True)
-class KindModel:
-    """How a task kind is trained: its model (from the task, the block config and the depth)
-    and the forward call of one batch -> (logits, loss, scored targets)."""
-
-    build: Callable[[object, BlockConfig, int], nn.Module]
-    forward: Callable[[nn.Module, object, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
-
-
-MODEL_FOR_KIND: dict[str, KindModel] = {
-    "classification": KindModel(
-        lambda task, config, n_layers: SequenceClassifier(
-            task.vocab_size,
-            task.num_classes,
-            n_layers=n_layers,
-            max_len=task.seq_len,
-            config=config,
-        ),  # fmt: skip
-        _plain_forward,
-    ),
-    "language_model": KindModel(
-        lambda task, config, n_layers: LanguageModel(
-            task.vocab_size, n_layers=n_layers, max_block_size=task.seq_len, config=config
-        ),
-        _plain_forward,
-    ),
-    "image_classification": KindModel(
-        lambda task, config, n_layers: VisionClassifier(
-            task.image_shape, task.patch_size, task.num_classes, n_layers=n_layers, config=config
-        ),
-        _plain_forward,
-    ),
-    "seq2seq": KindModel(
-        lambda task, config, n_layers: Seq2Seq(
-            task.vocab_size,
-            task.vocab_size,
-            n_layers_enc=n_layers,
-            n_layers_dec=n_layers,
-            encoder_attention=config.attention,
-            encoder_attention_kwargs=config.attention_kwargs,
-            decoder_attention=config.attention,
-            decoder_attention_kwargs=config.attention_kwargs,
-            in_block_size=task.seq_len,
-            out_block_size=task.target_len,
-            config=config,
-        ),  # fmt: skip
-        _teacher_forced,
-    ),
-}
-
-
-def build_model(cell: Cell, task) -> nn.Module:
-    """The model family the task's kind needs, sized by the cell, with its mechanism."""
-    config = BlockConfig(
-        d_model=cell.size["d_model"],
-        attention=cell.mechanism_name,
-        attention_kwargs=cell.mechanism_kwargs,
-        dff=cell.size.get("dff"),
-        dropout=cell.size.get("dropout", 0.0),
-    )
-    return MODEL_FOR_KIND[task.kind].build(task, config, cell.size["n_layers"])
-
-
-def forward(model: nn.Module, task, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(logits, loss, scored targets) of one batch; seq2seq is teacher-forced."""
-    return MODEL_FOR_KIND[task.kind].forward(model, task, x, y)
 
 
 def smoke_test(cell: Cell) -> None:

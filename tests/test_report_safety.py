@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import ablations.report
+from ablations.models import build_model
 from ablations.report import write_report
 from ablations.report_pages import (
     Bullets,
@@ -29,7 +30,7 @@ from ablations.report_pages import (
 from ablations.spec import Cell
 from ablations.store import ResultsStore
 from ablations.tasks import build_task
-from ablations.train import attention_record, build_model
+from ablations.train import attention_record
 
 ENVIRONMENT = {"torch": "9.9.9", "machine": "x86_64", "threads": 1}
 IMAGE_LINK = re.compile(r"!\[(?:[^\]\\]|\\.)*\]\(([^)]+)\)")

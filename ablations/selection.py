@@ -1,0 +1,148 @@
+"""A fair comparison of mechanisms: each at its best setting, with confidence intervals.
+
+Read from the cells a store holds (`ResultsStore.to_dataframe()`), not from a grid file, so
+that any store can be read, one written before sweeps existed included:
+
+- `axes(frame)`: the settings the cells vary in beyond task, size, mechanism and seed: the
+  config keys taking more than one value among the cells of one (task, size, mechanism),
+  named as a grid file sweeps them ("training.lr", "model.pos_enc", "task_kwargs.n_train",
+  "mechanism_kwargs.n_heads"). A training key a cell leaves out holds its default.
+- `select(cells, over, metric, reported)`: per task, size, mechanism and the other axes, the
+  setting of the axes `over` whose cells have the best mean `metric` over seeds (the highest
+  accuracy, the lowest loss), among the settings whose every cell finished; at that setting,
+  the `reported` metric: mean and 95% confidence interval over seeds (Student's t, n - 1
+  degrees of freedom).
+- `paired(cells, selected, a, b, reported)`: mechanism a minus mechanism b, each at its own
+  best setting, seed by seed over the seeds both finished: the mean difference and its 95%
+  interval (a paired t interval), per task, size and other axes.
+
+As in zoology, the setting is chosen on validation data and the test metric of the chosen
+setting is reported; the interval covers seed-to-seed variation at that setting, not the
+choice itself (with few settings and seeds the chosen setting's estimate is slightly
+optimistic for every mechanism alike).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from scipy import stats
+
+from ablations.spec import training_settings
+
+AXIS_PREFIXES = {  # flattened store column prefix: swept-key section
+    "config.training.": "training.",
+    "config.size.": "model.",
+    "config.task_kwargs.": "task_kwargs.",
+    "config.mechanism_kwargs.": "mechanism_kwargs.",
+}
+GROUP = ["task", "size", "mechanism"]
+HIGHER_IS_BETTER = {"val_acc": True, "val_loss": False, "test_acc": True, "test_exact": True,
+                    "test_loss": False}  # fmt: skip
+
+
+def interval(values: pd.Series, level: float = 0.95) -> tuple[float, float, float, int]:
+    """(mean, low, high, n) of `values` (NaN dropped): the `level` confidence interval of the
+    mean by Student's t with n - 1 degrees of freedom; low = high = NaN for n < 2."""
+    values = values.dropna().astype(float)
+    n = len(values)
+    mean = values.mean() if n else math.nan
+    if n < 2:
+        return mean, math.nan, math.nan, n
+    half = stats.t.ppf(0.5 + level / 2, n - 1) * values.std(ddof=1) / math.sqrt(n)
+    return mean, mean - half, mean + half, n
+
+
+def axes(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell of `frame` (`ResultsStore.to_dataframe()`), one column per axis: the
+    settings that vary within some (task, size label, mechanism) of the store, by their
+    swept-key names; values as text ("default" for a model option or kwarg not set)."""
+    if frame.empty:
+        return pd.DataFrame(index=frame.index)
+    records = frame.to_dict("records")
+    for record in records:  # training keys left out hold their defaults
+        record["config.training"] = training_settings(record.get("config.training") or {})
+    flat = pd.json_normalize(records, sep=".").set_index(frame.index)
+    values = {}
+    for column in flat.columns:
+        for prefix, section in AXIS_PREFIXES.items():
+            if column.startswith(prefix) and column != "config.size.label":
+                values[section + column.removeprefix(prefix)] = flat[column].map(_text)
+    settings = pd.DataFrame(values, index=frame.index)
+    group = [flat.get(f"config.{k}") for k in ("task", "size.label", "mechanism")]
+    varies = settings.groupby(group, dropna=False).nunique().max() > 1
+    return settings.loc[:, varies[varies].index.tolist()]
+
+
+def _text(value: object) -> str:
+    if isinstance(value, float) and math.isnan(value):
+        return "default"
+    return str(value)
+
+
+def setting_text(row: pd.Series, keys: list[str]) -> str:
+    """'training.lr=0.001, model.pos_enc=rope' for the axes `keys` of a cell; '' for none."""
+    return ", ".join(f"{key}={row[key]}" for key in keys)
+
+
+def select(cells: pd.DataFrame, over: list[str], metric: str, reported: str) -> pd.DataFrame:
+    """The best setting of the axes `over` per (task, size, mechanism, other axes). `cells`:
+    one row per cell with task, size, mechanism, seed, status, the axis columns and the
+    metrics. Returns one row per group: its labels, `others` (the other axes' setting),
+    `best` (the chosen setting of `over`), `candidates` (settings eligible: every cell done),
+    `settings` (settings tried), the chosen setting's mean `metric` (`chosen_on`), and the
+    `reported` metric's mean, low, high and n."""
+    axis_columns = [c for c in cells.columns if "." in c]
+    over = [key for key in over if key in axis_columns]
+    others = [key for key in axis_columns if key not in over]
+    sign = 1 if HIGHER_IS_BETTER[metric] else -1
+    rows = []
+    for labels, group in cells.groupby(GROUP + others, sort=False, dropna=False):
+        best, best_score, eligible = None, -math.inf, 0
+        per_setting = group.groupby(over, sort=False) if over else [((), group)]
+        tried = 0
+        for setting, runs in per_setting:
+            tried += 1
+            if not (runs.status == "done").all():
+                continue
+            eligible += 1
+            score = sign * runs[metric].mean()
+            if score > best_score:
+                best, best_score = (setting, runs), score
+        row = dict(zip(GROUP + others, labels, strict=True))
+        row["others"] = setting_text(pd.Series(row), others)
+        row.update(candidates=eligible, settings=tried)
+        if best is None:
+            rows.append(row | {"best": "-", "chosen_on": math.nan, "mean": math.nan,
+                               "low": math.nan, "high": math.nan, "n": 0})  # fmt: skip
+            continue
+        setting, runs = best
+        mean, low, high, n = interval(runs[reported])
+        row.update(
+            best=setting_text(runs.iloc[0], over), chosen_on=sign * best_score, mean=mean,
+            low=low, high=high, n=n, seeds=tuple(runs.seed), keys=tuple(runs.index),
+        )  # fmt: skip
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def paired(
+    cells: pd.DataFrame, selected: pd.DataFrame, a: str, b: str, reported: str
+) -> pd.DataFrame:
+    """`a` minus `b` (mechanism labels), each at its best setting (`select`'s rows), seed by
+    seed over the seeds both have: per task, size and other axes, the mean difference of
+    `reported`, its 95% paired interval and n."""
+    rows = []
+    chosen = selected[selected.n > 0]
+    for (task, size, others), group in chosen.groupby(["task", "size", "others"], sort=False):
+        by = {row.mechanism: row for row in group.itertuples()}
+        if a not in by or b not in by:
+            continue
+        runs = {m: cells.loc[list(by[m].keys)].set_index("seed")[reported] for m in (a, b)}
+        both = runs[a].index.intersection(runs[b].index)
+        mean, low, high, n = interval(runs[a][both] - runs[b][both])
+        rows.append({"task": task, "size": size, "others": others, "a": a, "b": b,
+                     "mean": mean, "low": low, "high": high, "n": n})  # fmt: skip
+    return pd.DataFrame(rows, columns=["task", "size", "others", "a", "b", "mean", "low", "high",
+                                       "n"])  # fmt: skip

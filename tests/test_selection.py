@@ -1,0 +1,128 @@
+"""Best-setting selection, confidence intervals and paired differences (ablations.selection),
+and the report's selection section from a real sweep grid."""
+
+import math
+
+import pandas as pd
+import pytest
+from grids import STD, tiny_grid
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from ablations.report import write_report
+from ablations.runner import run_grid
+from ablations.selection import axes, interval, paired, select
+from ablations.spec import load_grid
+from ablations.store import ResultsStore
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(0, 1), min_size=2, max_size=12))
+def test_interval_is_the_one_sample_t_interval(values):
+    mean, low, high, n = interval(pd.Series(values))
+    assert n == len(values) and math.isclose(mean, sum(values) / n, abs_tol=1e-12)
+    if len(set(values)) > 1:
+        expected = stats.ttest_1samp(values, 0.0).confidence_interval(0.95)
+        assert math.isclose(low, expected.low, abs_tol=1e-9)
+        assert math.isclose(high, expected.high, abs_tol=1e-9)
+    assert low <= mean <= high
+
+
+def test_one_value_has_no_interval():
+    mean, low, high, n = interval(pd.Series([0.5, float("nan")]))
+    assert (mean, n) == (0.5, 1) and math.isnan(low) and math.isnan(high)
+
+
+def cells_frame(rows):
+    """Cells as the report's tidy frame: task, size, mechanism, seed, status, axes, metrics."""
+    frame = pd.DataFrame(rows, columns=["mechanism", "training.lr", "seed", "status", "val_acc",
+                                        "test_acc"])  # fmt: skip
+    return frame.assign(task="t", size="s")
+
+
+ROWS = [
+    # mechanism a: lr 0.1 has the best validation mean, but a seed failed: not eligible
+    ("a", 0.1, 0, "done", 0.99, 0.99), ("a", 0.1, 1, "failed", None, None),
+    ("a", 0.01, 0, "done", 0.80, 0.70), ("a", 0.01, 1, "done", 0.90, 0.74),
+    ("a", 0.001, 0, "done", 0.60, 0.95), ("a", 0.001, 1, "done", 0.62, 0.96),
+    ("b", 0.1, 0, "done", 0.50, 0.60), ("b", 0.1, 1, "done", 0.52, 0.64),
+    ("b", 0.01, 0, "done", 0.55, 0.50), ("b", 0.01, 1, "done", 0.53, 0.52),
+]  # fmt: skip
+
+
+def test_select_takes_the_best_validation_mean_among_settings_every_seed_finished():
+    cells = cells_frame(ROWS)
+    chosen = select(cells, ["training.lr"], "val_acc", "test_acc").set_index("mechanism")
+    # a: 0.01 (val 0.85) beats 0.001 (val 0.61) although 0.001 tests higher; 0.1 is ineligible
+    assert chosen.loc["a", "best"] == "training.lr=0.01"
+    assert chosen.loc["a", "candidates"] == 2 and chosen.loc["a", "settings"] == 3
+    assert math.isclose(chosen.loc["a", "mean"], 0.72)
+    assert chosen.loc["b", "best"] == "training.lr=0.01"  # 0.54 > 0.51
+    by_loss = cells.assign(val_loss=1 - cells.val_acc)
+    lowest = select(by_loss, ["training.lr"], "val_loss", "test_acc").set_index("mechanism")
+    assert lowest.loc["a", "best"] == "training.lr=0.01"  # the lowest loss, not the highest
+
+
+def test_paired_difference_is_seed_by_seed_at_each_mechanisms_own_best():
+    cells = cells_frame(ROWS)
+    chosen = select(cells, ["training.lr"], "val_acc", "test_acc")
+    diff = paired(cells, chosen, "a", "b", "test_acc").iloc[0]
+    per_seed = pd.Series([0.70 - 0.50, 0.74 - 0.52])
+    expected = interval(per_seed)
+    assert diff.n == 2 and math.isclose(diff["mean"], expected[0])
+    assert math.isclose(diff.low, expected[1]) and math.isclose(diff.high, expected[2])
+
+
+def test_other_axes_are_selected_separately():
+    rows = [(m, lr, seed, "done", v, v) for m in "ab" for lr in (0.1, 0.01) for seed in (0, 1)
+            for v in [lr * (2 if m == "a" else 1)]]  # fmt: skip
+    cells = cells_frame(rows)
+    cells["model.pos_enc"] = ["rope", "learned"] * (len(cells) // 2)
+    chosen = select(cells, ["training.lr"], "val_acc", "test_acc")
+    assert len(chosen) == 4 and set(chosen.others) == {"model.pos_enc=rope",
+                                                       "model.pos_enc=learned"}  # fmt: skip
+
+
+def test_axes_are_the_settings_that_vary_within_a_mechanism(tmp_path):
+    path = tiny_grid(tmp_path, seeds=[0], mechanisms=[STD])
+    path.write_text(path.read_text() + "[sweep]\ntraining.patience = [0, 2]\n")
+    store = ResultsStore(tmp_path / "tiny.sqlite")
+    for cell in load_grid(path).cells():
+        store.finish(store.claim(cell.config()), "done", {}, [], {})
+    found = axes(store.to_dataframe())
+    assert list(found.columns) == ["training.patience"]  # not n_train, lr, ...: they do not vary
+    assert sorted(found["training.patience"]) == ["0", "2"]  # 0: left out of the key, default
+
+
+@pytest.fixture(scope="module")
+def swept_store(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("sweep")
+    path = tiny_grid(tmp_path, seeds=[0, 1], training={"steps": 10, "eval_every": 5})
+    path.write_text(
+        path.read_text() + "[sweep]\ntraining.lr = [1e-3, 3e-3]\n"
+        '[selection]\nover = ["training.lr"]\ncompare = [["rel", "std"]]\n'
+    )
+    spec = load_grid(path)
+    run_grid(spec, workers=1)
+    return spec
+
+
+def test_a_report_with_a_selection_compares_each_mechanism_at_its_best_lr(swept_store, tmp_path):
+    spec = swept_store
+    out = write_report(spec.store, tmp_path / "report", selection=spec.selection)
+    chosen = pd.read_csv(out / "selection.csv")
+    assert sorted(chosen.mechanism) == ["rel", "std"] and set(chosen.n) == {2}
+    assert set(chosen.best) <= {"training.lr=0.001", "training.lr=0.003"}
+    pairs = pd.read_csv(out / "paired.csv")
+    assert list(pairs[["a", "b", "n"]].itertuples(index=False, name=None)) == [("rel", "std", 2)]
+    summary = pd.read_csv(out / "summary.csv")
+    assert len(summary) == 4 and summary.setting.str.startswith("training.lr=").all()
+    text = (out / "report.md").read_text()
+    assert "## Selection: each mechanism at its best setting" in text and "rel − std" in text
+
+
+def test_a_report_without_a_selection_has_no_selection_section(swept_store, tmp_path):
+    out = write_report(swept_store.store, tmp_path / "plain")
+    assert not (out / "selection.csv").exists()
+    assert "Selection" not in (out / "report.md").read_text()
