@@ -49,6 +49,7 @@ from ablations.store import error_summary
 from ablations.train import environment, resolve_device, train_cell
 
 EXECUTORS = ("local", "ray")
+DRAIN_EVERY = 0.25  # seconds between two drains of Ray's progress queue
 LOST = "lost"  # no cell's result (Ray lost the task, a worker was killed): released, not recorded
 # A worker process killed by these was killed from outside (the OOM killer, a user, a shutdown):
 # its cell is lost, not failed. Other deaths (SIGSEGV, SIGABRT, an exit) are the cell's failure.
@@ -479,7 +480,18 @@ class RayExecutor:
             local = {}
             if not address:
                 local["num_cpus"] = math.ceil(workers * cpus) if workers else os.cpu_count()
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, **local)
+            try:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False, **local)
+            except Exception as err:
+                if not address:
+                    raise
+                raise SpecError(
+                    f"--address {address}: cannot connect to the Ray cluster: "
+                    f"{' '.join(f'{type(err).__name__}: {err}'.split())[:300]}. A cluster started "
+                    "with token authentication (`ray start --head` turns it on where "
+                    "~/.ray/auth_token exists) needs RAY_AUTH_MODE=token (and RAY_AUTH_TOKEN, "
+                    "or that file) in this process's environment"
+                ) from None
         self.notes: list[str] = []
         cluster = ray.cluster_resources()
         if gpus > cluster.get("GPU", 0):
@@ -491,6 +503,7 @@ class RayExecutor:
         self.slots = workers or ray_slots(cluster, self.options)
         self.threads = max(1, int(cpus))
         self.progress = Queue()
+        self.drained = 0.0  # when drain last asked the queue
         self.task = ray.remote(run_cell)
         self.in_flight: set = set()
 
@@ -504,7 +517,9 @@ class RayExecutor:
     def wait(self, handles: list, timeout: float) -> list[tuple[object, dict]]:
         if not handles:
             return []
-        ready, _ = self.ray.wait(handles, num_returns=1, timeout=timeout)
+        ready, rest = self.ray.wait(handles, num_returns=1, timeout=timeout)
+        if ready and rest:  # and every other one already done: one pass records them all
+            ready += self.ray.wait(rest, num_returns=len(rest), timeout=0)[0]
         out = []
         for ref in ready:
             self.in_flight.discard(ref)
@@ -515,8 +530,11 @@ class RayExecutor:
         return out
 
     def drain(self) -> list[tuple[str, int, float]]:
-        if self.progress is None:
+        """The progress reports queued since the last drain; at most every `DRAIN_EVERY`
+        seconds (each drain is two calls to the queue actor)."""
+        if self.progress is None or time.monotonic() - self.drained < DRAIN_EVERY:
             return []
+        self.drained = time.monotonic()
         try:
             return self.progress.get_nowait_batch(self.progress.qsize())
         except Exception as err:  # the queue actor died: no more progress lines, cells go on

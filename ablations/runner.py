@@ -163,6 +163,7 @@ def run_grid(
         flush=True,
     )
     if not todo:
+        store.close()
         return dict.fromkeys(FINISHED, 0)
     commit = source_commit()
     stop = _StopSignals()  # before ray.init, which sets its own SIGTERM handler
@@ -238,6 +239,7 @@ def run_grid(
             _print_notes(pool, progress)
         finally:
             progress.close()
+            store.close()
     if stop.signum is not None:
         summary = (
             f"interrupted ({signal.Signals(stop.signum).name}): "

@@ -33,6 +33,7 @@ import os
 import socket
 import sqlite3
 import stat
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -137,6 +138,7 @@ class ResultsStore:
         self.readonly = readonly
         self.lease = lease
         self.owner = new_owner()
+        self._local = threading.local()
         if readonly:
             if not self.path.exists():
                 raise FileNotFoundError(errno.ENOENT, "no results store", str(self.path))
@@ -163,13 +165,15 @@ class ResultsStore:
 
     @contextmanager
     def _connect(self, write: bool = False) -> Iterator[sqlite3.Connection]:
-        """A connection, closed on the way out; with `write`, the body is one BEGIN IMMEDIATE
-        transaction (committed, or rolled back on an exception). sqlite3.DatabaseError becomes
-        StoreError naming the path."""
+        """A connection; with `write`, the body is one BEGIN IMMEDIATE transaction (committed,
+        or rolled back on an exception). A write handle keeps one connection per process and
+        thread (`synchronous=NORMAL`: in WAL mode a commit survives a killed process, only a
+        power cut can lose the last ones; `close` ends it); a read-only one opens a connection
+        per call. sqlite3.DatabaseError becomes StoreError naming the path."""
         if write and self.readonly:
             raise StoreError(f"{self.path} is opened read-only: it cannot be written")
         try:
-            db = sqlite3.connect(self._target, uri=True, timeout=TIMEOUT, isolation_level=None)
+            db = self._kept() if not self.readonly else self._open()
             try:
                 if write:
                     db.execute("BEGIN IMMEDIATE")
@@ -182,9 +186,37 @@ class ResultsStore:
                 if db.in_transaction:
                     db.execute("COMMIT")
             finally:
-                db.close()
+                if self.readonly:
+                    db.close()
         except sqlite3.DatabaseError as err:
             raise self._store_error(err) from err
+
+    def _open(self) -> sqlite3.Connection:
+        return sqlite3.connect(self._target, uri=True, timeout=TIMEOUT, isolation_level=None)
+
+    def _kept(self) -> sqlite3.Connection:
+        """This process's and thread's connection of a write handle (opened on first use, and
+        again in a forked child)."""
+        kept = getattr(self._local, "db", None)
+        if kept is None or kept[0] != os.getpid():
+            db = self._open()
+            db.execute("PRAGMA synchronous=NORMAL")
+            self._local.db = kept = (os.getpid(), db)
+        return kept[1]
+
+    def close(self) -> None:
+        """Close this thread's connection (a later call opens a new one): the last connection
+        to close folds the write-ahead log into the store file."""
+        kept = getattr(self._local, "db", None)
+        self._local.db = None
+        if kept is not None and kept[0] == os.getpid():
+            kept[1].close()
+
+    def __enter__(self) -> ResultsStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _store_error(self, err: sqlite3.DatabaseError) -> StoreError:
         name = getattr(err, "sqlite_errorname", "")
@@ -334,8 +366,9 @@ class ResultsStore:
     def rows(self) -> Iterator[dict]:
         """Every row as a dict (JSON fields decoded), in the order the cells started."""
         with self._connect() as db:
-            db.row_factory = sqlite3.Row
-            rows = [dict(row) for row in db.execute("SELECT * FROM cells ORDER BY started")]
+            cursor = db.execute("SELECT * FROM cells ORDER BY started")
+            names = [column[0] for column in cursor.description]
+            rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
         for row in rows:
             for field in ("config", "metrics", "curve", "environment"):
                 row[field] = None if row[field] is None else json.loads(row[field])

@@ -112,6 +112,7 @@ def filled_store(path: Path, cells: int = 3) -> ResultsStore:
     store = ResultsStore(path)
     for seed in range(cells):
         store.finish(store.claim({"seed": seed}), "done", metrics={"seed": seed})
+    store.close()  # as a finished run does: the write-ahead log folded into the file
     return store
 
 
@@ -174,6 +175,7 @@ def corrupt_stores(folder: Path) -> list[Path]:
     store = ResultsStore(truncated)
     for seed in range(200):
         store.finish(store.claim({"seed": seed}), "done", curve=[[step, 0.5] for step in range(20)])
+    store.close()
     data = truncated.read_bytes()
     truncated.write_bytes(data[: len(data) // 2])
     return [text, truncated]
