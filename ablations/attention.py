@@ -143,16 +143,21 @@ def cell_attention_figure(store: ResultsStore, row: dict) -> Figure:
     return _figure(record, row)
 
 
-def attention_blocks(store: ResultsStore, folder: Path) -> list[tuple]:
+def attention_blocks(
+    store: ResultsStore, folder: Path, keys: set[str] | None = None
+) -> list[tuple]:
     """Report blocks (see attn_zoo.report_pages) with one attention-map figure per (task, size,
     mechanism): its lowest-seed finished cell with recorded maps, written into `folder` as
     attention_<slug>_<hash>.png; [] when no finished cell kept maps or a checkpoint. A map whose
     maps file cannot be loaded, a (task, size, mechanism) with no maps file while others have
     one (or kept a checkpoint), and a mechanism without attention weights get a one-line note
-    instead (the cell and why). Reads the recorded maps only: no model is built or run."""
+    instead (the cell and why). Reads the recorded maps only: no model is built or run.
+    `keys`: only these cells (default: every cell of the store)."""
     chosen: dict[tuple, dict] = {}
     lacking: dict[tuple, dict] = {}  # finished, but no cell of theirs has a maps file
     for row in store.rows():
+        if keys is not None and row["key"] not in keys:
+            continue
         config = row["config"]
         kind = (config["task"], config["size"]["label"], config["mechanism"])
         if row["status"] != "done":

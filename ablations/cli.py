@@ -238,17 +238,19 @@ def _ablate_status(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from ablations.report import write_report
 
-    source, selection = Path(args.source), None
-    if source.suffix == ".toml":
+    source, selection, keys = Path(args.source), None, None
+    if source.suffix == ".toml":  # the grid's cells only
         spec = _load_grid(args.source, args.set)
         store, name, selection = spec.store, spec.name, spec.selection
+        keys = {cell.key for cell in spec.cells()}
     else:
         store, name = source, source.stem
     out = Path(args.out or Path("reports") / name)
     try:
         write_report(
-            store, out, title=args.title, target=args.target, note=args.note, selection=selection
-        )
+            store, out, title=args.title, target=args.target, note=args.note,
+            selection=selection, keys=keys,
+        )  # fmt: skip
     except (OSError, ValueError) as err:  # no store, not a store, a folder that is not a report
         raise SystemExit(f"error: {err}") from None
     print(f"wrote {out}/report.md, {out}/index.html and the CSVs and plots beside them")
@@ -354,7 +356,11 @@ def parser() -> argparse.ArgumentParser:
         description="Write a grid's report (report.md, index.html, CSVs, plots) into a folder "
         "that belongs to the report: it is replaced whole.",
     )  # fmt: skip
-    r.add_argument("source", help="a grid spec (.toml) or its results store (.sqlite)")
+    r.add_argument(
+        "source",
+        help="a grid spec (.toml: its cells, its [selection]) or a results store (.sqlite: "
+        "every cell in it)",
+    )  # fmt: skip
     r.add_argument("--out", default=None,
                    help="folder to write (without: reports/<grid name>)")  # fmt: skip
     r.add_argument(

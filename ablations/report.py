@@ -410,6 +410,7 @@ def write_report(
     target: float | None = None,
     note: str | None = None,
     selection: Selection | None = None,
+    keys: set[str] | None = None,
 ) -> Path:
     """Write the report of `store` (a ResultsStore or the path of its SQLite file) into the
     folder `out_dir`: report.md, index.html, summary.csv, cells.csv and the PNG plots, with
@@ -418,7 +419,9 @@ def write_report(
     paragraph shown under the header (e.g. the conclusion), the one text whose markdown
     report.md keeps (raw HTML in it is escaped, see ablations.report_pages); `selection` (a
     grid's [selection]) adds the section comparing each mechanism at its best setting
-    (ablations.selection) and writes selection.csv and paired.csv. Returns `out_dir`.
+    (ablations.selection) and writes selection.csv and paired.csv; `keys` limits the report to
+    those cells (a grid's: the store's other cells, e.g. of an earlier version of the grid, are
+    left out and counted in the header). Returns `out_dir`.
 
     The folder belongs to the report and is written whole or not at all: the report is written
     into a new hidden sibling folder (``.<name>.partial-<pid>-<random>``), which then replaces
@@ -434,7 +437,8 @@ def write_report(
     partial = final.with_name(f".{final.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     partial.mkdir()
     try:
-        write_pages(report_page(store, partial, title, target, note, selection), partial)
+        page = report_page(store, partial, title, target, note, selection, keys)
+        write_pages(page, partial)
         _replace_folder(partial, final)
     finally:
         shutil.rmtree(partial, ignore_errors=True)  # gone already unless something failed
@@ -507,18 +511,25 @@ def report_page(
     target: float | None = None,
     note: str | None = None,
     selection: Selection | None = None,
+    keys: set[str] | None = None,
 ) -> Page:
     """Write the report's data and plots (summary.csv, cells.csv, the PNGs) into the empty
     `folder` and return its page (the model report.md and index.html are rendered from, see
     `report_pages.write_pages`); the arguments are `write_report`'s."""
     store, folder = _open(store), Path(folder)
     frame = store.to_dataframe()
+    left_out = 0
+    if keys is not None:
+        mine = frame.key.isin(keys)
+        left_out, frame = int((~mine).sum()), frame[mine]
     cells = _cells(frame)
     summary = summary_table(frame, target)
 
     _cells_csv(frame).to_csv(_new_file(folder, "cells.csv"), index=False)
     summary.to_csv(_new_file(folder, "summary.csv"), index=False)
     page = _page(store, frame, cells, title, note)
+    if left_out:
+        page.facts.insert(2, f"Left out: {left_out} cells of the store that are not in the grid")
 
     colours = label_colours(cells.mechanism.dropna())
     done = cells[cells.status == "done"]
@@ -554,7 +565,7 @@ def report_page(
             ]
             page.sections.append(Section(f"Training-set size: {heading}", parts))
 
-    page.sections.extend(_attention_sections(store, folder))
+    page.sections.extend(_attention_sections(store, folder, keys))
     unfinished = cells[cells.status != "done"]
     if unfinished.empty:
         part = Paragraph("None: every cell finished.")
@@ -650,10 +661,12 @@ def _selection_section(cells: pd.DataFrame, selection: Selection, folder: Path) 
     return Section("Selection: each mechanism at its best setting", parts)
 
 
-def _attention_sections(store: ResultsStore, folder: Path) -> list[Section]:
+def _attention_sections(
+    store: ResultsStore, folder: Path, keys: set[str] | None = None
+) -> list[Section]:
     """The "Attention maps" section (none without maps) from ablations.attention's blocks:
     ("h2", heading) then ("p", text), ("ul", items) and ("img", file, alt) parts."""
-    blocks = attention_blocks(store, folder)
+    blocks = attention_blocks(store, folder, keys)
     if not blocks:
         return []
     (_, heading), *parts = blocks

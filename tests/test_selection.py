@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from ablations.cli import main
 from ablations.report import write_report
 from ablations.runner import run_grid
 from ablations.selection import axes, interval, paired, select
@@ -126,3 +127,15 @@ def test_a_report_without_a_selection_has_no_selection_section(swept_store, tmp_
     out = write_report(swept_store.store, tmp_path / "plain")
     assert not (out / "selection.csv").exists()
     assert "Selection" not in (out / "report.md").read_text()
+
+
+def test_a_grid_report_holds_the_grids_cells_only(swept_store, tmp_path):
+    spec = swept_store  # 2 mechanisms x 2 lr x 2 seeds, all done
+    out = tmp_path / "narrowed"
+    main(["report", str(spec.path), "--out", str(out), "--set", "sweep.training.lr=[1e-3]"])
+    assert len(pd.read_csv(out / "cells.csv")) == 4
+    assert "Left out: 4 cells of the store that are not in the grid" in (
+        out / "report.md"
+    ).read_text()
+    main(["report", str(spec.store), "--out", str(tmp_path / "whole")])  # a store: every cell
+    assert len(pd.read_csv(tmp_path / "whole" / "cells.csv")) == 8
