@@ -134,8 +134,8 @@ def test_a_grid_report_holds_the_grids_cells_only(swept_store, tmp_path):
     out = tmp_path / "narrowed"
     main(["report", str(spec.path), "--out", str(out), "--set", "sweep.training.lr=[1e-3]"])
     assert len(pd.read_csv(out / "cells.csv")) == 4
-    assert "Left out: 4 cells of the store that are not in the grid" in (
-        out / "report.md"
-    ).read_text()
+    assert (
+        "Left out: 4 cells of the store that are not in the grid" in (out / "report.md").read_text()
+    )
     main(["report", str(spec.store), "--out", str(tmp_path / "whole")])  # a store: every cell
     assert len(pd.read_csv(tmp_path / "whole" / "cells.csv")) == 8
