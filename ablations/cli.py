@@ -181,11 +181,13 @@ def _bench(args: argparse.Namespace) -> None:
         print(f"\nwrote {out}/report.md, {out}/index.html and the CSVs and plots beside them")
 
 
-def _load_grid(path: str, overrides: list[str]):
+def _load_grid(path: str, overrides: list[str], here: bool = True):
+    """The grid (SpecError -> exit with its line); `here=False` for commands that train nothing
+    (status, report): a device this machine lacks is not refused."""
     from ablations.spec import SpecError, load_grid
 
     try:
-        return load_grid(path, overrides)
+        return load_grid(path, overrides, check_device=here)
     except SpecError as err:
         raise SystemExit(f"error: {err}") from None
 
@@ -225,7 +227,7 @@ def _ablate_run(args: argparse.Namespace) -> int:
 
 
 def _ablate_status(args: argparse.Namespace) -> int:
-    spec = _load_grid(args.grid, args.set)
+    spec = _load_grid(args.grid, args.set, here=False)
     table = _cell_table(spec)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}", na_rep="-"))
     counts = table["status"].value_counts()
@@ -240,7 +242,7 @@ def _report(args: argparse.Namespace) -> int:
 
     source, selection, keys = Path(args.source), None, None
     if source.suffix == ".toml":  # the grid's cells only
-        spec = _load_grid(args.source, args.set)
+        spec = _load_grid(args.source, args.set, here=False)
         store, name, selection = spec.store, spec.name, spec.selection
         keys = {cell.key for cell in spec.cells()}
     else:

@@ -10,6 +10,7 @@ import torch
 from grids import STD, tiny_grid
 
 from ablations import executors
+from ablations.cli import main
 from ablations.executors import (
     LocalExecutor,
     RayExecutor,
@@ -26,6 +27,7 @@ from ablations.spec import (
     precision_problem,
     training_settings,
 )
+from ablations.store import ResultsStore
 from ablations.train import compute_dtype, environment, resolve_device
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
@@ -222,3 +224,21 @@ def test_a_compile_error_fails_the_cell_without_falling_back_to_eager(tmp_path, 
     outcome = run_cell(compiled.config(), 1)
     assert outcome["status"] == "failed" and "backend exploded" in outcome["error"]
     assert run_cell(cell.config(), 1)["status"] == "done"  # eager cells never compile
+
+
+@NO_CUDA
+def test_status_and_report_read_a_cuda_grid_on_a_machine_without_cuda(tmp_path, capsys):
+    path = tiny_grid(tmp_path, training={"device": "cuda"})
+    with pytest.raises(SpecError, match="training.device = 'cuda' is not available"):
+        load_grid(path)
+    with pytest.raises(SystemExit, match="training.device = 'cuda' is not available"):
+        main(["ablate", "run", str(path)])
+    assert main(["ablate", "status", str(path)]) == 0
+    assert "4 todo" in capsys.readouterr().out
+    spec = load_grid(path, check_device=False)
+    store = ResultsStore(spec.store)
+    for cell in spec.cells():  # as the GPU machine's run left them
+        store.finish(store.claim(cell.config()), "done", {"test_acc": 0.5}, [], {})
+    store.close()
+    assert main(["report", str(path), "--out", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "report.md").is_file()
