@@ -54,7 +54,14 @@ from ablations.report_pages import (
     plot_text,
     write_pages,
 )
-from ablations.selection import HIGHER_IS_BETTER, axes, paired, select, setting_text
+from ablations.selection import (
+    HIGHER_IS_BETTER,
+    axes,
+    paired,
+    select,
+    setting_text,
+    varying_axes,
+)
 from ablations.spec import Selection
 from ablations.store import ResultsStore, error_summary
 
@@ -113,8 +120,11 @@ def _cells(df: pd.DataFrame) -> pd.DataFrame:
     cells.update({column: flat.get(field, missing) for column, field in FIELDS.items()})
     settings = axes(df)
     cells = pd.concat([pd.DataFrame(cells, index=df.index), settings], axis=1)
-    keys = list(settings.columns)
-    cells["setting"] = [setting_text(row, keys) for _, row in settings.iterrows()] or ""
+    varying = varying_axes(cells, list(settings.columns))
+    cells["setting"] = [
+        setting_text(row, varying[task])
+        for task, (_, row) in zip(cells.task, settings.iterrows(), strict=True)
+    ] or ""
     return cells
 
 
@@ -551,7 +561,10 @@ def report_page(
     # one section per task family and setting of the axes other than n_train (and the steps
     # an epoch count resolves to)
     others = [c for c in cells.columns if "." in c and c not in N_TRAIN_AXES]
-    done = done.assign(others=[setting_text(row, others) for _, row in done.iterrows()] or "")
+    varying = varying_axes(done, others)
+    done = done.assign(
+        others=[setting_text(row, varying[row.task]) for _, row in done.iterrows()] or ""
+    )
     with_n = done.dropna(subset=["n_train"])
     for (family, other), group in with_n.groupby(["family", "others"], sort=False):
         if group.n_train.nunique() > 1:

@@ -86,6 +86,15 @@ def setting_text(row: pd.Series, keys: list[str]) -> str:
     return ", ".join(f"{key}={row[key]}" for key in keys)
 
 
+def varying_axes(cells: pd.DataFrame, keys: list[str]) -> dict[str, list[str]]:
+    """Per task label of `cells`, the axes of `keys` taking more than one value among its
+    cells (the others name no choice there: left out of its settings' texts)."""
+    return {
+        task: [key for key in keys if group[key].nunique(dropna=False) > 1]
+        for task, group in cells.groupby("task", sort=False)
+    }
+
+
 def select(cells: pd.DataFrame, over: list[str], metric: str, reported: str) -> pd.DataFrame:
     """The best setting of the axes `over` per (task, size, mechanism, other axes). `cells`:
     one row per cell with task, size, mechanism, seed, status, the axis columns and the
@@ -98,6 +107,7 @@ def select(cells: pd.DataFrame, over: list[str], metric: str, reported: str) -> 
     others = [key for key in axis_columns if key not in over]
     sign = 1 if HIGHER_IS_BETTER[metric] else -1
     rows = []
+    shown = varying_axes(cells, others)
     for labels, group in cells.groupby(GROUP + others, sort=False, dropna=False):
         best, best_score, eligible = None, -math.inf, 0
         per_setting = group.groupby(over, sort=False) if over else [((), group)]
@@ -111,7 +121,7 @@ def select(cells: pd.DataFrame, over: list[str], metric: str, reported: str) -> 
             if score > best_score:
                 best, best_score = (setting, runs), score
         row = dict(zip(GROUP + others, labels, strict=True))
-        row["others"] = setting_text(pd.Series(row), others)
+        row["others"] = setting_text(pd.Series(row), shown[row["task"]])
         row.update(candidates=eligible, settings=tried)
         if best is None:
             rows.append(row | {"best": "-", "chosen_on": math.nan, "mean": math.nan,
