@@ -7,6 +7,7 @@
     summary.csv          the main table, one row per (task, size, mechanism)
     cells.csv            one row per cell, config and metrics flattened to dotted columns
     curves_<task>.png    validation accuracy vs step, per mechanism (and size): mean, min-max band
+    loss_curves_<task>.png  validation loss vs step, for sequence tasks (language model, seq2seq)
     vs_params_<task>.png test accuracy vs parameters, one point per mechanism and size
     vs_train_size_<family>.png  test accuracy vs n_train, where a task family's n_train varies
     attention_<cell>.png attention maps recorded when each cell finished, in grids that keep
@@ -257,16 +258,23 @@ def _detail(cell: pd.Series) -> str:
     return "unfinished: still running, or its run was interrupted"
 
 
-def _plot_curves(task: str, done: pd.DataFrame, colours: dict) -> Figure | None:
-    """Validation accuracy vs step per mechanism (and size, and setting): mean line and
-    min-max band over seeds; a seed that stopped early holds its last value."""
+CURVE_COLUMNS = {"accuracy": 3, "loss": 2}  # a curve point: [step, train loss, val loss, val acc]
+
+
+def _plot_curves(
+    task: str, done: pd.DataFrame, colours: dict, metric: str = "accuracy"
+) -> Figure | None:
+    """Validation `metric` ("accuracy" or "loss") vs step per mechanism (and size, and
+    setting): mean line and min-max band over seeds; a seed that stopped early holds its last
+    value."""
+    column = CURVE_COLUMNS[metric]
     figure, ax = new_figure()
     sizes = list(dict.fromkeys(done["size"]))
     settings = list(dict.fromkeys(done["setting"]))
     for (size, mechanism, setting), group in done.groupby(
         ["size", "mechanism", "setting"], sort=False
     ):
-        runs = [pd.Series({p[0]: p[3] for p in curve}) for curve in group.curve if curve]
+        runs = [pd.Series({p[0]: p[column] for p in curve}) for curve in group.curve if curve]
         if not runs:
             continue
         frame = pd.concat(runs, axis=1).sort_index().ffill()
@@ -277,7 +285,8 @@ def _plot_curves(task: str, done: pd.DataFrame, colours: dict) -> Figure | None:
         ax.fill_between(frame.index, frame.min(axis=1), frame.max(axis=1), color=colour, alpha=0.2)
     if not ax.lines:
         return None
-    ax.set(xlabel="step", ylabel="validation accuracy", title=plot_text(f"{task}: learning curves"))
+    title = plot_text(f"{task}: learning curves ({metric})")
+    ax.set(xlabel="step", ylabel=f"validation {metric}", title=title)
     ax.legend(fontsize="small")
     return figure
 
@@ -549,6 +558,14 @@ def report_page(
         section = Section(f"Task: {task}", [_task_table(table.reset_index(drop=True))])
         figures = [
             ("curves", _plot_curves(task, done[done.task == task], colours), "learning curves"),
+            (
+                "loss_curves",
+                # sequence tasks (scored per position, with `exact`): their loss curves too
+                _plot_curves(task, done[done.task == task], colours, "loss")
+                if done[done.task == task].test_exact.notna().any()
+                else None,
+                "loss curves",
+            ),
             ("vs_params", _plot_vs_params(task, table, colours), "accuracy vs parameters"),
         ]
         for kind, figure, alt in figures:

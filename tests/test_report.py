@@ -266,3 +266,16 @@ def test_task_labels_and_empty_store(tmp_path):
     assert "Cells: 0 (0 done" in (out / "report.md").read_text() and not list(out.glob("*.png"))
     with pytest.raises(FileNotFoundError):
         write_report(tmp_path / "missing.sqlite", tmp_path / "out")
+
+
+def test_sequence_tasks_also_get_loss_curves(tmp_path):
+    store = ResultsStore(tmp_path / "lm.sqlite")
+    for seed in SEEDS:
+        metrics, curve = outcome(0, 0, 0, seed)
+        key = store.claim(config("match_pattern/n=250", "small", "softmax", seed))
+        store.finish(key, "done", {**metrics, "test_exact": 0.5}, curve, ENVIRONMENT)
+    store.close()
+    out = write_report(store.path, tmp_path / "report")
+    name = label_file_name("loss_curves", "match_pattern/n=250")
+    assert (out / name).is_file() and f"]({name})" in (out / "report.md").read_text()
+    # (a classification task gets none: test_report_files_and_numbers lists every file)
