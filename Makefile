@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-slow lint install demo relational-games benchmarks bench clean
+.PHONY: test test-slow lint install demo relational-games fastformer-lm benchmarks bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -42,6 +42,13 @@ relational-games: install
 	$(BIN)/attn-zoo ablate run ablations/grids/relational_games.toml
 	$(BIN)/attn-zoo report ablations/grids/relational_games.toml --out reports/relational_games \
 		--note "$$(cat ablations/grids/relational_games.conclusion.md)"
+
+# The Fastformer claim (additive vs standard vs linear attention on a language model, 23 min on
+# 2 cores); its conclusion is ablations/grids/fastformer_lm.conclusion.md, written by hand.
+fastformer-lm: install
+	$(BIN)/attn-zoo ablate run ablations/grids/fastformer_lm.toml
+	$(BIN)/attn-zoo report ablations/grids/fastformer_lm.toml --out reports/fastformer_lm \
+		--note "$$(cat ablations/grids/fastformer_lm.conclusion.md)"
 
 benchmarks: install
 	$(BIN)/attn-zoo bench --suite softmax relational dual --repeats 3 --report reports/benchmarks
