@@ -39,9 +39,21 @@ validated whole before anything runs, and expanded into cells.
     [grid]                                      # optional: non-rectangular grids
     exclude = [{ task = "match_pattern", mechanism = "standard", seed = 2 }]
     include = []                                # cells added beyond the product
+                                                # (both also take swept keys: training.lr = ...)
 
-A cell is one (task, size, mechanism, seed) with everything resolved; `--set key=value`
-overrides (dotted keys, TOML values: ``--set training.steps=50``) apply before validation.
+A cell is one (task, size, mechanism, swept values, seed) with everything resolved; `--set
+key=value` overrides (dotted keys, list entries indexed, TOML values: ``--set
+training.steps=50``, ``--set 'mechanisms[1].kwargs.n_heads=2'``) apply before validation.
+
+Sweeps and overrides (README: "Sweeps, overrides and a fair comparison"): `[sweep]` names axes
+beyond task, size, mechanism and seed (``training.lr = [1e-3, 3e-3]``, ``model.pos_enc``,
+``task_kwargs.n_train``, ``mechanism_kwargs.n_heads``); `[model]` sets model options
+(`ModelOptions`); a task or mechanism entry may set its own `training`, `model` and `sweep`.
+Fixed settings resolve grid < size < task < mechanism (`GridSpec.base`), a sweep beats a fixed
+value and a more specific sweep replaces a less specific one; steps and epochs are one setting.
+A cell's swept keys are its `axes` (labels, not part of its key: the resolved values are), so
+a swept value equal to the unswept setting is the same cell. `[selection]` is read by the
+report (ablations.selection).
 
 The file's schema is typed: `GridFile` and its tables (`TaskEntry`, `SizeEntry`,
 `MechanismEntry`, `Training`, `Resources`, `GridRules`) are strict pydantic models whose fields
