@@ -143,11 +143,20 @@ def cell_attention_figure(store: ResultsStore, row: dict) -> Figure:
     return _figure(record, row)
 
 
+def _rank(row: dict, prefer: set[str] | None) -> tuple[bool, int]:
+    """Preferred cells first, then the lowest seed."""
+    return (prefer is not None and row["key"] not in prefer, row["config"]["seed"])
+
+
 def attention_blocks(
-    store: ResultsStore, folder: Path, keys: set[str] | None = None
+    store: ResultsStore,
+    folder: Path,
+    keys: set[str] | None = None,
+    prefer: set[str] | None = None,
 ) -> list[tuple]:
     """Report blocks (see attn_zoo.report_pages) with one attention-map figure per (task, size,
-    mechanism): its lowest-seed finished cell with recorded maps, written into `folder` as
+    mechanism): its lowest-seed finished cell with recorded maps (among the cells of `prefer`
+    where it has any, e.g. those of its selected setting), written into `folder` as
     attention_<slug>_<hash>.png; [] when no finished cell kept maps or a checkpoint. A map whose
     maps file cannot be loaded, a (task, size, mechanism) with no maps file while others have
     one (or kept a checkpoint), and a mechanism without attention weights get a one-line note
@@ -163,7 +172,7 @@ def attention_blocks(
         if row["status"] != "done":
             continue
         pool = chosen if store.maps_path(row["key"]).is_file() else lacking
-        if kind not in pool or config["seed"] < pool[kind]["config"]["seed"]:
+        if kind not in pool or _rank(row, prefer) < _rank(pool[kind], prefer):
             pool[kind] = row
     checkpointed = any(store.checkpoint_path(row["key"]).is_file() for row in lacking.values())
     if not chosen and not checkpointed:

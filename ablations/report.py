@@ -552,8 +552,11 @@ def report_page(
 
     colours = label_colours(cells.mechanism.dropna())
     done = cells[cells.status == "done"]
+    chosen_keys = None  # the cells of each mechanism's selected setting: their maps are shown
     if selection is not None:
-        page.sections.append(_selection_section(cells, selection, folder))
+        section, rows = _selection_section(cells, selection, folder)
+        page.sections.append(section)
+        chosen_keys = set(frame.loc[sorted(rows), "key"])
     for task, table in summary.groupby("task", sort=False):
         section = Section(f"Task: {task}", [_task_table(table.reset_index(drop=True))])
         figures = [
@@ -595,7 +598,7 @@ def report_page(
             ]
             page.sections.append(Section(f"Training-set size: {heading}", parts))
 
-    page.sections.extend(_attention_sections(store, folder, keys))
+    page.sections.extend(_attention_sections(store, folder, keys, chosen_keys))
     unfinished = cells[cells.status != "done"]
     if unfinished.empty:
         part = Paragraph("None: every cell finished.")
@@ -617,15 +620,18 @@ def _interval_text(mean: float, low: float, high: float, n: int, signed: bool = 
     return f"{mean:{form}} [{low:{form}}, {high:{form}}] (n={n})"
 
 
-def _selection_section(cells: pd.DataFrame, selection: Selection, folder: Path) -> Section:
+def _selection_section(
+    cells: pd.DataFrame, selection: Selection, folder: Path
+) -> tuple[Section, set[str]]:
     """Each mechanism at its best setting of `selection.over` (ablations.selection.select) per
     task, size and other axes; the paired differences `selection.compare` names. Writes
-    selection.csv and paired.csv."""
+    selection.csv and paired.csv; returns the section and the rows of `cells` (its index) at
+    the chosen settings."""
     axis_columns = [c for c in cells.columns if "." in c]
     over = [k for k in selection.over or axis_columns if k in axis_columns]
     metric, reported = selection.metric, selection.reported
     chosen = select(cells, over, metric, reported)
-    chosen.drop(columns=["seeds", "keys"], errors="ignore").to_csv(
+    chosen.drop(columns=["seeds", "rows"], errors="ignore").to_csv(
         _new_file(folder, "selection.csv"), index=False
     )
     pairs = pd.concat(
@@ -688,15 +694,19 @@ def _selection_section(cells: pd.DataFrame, selection: Selection, folder: Path) 
             ],
             "verdict": verdict,
         }).reset_index(drop=True)))  # fmt: skip
-    return Section("Selection: each mechanism at its best setting", parts)
+    rows = {i for found in chosen.get("rows", pd.Series(dtype=object)).dropna() for i in found}
+    return Section("Selection: each mechanism at its best setting", parts), rows
 
 
 def _attention_sections(
-    store: ResultsStore, folder: Path, keys: set[str] | None = None
+    store: ResultsStore,
+    folder: Path,
+    keys: set[str] | None = None,
+    prefer: set[str] | None = None,
 ) -> list[Section]:
     """The "Attention maps" section (none without maps) from ablations.attention's blocks:
     ("h2", heading) then ("p", text), ("ul", items) and ("img", file, alt) parts."""
-    blocks = attention_blocks(store, folder, keys)
+    blocks = attention_blocks(store, folder, keys, prefer)
     if not blocks:
         return []
     (_, heading), *parts = blocks

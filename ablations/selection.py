@@ -100,8 +100,9 @@ def select(cells: pd.DataFrame, over: list[str], metric: str, reported: str) -> 
     one row per cell with task, size, mechanism, seed, status, the axis columns and the
     metrics. Returns one row per group: its labels, `others` (the other axes' setting),
     `best` (the chosen setting of `over`), `candidates` (settings eligible: every cell done),
-    `settings` (settings tried), the chosen setting's mean `metric` (`chosen_on`), and the
-    `reported` metric's mean, low, high and n."""
+    `settings` (settings tried), the chosen setting's mean `metric` (`chosen_on`), the
+    `reported` metric's mean, low, high and n, and its cells' `seeds` and `rows` (index labels
+    of `cells`)."""
     axis_columns = [c for c in cells.columns if "." in c]
     over = [key for key in over if key in axis_columns]
     others = [key for key in axis_columns if key not in over]
@@ -131,7 +132,7 @@ def select(cells: pd.DataFrame, over: list[str], metric: str, reported: str) -> 
         mean, low, high, n = interval(runs[reported])
         row.update(
             best=setting_text(runs.iloc[0], over), chosen_on=sign * best_score, mean=mean,
-            low=low, high=high, n=n, seeds=tuple(runs.seed), keys=tuple(runs.index),
+            low=low, high=high, n=n, seeds=tuple(runs.seed), rows=tuple(runs.index),
         )  # fmt: skip
         rows.append(row)
     return pd.DataFrame(rows)
@@ -149,7 +150,7 @@ def paired(
         by = {row.mechanism: row for row in group.itertuples()}
         if a not in by or b not in by:
             continue
-        runs = {m: cells.loc[list(by[m].keys)].set_index("seed")[reported] for m in (a, b)}
+        runs = {m: cells.loc[list(by[m].rows)].set_index("seed")[reported] for m in (a, b)}
         both = runs[a].index.intersection(runs[b].index)
         mean, low, high, n = interval(runs[a][both] - runs[b][both])
         rows.append({"task": task, "size": size, "others": others, "a": a, "b": b,

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from ablations import attention
 from ablations.cli import main
 from ablations.report import write_report
 from ablations.runner import run_grid
@@ -139,3 +140,27 @@ def test_a_grid_report_holds_the_grids_cells_only(swept_store, tmp_path):
     )
     main(["report", str(spec.store), "--out", str(tmp_path / "whole")])  # a store: every cell
     assert len(pd.read_csv(tmp_path / "whole" / "cells.csv")) == 8
+
+
+def test_attention_maps_show_each_mechanisms_selected_setting(tmp_path, monkeypatch):
+    path = tiny_grid(tmp_path, seeds=[0, 1], training={"steps": 10, "eval_every": 5},
+                     checkpoints=True)  # fmt: skip
+    path.write_text(path.read_text() + "[sweep]\ntraining.lr = [1e-3, 3e-3]\n"
+                    '[selection]\nover = ["training.lr"]\n')  # fmt: skip
+    spec = load_grid(path)
+    run_grid(spec, workers=1)
+    loaded = []
+    real = attention.load_cell_maps
+
+    def recording(store, row):
+        loaded.append(row["key"])
+        return real(store, row)
+
+    monkeypatch.setattr(attention, "load_cell_maps", recording)
+    out = write_report(spec.store, tmp_path / "report", selection=spec.selection)
+    chosen = pd.read_csv(out / "selection.csv").set_index("mechanism").best
+    want = {
+        cell.key for cell in spec.cells()
+        if cell.seed == 0 and f"training.lr={cell.training['lr']}" == chosen[cell.mechanism]
+    }  # fmt: skip
+    assert sorted(loaded) == sorted(want) and len(want) == 2
