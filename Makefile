@@ -43,7 +43,7 @@ relational-games: install
 	$(BIN)/attn-zoo report ablations/grids/relational_games.toml --out reports/relational_games \
 		--note "$$(cat ablations/grids/relational_games.conclusion.md)"
 
-# The Fastformer claim (additive vs standard vs linear attention on a language model, 23 min on
+# The Fastformer claim (additive vs standard vs linear attention on a language model, 36 min on
 # 2 cores); its conclusion is ablations/grids/fastformer_lm.conclusion.md, written by hand.
 fastformer-lm: install
 	$(BIN)/attn-zoo ablate run ablations/grids/fastformer_lm.toml
