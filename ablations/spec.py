@@ -533,12 +533,20 @@ class GridSpec:
     def cells(self) -> list[Cell]:
         """The product of tasks x sizes x mechanisms x swept values x seeds, minus exclude,
         plus include."""
+        return self.expand()[0]
+
+    def expand(self) -> tuple[list[Cell], list[int]]:
+        """`cells()`, and the indices of the exclude rules that matched no cell of the
+        product (`load_grid` refuses those)."""
         cells: dict[str, Cell] = {}
+        unmatched = set(range(len(self.exclude)))
         for base in self.bases():
             for values in _assignments(base.sweep):
                 for seed in self.seeds:
                     cell = self.cell(base, values, seed)
-                    if not any(_matches(rule, cell) for rule in self.exclude):
+                    matched = {i for i, rule in enumerate(self.exclude) if _matches(rule, cell)}
+                    unmatched -= matched
+                    if not matched:
                         cells.setdefault(cell.key, cell)
         for rule in self.include:
             base = self.base(*(
@@ -550,7 +558,7 @@ class GridSpec:
             for values in _assignments(sweep):
                 cell = self.cell(base, {**values, **fixed}, rule["seed"])
                 cells.setdefault(cell.key, cell)
-        return list(cells.values())
+        return list(cells.values()), sorted(unmatched)
 
     def cell(self, base: Base, values: dict, seed: int) -> Cell:
         """The cell of `base` with swept keys at `values`, for `seed`."""
@@ -1021,18 +1029,16 @@ def load_grid(
         grid.selection,
     )
     _check_selection(path, grid.selection, spec.swept_keys(), grid.mechanisms)
-    cells = spec.cells()
+    cells, unmatched = spec.expand()
     if not cells:
         raise SpecError(
             f"{path}: grid.exclude = {grid.grid.exclude!r} leaves no cell of the product of "
             f"tasks x sizes x mechanisms x swept values x seeds and grid.include adds none; a "
             f"grid needs at least one cell"
         )
-    for i, rule_ in enumerate(exclude):
-        if not any(_matches(rule_, cell) for base in spec.bases()
-                   for values in _assignments(base.sweep) for seed in spec.seeds
-                   for cell in [spec.cell(base, values, seed)]):  # fmt: skip
-            raise SpecError(f"{path}: grid.exclude[{i}] = {rule_!r} matches no cell of the grid")
+    if unmatched:
+        i = unmatched[0]
+        raise SpecError(f"{path}: grid.exclude[{i}] = {exclude[i]!r} matches no cell of the grid")
     if check_device:
         _check_training(path, cells)
     _check_builds(path, cells)
