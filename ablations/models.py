@@ -1,6 +1,7 @@
 """The model a grid cell trains: the model family its task's kind needs (`MODEL_FOR_KIND`),
 sized and configured by the cell's `size` (ablations.spec: d_model, n_layers and the model
-options), with the cell's mechanism, and the forward call of one batch.
+options), with the cell's mechanism, and the forward call of one batch. A mechanism that names
+a reference model (ablations.references) builds that model instead.
 
 Model options of a cell's size: the `BlockConfig` fields in `BLOCK_OPTIONS` (every kind), and
 the model's own options (`KindModel.options`: pos_enc, pool; those of the kind only).
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
+from ablations.references import REFERENCES, build_reference
 from ablations.tasks import IGNORE_INDEX
 from attn_zoo.models import (
     BlockConfig,
@@ -116,9 +118,12 @@ MODEL_OPTIONS = tuple(dict.fromkeys(o for kind in MODEL_FOR_KIND.values() for o 
 
 def build_model(cell: Cell, task) -> nn.Module:
     """The model family the task's kind needs, sized and configured by the cell's size, with
-    its mechanism; ValueError naming a model option the kind's model does not take."""
+    its mechanism (or the reference model its mechanism names: ablations.references);
+    ValueError naming a model option the kind's model does not take."""
     kind = MODEL_FOR_KIND[task.kind]
     size = cell.size
+    if cell.mechanism_name in REFERENCES:
+        return build_reference(cell.mechanism_name, task, size, cell.mechanism_kwargs)
     options = {k: v for k, v in size.items() if k in MODEL_OPTIONS}
     for key in options:
         if key not in kind.options:

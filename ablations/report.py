@@ -56,8 +56,8 @@ from ablations.report_pages import (
     write_pages,
 )
 from ablations.selection import (
-    HIGHER_IS_BETTER,
     axes,
+    higher_is_better,
     paired,
     select,
     setting_text,
@@ -119,6 +119,11 @@ def _cells(df: pd.DataFrame) -> pd.DataFrame:
     missing = pd.Series(float("nan"), index=flat.index)
     cells = {"task": flat.get("config.task", missing), "family": df.apply(_family, axis=1)}
     cells.update({column: flat.get(field, missing) for column, field in FIELDS.items()})
+    cells.update({  # the metrics of a task's other test splits: test_ood_acc, ...
+        column.removeprefix("metrics."): flat[column]
+        for column in flat.columns
+        if column.startswith("metrics.test_") and column.removeprefix("metrics.") not in cells
+    })  # fmt: skip
     settings = axes(df)
     cells = pd.concat([pd.DataFrame(cells, index=df.index), settings], axis=1)
     varying = varying_axes(cells, list(settings.columns))
@@ -624,77 +629,100 @@ def _selection_section(
     cells: pd.DataFrame, selection: Selection, folder: Path
 ) -> tuple[Section, set[str]]:
     """Each mechanism at its best setting of `selection.over` (ablations.selection.select) per
-    task, size and other axes; the paired differences `selection.compare` names. Writes
-    selection.csv and paired.csv; returns the section and the rows of `cells` (its index) at
-    the chosen settings."""
+    task, size and other axes, with each of its reported metrics; the paired differences
+    `selection.compare` names. Writes selection.csv and paired.csv (a `reported` column per
+    metric's rows); returns the section and the rows of `cells` (its index) at the chosen
+    settings. ValueError naming a reported metric no cell has."""
     axis_columns = [c for c in cells.columns if "." in c]
     over = [k for k in selection.over or axis_columns if k in axis_columns]
-    metric, reported = selection.metric, selection.reported
-    chosen = select(cells, over, metric, reported)
-    chosen.drop(columns=["seeds", "rows"], errors="ignore").to_csv(
-        _new_file(folder, "selection.csv"), index=False
+    metric, reported = selection.metric, selection.reported_metrics
+    for name in reported:
+        if name not in cells.columns or cells[name].isna().all():
+            have = sorted(
+                c for c in cells.columns if c.startswith("test_") and cells[c].notna().any()
+            )
+            raise ValueError(
+                f"selection.reported names {name!r}, which no cell of the report has "
+                f"(test metrics there: {', '.join(have) or 'none'})"
+            )
+    chosen = {name: select(cells, over, metric, name) for name in reported}
+    pairs = {
+        name: pd.concat(
+            [paired(cells, chosen[name], a, b, name) for a, b in selection.compare]
+            or [paired(cells, chosen[name].iloc[:0], "", "", name)]
+        )
+        for name in reported
+    }
+    pd.concat([c.assign(reported=name) for name, c in chosen.items()]).drop(
+        columns=["seeds", "rows"], errors="ignore"
+    ).to_csv(_new_file(folder, "selection.csv"), index=False)
+    pd.concat([p.assign(reported=name) for name, p in pairs.items()]).to_csv(
+        _new_file(folder, "paired.csv"), index=False
     )
-    pairs = pd.concat(
-        [paired(cells, chosen, a, b, reported) for a, b in selection.compare]
-        or [paired(cells, chosen.iloc[:0], "", "", reported)]
-    )
-    pairs.to_csv(_new_file(folder, "paired.csv"), index=False)
-    better = "highest" if HIGHER_IS_BETTER[metric] else "lowest"
+    first = chosen[reported[0]]  # the settings: the same for every reported metric
+    better = "highest" if higher_is_better(metric) else "lowest"
     parts: list = [Paragraph(
         f"Each mechanism at its best setting of {', '.join(over) or 'no axis (nothing swept)'}: "
         f"the setting with the {better} mean {metric} over seeds, among the settings whose "
-        f"every seed finished (eligible of tried), per task, size and other axes; {reported} "
-        f"at that setting: mean and 95% confidence interval over seeds (Student's t). "
-        f"Bold: the best {reported} of its task, size and other axes. Data: selection.csv."
+        f"every seed finished (eligible of tried), per task, size and other axes; "
+        f"{', '.join(reported)} at that setting: mean and 95% confidence interval over seeds "
+        f"(Student's t). Bold: the best of its task, size and other axes. Data: selection.csv."
     )]  # fmt: skip
-    if chosen.empty:
+    if first.empty:
         parts.append(Paragraph("No cells."))
     else:
-        sign = 1 if HIGHER_IS_BETTER[reported] else -1
-        group = chosen.groupby(["task", "size", "others"], sort=False, dropna=False)["mean"]
-        best = (sign * chosen["mean"]).eq(group.transform(lambda m: (sign * m).max()))
         data = pd.DataFrame({
-            "task": chosen.task.astype(str),
-            "size": chosen["size"].astype(str),
-            "mechanism": chosen.mechanism.astype(str),
-            **({"other axes": chosen.others} if chosen.others.astype(bool).any() else {}),
-            "best setting": chosen.best.astype(str),
-            f"{metric} (mean)": chosen.chosen_on.map(lambda v: "-" if pd.isna(v) else f"{v:.3f}"),
-            f"{reported} [95% CI]": [
-                _interval_text(m, lo, hi, n)
-                for m, lo, hi, n in zip(chosen["mean"], chosen.low, chosen.high, chosen.n,
-                                        strict=True)  # fmt: skip
-            ],
-            "eligible of tried": [f"{c} of {t}" for c, t in zip(chosen.candidates,
-                                                                 chosen.settings, strict=True)],
+            "task": first.task.astype(str),
+            "size": first["size"].astype(str),
+            "mechanism": first.mechanism.astype(str),
+            **({"other axes": first.others} if first.others.astype(bool).any() else {}),
+            "best setting": first.best.astype(str),
+            f"{metric} (mean)": first.chosen_on.map(lambda v: "-" if pd.isna(v) else f"{v:.3f}"),
         })  # fmt: skip
-        bold = pd.DataFrame(False, index=data.index, columns=data.columns)
-        bold[f"{reported} [95% CI]"] = best.to_numpy()
-        parts.append(Table(data, bold))
+        bold = {}
+        for name, table in chosen.items():
+            sign = 1 if higher_is_better(name) else -1
+            group = table.groupby(["task", "size", "others"], sort=False, dropna=False)["mean"]
+            bold[f"{name} [95% CI]"] = (sign * table["mean"]).eq(
+                group.transform(lambda m, sign=sign: (sign * m).max())
+            )
+            data[f"{name} [95% CI]"] = [
+                _interval_text(m, lo, hi, n)
+                for m, lo, hi, n in zip(table["mean"], table.low, table.high, table.n, strict=True)
+            ]
+        data["eligible of tried"] = [
+            f"{c} of {t}" for c, t in zip(first.candidates, first.settings, strict=True)
+        ]
+        marks = pd.DataFrame(False, index=data.index, columns=data.columns)
+        for column, best in bold.items():
+            marks[column] = best.to_numpy()
+        parts.append(Table(data, marks))
     if selection.compare:
         parts.append(Paragraph(
-            f"Paired differences of {reported}: a − b, each mechanism at its own best setting, "
-            "seed by seed over the seeds both finished; mean and 95% paired t interval. An "
-            "interval that excludes 0 is a difference at that level. Data: paired.csv."
+            f"Paired differences of {', '.join(reported)}: a − b, each mechanism at its own "
+            "best setting, seed by seed over the seeds both finished; mean and 95% paired t "
+            "interval. An interval that excludes 0 is a difference at that level. Data: "
+            "paired.csv."
         ))  # fmt: skip
-        verdict = [
-            "-" if pd.isna(lo) else f"{a} ahead" if lo > 0 else f"{b} ahead" if hi < 0
-            else "no clear difference"
-            for a, b, lo, hi in zip(pairs.a, pairs.b, pairs.low, pairs.high, strict=True)
-        ]  # fmt: skip
-        parts.append(Table(pd.DataFrame({
-            "task": pairs.task.astype(str),
-            "size": pairs["size"].astype(str),
-            **({"other axes": pairs.others} if pairs.others.astype(bool).any() else {}),
-            "a − b": [f"{a} − {b}" for a, b in zip(pairs.a, pairs.b, strict=True)],
-            f"{reported} difference [95% CI]": [
+        head = pairs[reported[0]]
+        table = pd.DataFrame({
+            "task": head.task.astype(str),
+            "size": head["size"].astype(str),
+            **({"other axes": head.others} if head.others.astype(bool).any() else {}),
+            "a − b": [f"{a} − {b}" for a, b in zip(head.a, head.b, strict=True)],
+        })  # fmt: skip
+        for name, pair in pairs.items():
+            table[f"{name} difference [95% CI]"] = [
                 _interval_text(m, lo, hi, n, signed=True)
-                for m, lo, hi, n in zip(pairs["mean"], pairs.low, pairs.high, pairs.n,
-                                        strict=True)  # fmt: skip
-            ],
-            "verdict": verdict,
-        }).reset_index(drop=True)))  # fmt: skip
-    rows = {i for found in chosen.get("rows", pd.Series(dtype=object)).dropna() for i in found}
+                for m, lo, hi, n in zip(pair["mean"], pair.low, pair.high, pair.n, strict=True)
+            ]
+            table[f"{name} verdict" if len(reported) > 1 else "verdict"] = [
+                "-" if pd.isna(lo) else f"{a} ahead" if lo > 0 else f"{b} ahead" if hi < 0
+                else "no clear difference"
+                for a, b, lo, hi in zip(pair.a, pair.b, pair.low, pair.high, strict=True)
+            ]  # fmt: skip
+        parts.append(Table(table.reset_index(drop=True)))
+    rows = {i for found in first.get("rows", pd.Series(dtype=object)).dropna() for i in found}
     return Section("Selection: each mechanism at its best setting", parts), rows
 
 

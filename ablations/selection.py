@@ -38,8 +38,12 @@ AXIS_PREFIXES = {  # flattened store column prefix: swept-key section
     "config.mechanism_kwargs.": "mechanism_kwargs.",
 }
 GROUP = ["task", "size", "mechanism"]
-HIGHER_IS_BETTER = {"val_acc": True, "val_loss": False, "test_acc": True, "test_exact": True,
-                    "test_loss": False}  # fmt: skip
+
+
+def higher_is_better(metric: str) -> bool:
+    """Whether a larger `metric` is better: accuracies ("val_acc", "test_id_acc", "test_exact"),
+    not losses ("val_loss", "test_loss")."""
+    return not metric.endswith("loss")
 
 
 def interval(values: pd.Series, level: float = 0.95) -> tuple[float, float, float, int]:
@@ -106,7 +110,7 @@ def select(cells: pd.DataFrame, over: list[str], metric: str, reported: str) -> 
     axis_columns = [c for c in cells.columns if "." in c]
     over = [key for key in over if key in axis_columns]
     others = [key for key in axis_columns if key not in over]
-    sign = 1 if HIGHER_IS_BETTER[metric] else -1
+    sign = 1 if higher_is_better(metric) else -1
     rows = []
     shown = varying_axes(cells, others)
     for labels, group in cells.groupby(GROUP + others, sort=False, dropna=False):

@@ -30,6 +30,7 @@ validated whole before anything runs, and expanded into cells.
     patience = 0                                # evaluations without improvement; 0: off
     device = "auto"                             # "auto", "cpu", "cuda", "cuda:N", "mps"
     precision = "float32"                       # or "bf16" (autocast, CUDA and CPU)
+    betas = [0.9, 0.999]                        # AdamW's betas
     compile = false                             # true: torch.compile the model
 
     [resources]                                 # optional: what a Ray task of a cell asks for
@@ -74,7 +75,7 @@ Training settings resolve into each cell's `training` (which keys it in the stor
   cell of a grid with `epochs` holds `epochs` and its resolved `steps`; batches are drawn at
   random, so an epoch is as many examples as the training split has, not one pass over each.
 - The keys added after stores existed (`ADDED_KEYS`: epochs, patience, device, precision,
-  compile) enter a cell's `training` only when set to something other than their default:
+  compile, betas) enter a cell's `training` only when set to something other than their default:
   a grid that does not set them, or sets them to their default, keeps every cell's key, and the
   cells already in its store. Read a cell's settings with `training_settings(cell.training)`.
 - `device` is refused when this machine does not have it, with the reason (`device_problem`);
@@ -126,6 +127,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from ablations.models import build_model
+from ablations.references import REFERENCES
 from ablations.store import config_key
 from ablations.tasks import build_task, list_tasks, task_arguments
 from attn_zoo.mechanisms.registry import MECHANISMS, list_mechanisms
@@ -208,6 +210,11 @@ Seed = rule(StrictInt, SEED_RANGE, lambda v: 0 <= v < 2**63)
 Kwargs = Annotated[dict[str, Any], Valid("a table, e.g. { key = value }")]
 SCHEDULES = ("cosine", "constant")
 PRECISIONS = ("float32", "bf16")
+Betas = Annotated[
+    list[finite("in [0, 1) (one of AdamW's betas)", lambda v: 0 <= v < 1)],
+    Field(min_length=2, max_length=2),
+    Valid("two finite floats in [0, 1): AdamW's [beta1, beta2], e.g. [0.9, 0.99]"),
+]
 DEVICES = 'one of "auto", "cpu", "cuda", "cuda:N" (N an int >= 0), "mps"'
 
 
@@ -225,6 +232,11 @@ class Table(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+def activation_names() -> list[str]:
+    """The feed-forward activations a model option may name (swiglu is gated: its own)."""
+    return [*ACTIVATIONS, "swiglu"]
+
+
 class ModelOptions(Table):
     """[model], and the options of a [[sizes]] entry or of a task's or mechanism's `model`:
     `BlockConfig` settings and the model's own (pos_enc, pool: only where the task kind's model
@@ -232,7 +244,7 @@ class ModelOptions(Table):
 
     dff: whole(1) | None = None
     dropout: finite("in [0, 1)", lambda v: 0 <= v < 1) | None = None
-    activation: choice(lambda: [*ACTIVATIONS, "swiglu"]) | None = None
+    activation: choice(activation_names) | None = None
     norm_type: choice(NORMS.names) | None = None
     norm_first: rule(StrictBool, "a bool (true: pre-norm, false: post-norm)") | None = None
     bias: rule(StrictBool, "a bool (biases in the feed-forward)") | None = None
@@ -259,9 +271,10 @@ class Training(Table):
     batch_size: whole(1) = 64
     lr: finite("> 0", lambda v: v > 0) = 1e-3
     weight_decay: finite(">= 0", lambda v: v >= 0) = 0.01
+    betas: Betas = [0.9, 0.999]  # AdamW's (beta1, beta2)
     warmup_steps: whole(0) = 50
     schedule: choice(SCHEDULES) = "cosine"
-    grad_clip: finite("> 0 (the gradient-norm bound)", lambda v: v > 0) = 1.0
+    grad_clip: finite(">= 0 (the gradient-norm bound; 0: no clipping)", lambda v: v >= 0) = 1.0
     eval_every: whole(1) = 50
     early_stop_target: finite("in [0, 1] (0: never stop early)", lambda v: 0 <= v <= 1) = 0.0
     patience: whole(
@@ -299,11 +312,18 @@ class TaskEntry(Table):
     sweep: Sweep = Sweep()
 
 
+def mechanism_names() -> list[str]:
+    """What a [[mechanisms]] entry may name: a registered mechanism or a reference model."""
+    return [*list_mechanisms(), *REFERENCES]
+
+
 class MechanismEntry(TaskEntry):
     """A [[mechanisms]] entry: a registered mechanism, its kwargs (the model fills d_model and
-    backend), its label, and its own training settings, model options and sweeps."""
+    backend), its label, and its own training settings, model options and sweeps; or a
+    reference model (ablations.references: "dual_attention.VisionTransformer", ...) and its
+    kwargs."""
 
-    name: choice(list_mechanisms)
+    name: choice(mechanism_names)
 
 
 class Resources(Table):
@@ -322,22 +342,37 @@ class GridRules(Table):
 
 
 SELECTION_METRICS = ("val_acc", "val_loss")  # chosen on: the highest accuracy, lowest loss
-REPORTED_METRICS = ("test_acc", "test_exact", "test_loss")
+# A test metric: test_acc, test_exact, test_loss, or those of a task's other test splits
+# ("test_<what>_acc": relational_games' test_id_acc, test_ood_acc)
+REPORTED = (
+    'a test metric or a list of them: "test_acc", "test_exact", "test_loss", or '
+    '"test_<split>_acc" (and _exact, _loss) of a task with more test splits, e.g. "test_ood_acc"'
+)
+Reported = rule(
+    StrictStr, REPORTED, lambda v: re.fullmatch(r"test(_[A-Za-z0-9]+)*_(acc|exact|loss)", v)
+)
 
 
 class Selection(Table):
     """[selection]: the report compares each mechanism at its best setting (per task and size)
     of the axes `over` (default: every swept key), chosen on `metric` (its mean over seeds),
-    reporting `reported` there; `compare` names [a, b] mechanism pairs whose paired difference
-    (a - b, seed by seed, each at its own best setting) the report gives."""
+    reporting `reported` there (one test metric or a list); `compare` names [a, b] mechanism
+    pairs whose paired difference (a - b, seed by seed, each at its own best setting) the
+    report gives."""
 
     over: Annotated[list[StrictStr], Valid('a list of swept keys, e.g. ["training.lr"]')] = []
     metric: choice(SELECTION_METRICS) = "val_acc"
-    reported: choice(REPORTED_METRICS) = "test_acc"
+    reported: Annotated[
+        Reported | Annotated[list[Reported], Field(min_length=1)], Valid(REPORTED)
+    ] = "test_acc"
     compare: Annotated[
         list[Annotated[list[StrictStr], Field(min_length=2, max_length=2)]],
         Valid('a list of [mechanism, mechanism] label pairs, e.g. [["relational", "standard"]]'),
     ] = []
+
+    @property
+    def reported_metrics(self) -> list[str]:
+        return [self.reported] if isinstance(self.reported, str) else list(self.reported)
 
 
 class GridFile(Table):
@@ -362,7 +397,7 @@ class GridFile(Table):
 
 # Added after stores existed: in a cell's training only when set to another value than the
 # default, so that the cells of a grid that does not use them keep their keys.
-ADDED_KEYS = ("epochs", "patience", "device", "precision", "compile")
+ADDED_KEYS = ("epochs", "patience", "device", "precision", "compile", "betas")
 # Every cell's training holds these (the defaults of a grid with an empty [training]).
 TRAINING_DEFAULTS = {k: v for k, v in Training().model_dump().items() if k not in ADDED_KEYS}
 RESOURCE_DEFAULTS = Resources().model_dump()
@@ -763,6 +798,8 @@ def _kwarg_names(entry: TaskEntry) -> list[str] | None:
     """The kwargs a task or mechanism entry may set (None: any)."""
     if not isinstance(entry, MechanismEntry):
         return task_arguments(entry.name)
+    if entry.name in REFERENCES:
+        return list(REFERENCES[entry.name].kwargs)
     valid = MECHANISMS.kwargs(entry.name)
     if valid is None:
         return None
@@ -950,7 +987,7 @@ def _check_builds(path, cells: list[Cell]) -> None:
                 tasks[task_id] = _task(path, cell.task, cell.task_name, cell.task_kwargs)
             layer = json.dumps([cell.mechanism_name, cell.mechanism_kwargs, cell.size],
                                sort_keys=True, default=str)  # fmt: skip
-            if layer not in layers:
+            if layer not in layers and cell.mechanism_name not in REFERENCES:
                 layers.add(layer)
                 try:
                     build_attention(

@@ -1,12 +1,15 @@
 """Training one cell of a grid: build the task's data and the model, train, evaluate.
 
-AdamW with linear warmup then cosine decay (or constant), gradient-norm clipping, evaluation
-on the validation split every `eval_every` steps (and at the end), early stop once the
-validation metric reaches `early_stop_target`, or once it has not improved on its best for
-`patience` evaluations (the cell keeps its last weights). The metric is accuracy: per example
-for classification (sequences or images), per scored position for language-model and seq2seq
-tasks, which also get `exact` (the share of examples with every scored position right). A NaN
-or inf loss ends the cell as `diverged` at its step. The same seed gives the same metrics on CPU.
+AdamW (its betas: `training.betas`) with linear warmup then cosine decay (or constant),
+gradient-norm clipping (none where `grad_clip` is 0), evaluation on the validation split every
+`eval_every` steps (and at the end), early stop once the validation metric reaches
+`early_stop_target`, or once it has not improved on its best for `patience` evaluations (the
+cell keeps its last weights). The metric is accuracy: per example for classification
+(sequences or images), per scored position for language-model and seq2seq tasks, which also
+get `exact` (the share of examples with every scored position right). A finished cell is
+tested on every test split of its task ("test", and any "test_<what>": metrics "test_acc",
+"test_<what>_acc", and so on). A NaN or inf loss ends the cell as `diverged` at its step. The
+same seed gives the same metrics on CPU.
 
 Where and how (`ablations.spec` validates these settings): the model is built on the CPU (the
 same initial weights everywhere) and moved with the data to the cell's device, "auto" resolved
@@ -215,7 +218,9 @@ def train_cell(
     }
     model = build_model(cell, task).to(device)  # built on the CPU: the same weights anywhere
     run = torch.compile(model) if t["compile"] else model
-    opt = torch.optim.AdamW(model.parameters(), lr=t["lr"], weight_decay=t["weight_decay"])
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=t["lr"], betas=tuple(t["betas"]), weight_decay=t["weight_decay"]
+    )
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, t))
     gen = torch.Generator().manual_seed(cell.seed)
     train = splits["train"]
@@ -231,7 +236,8 @@ def train_cell(
             break
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), t["grad_clip"])
+        if t["grad_clip"]:
+            nn.utils.clip_grad_norm_(model.parameters(), t["grad_clip"])
         opt.step()
         schedule.step()
         if step % t["eval_every"] == 0 or step == t["steps"]:
@@ -257,9 +263,10 @@ def train_cell(
         "val_acc": val_metric,
     }
     if status == "done":
-        with _autocast(device, dtype):
-            test = evaluate(run, task, splits["test"])
-        metrics.update({f"test_{k}": v for k, v in test.items()})
+        for name in (name for name in splits if name.startswith("test")):
+            with _autocast(device, dtype):
+                test = evaluate(run, task, splits[name])
+            metrics.update({f"{name}_{k}": v for k, v in test.items()})
     else:
         metrics["diverged_at"] = step
     state = _to_cpu(model.state_dict()) if keep_state else None

@@ -82,3 +82,18 @@ def _value(value: object) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_value(v) for v in value) + "]"
     return json.dumps(value)
+
+
+def assert_refused(path: Path, fragments: list[str], overrides: list[str] | None = None) -> None:
+    """Loading the grid at `path` (with `overrides`) raises a one-line SpecError that starts
+    with the path and contains every fragment."""
+    import pytest
+
+    from ablations.spec import SpecError, load_grid
+
+    with pytest.raises(SpecError) as err:
+        load_grid(path, overrides)
+    message = str(err.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message
+    for fragment in fragments:
+        assert fragment in message

@@ -124,6 +124,31 @@ def test_a_report_with_a_selection_compares_each_mechanism_at_its_best_lr(swept_
     assert "## Selection: each mechanism at its best setting" in text and "rel − std" in text
 
 
+def test_a_selection_reports_each_metric_it_names_at_the_same_settings(swept_store, tmp_path):
+    selection = swept_store.selection.model_copy(update={"reported": ["test_acc", "test_loss"]})
+    out = write_report(swept_store.store, tmp_path / "two", selection=selection)
+    chosen = pd.read_csv(out / "selection.csv")
+    by_metric = {name: rows.set_index("mechanism") for name, rows in chosen.groupby("reported")}
+    assert set(by_metric) == {"test_acc", "test_loss"}
+    assert by_metric["test_acc"].best.equals(by_metric["test_loss"].best)
+    cells = pd.read_csv(out / "cells.csv")
+    for mechanism, row in by_metric["test_loss"].iterrows():
+        lr = float(row.best.removeprefix("training.lr="))
+        mine = (cells["config.mechanism"] == mechanism) & (cells["config.training.lr"] == lr)
+        assert row["mean"] == pytest.approx(cells[mine]["metrics.test_loss"].mean())
+    pairs = pd.read_csv(out / "paired.csv")
+    assert sorted(pairs.reported) == ["test_acc", "test_loss"]
+    text = (out / "report.md").read_text()
+    assert "test_acc [95% CI]" in text and "test_loss [95% CI]" in text
+    assert "test_loss verdict" in text
+
+
+def test_a_reported_metric_no_cell_has_is_an_error_naming_it(swept_store, tmp_path):
+    selection = swept_store.selection.model_copy(update={"reported": "test_ood_acc"})
+    with pytest.raises(ValueError, match=r"'test_ood_acc', which no cell .* test_acc"):
+        write_report(swept_store.store, tmp_path / "bad", selection=selection)
+
+
 def test_a_report_without_a_selection_has_no_selection_section(swept_store, tmp_path):
     out = write_report(swept_store.store, tmp_path / "plain")
     assert not (out / "selection.csv").exists()

@@ -118,15 +118,33 @@ def test_relational_games_labels_match_rule(problem):
     assert task.kind == "image_classification" and task.num_classes == 2
     assert task.image_shape == (3, 24, 24) and task.patch_size == 8
     allowed = {name: {*object_ids(name).tolist(), TARGET, EMPTY} for name in SHAPE_SETS}
-    for split, data in task.splits(seed=0).items():
+    splits = task.splits(seed=0)
+    assert list(splits) == ["train", "validation", "test", "test_id", "test_ood"]
+    for split, data in splits.items():
         assert data.inputs.shape == (len(data), 3, 24, 24) and data.inputs.dtype == torch.float32
         assert data.targets.dtype == torch.long
         assert Counter(data.targets.tolist()) == {0: len(data) // 2, 1: len(data) // 2}
         boards = boards_of(data.inputs, 8)
-        shape_set = "heldout" if split == "test" else "train"
+        shape_set = "heldout" if split in ("test", "test_ood") else "train"
         for board, label in zip(boards, data.targets.tolist(), strict=True):
             assert {x for row in board for x in row} <= allowed[shape_set]
             assert label == rule(problem, board)
+
+
+def test_relational_games_extra_test_splits_leave_the_first_three_as_they_were():
+    task = small("relational_games", problem="xoccurs", shape_set="heldout", cell_size=5)
+    generator = torch.Generator().manual_seed(5)
+    plan = [("train", 64, "heldout"), ("validation", 32, "heldout"), ("test", 32, "train")]
+    splits = task.splits(seed=5)
+    for name, n, shape_set in plan:  # the draws the splits made before test_id and test_ood
+        inputs, targets = task.generate(n, generator, shape_set)
+        assert torch.equal(splits[name].inputs, inputs)
+        assert torch.equal(splits[name].targets, targets)
+    # shape_set "heldout": in distribution is heldout, out of distribution the train set
+    ids = {name: set(object_ids(name).tolist()) for name in SHAPE_SETS}
+    for split, shape_set in (("test_id", "heldout"), ("test_ood", "train")):
+        objects = {x for board in boards_of(splits[split].inputs, 5) for row in board for x in row}
+        assert objects - {EMPTY} <= ids[shape_set] and objects & ids[shape_set]
 
 
 def test_relational_games_boards_render_and_cover_the_grid():

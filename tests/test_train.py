@@ -243,3 +243,36 @@ def test_compile_trains_to_the_eager_metrics():
     for name in ("test_loss", "test_acc", "val_loss", "val_acc"):
         assert compiled.metrics[name] == pytest.approx(eager.metrics[name], abs=1e-4), name
     assert not any(k.startswith("_orig_mod") for k in compiled.state)  # the model's own keys
+
+
+def test_betas_reach_the_optimizer_and_grad_clip_0_does_not_clip(monkeypatch):
+    made, clipped = [], []
+    adamw, clip = torch.optim.AdamW, torch.nn.utils.clip_grad_norm_
+
+    def spy_adamw(params, **kwargs):
+        made.append(kwargs)
+        return adamw(params, **kwargs)
+
+    def spy_clip(params, bound, *args, **kwargs):
+        clipped.append(bound)
+        return clip(params, bound, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", spy_adamw)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy_clip)
+    training = dict(TRAINING_DEFAULTS, steps=3, eval_every=3, batch_size=8)
+    train_cell(cell(training=dict(training, betas=[0.5, 0.75], grad_clip=0.0)))
+    assert made[-1]["betas"] == (0.5, 0.75) and clipped == []
+    train_cell(cell(training=dict(training, grad_clip=2.0)))  # defaults: (0.9, 0.999), clipped
+    assert made[-1]["betas"] == (0.9, 0.999) and clipped == [2.0] * 3
+
+
+def test_every_test_split_of_the_task_is_evaluated():
+    games = cell(
+        task="games",
+        task_name="relational_games",
+        task_kwargs=dict(problem="same", cell_size=5, n_train=32, n_validation=16, n_test=16),
+        training=dict(TRAINING_DEFAULTS, steps=2, eval_every=2, batch_size=8),
+    )
+    metrics = train_cell(games).metrics
+    for split in ("test", "test_id", "test_ood"):
+        assert 0 <= metrics[f"{split}_acc"] <= 1 and metrics[f"{split}_loss"] > 0

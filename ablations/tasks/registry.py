@@ -17,6 +17,9 @@ give `image_shape` instead), `num_classes` where relevant, and `splits(seed)`. E
 generated offline by vectorised torch code from one `torch.Generator` seeded with `seed`, so the
 same seed gives the same tensors on every machine and run.
 
+A task may give more test splits, named "test_<what>" (relational_games: "test_id" and
+"test_ood"); training evaluates each into metrics "test_<what>_acc", "test_<what>_loss".
+
 Targets: classification tasks give one class id per example, shape ``(n,)``; language-model
 tasks give one next-token target per input position, shape ``(n, seq_len)``, with
 `IGNORE_INDEX` (-1) where a position is not scored (use ``cross_entropy(ignore_index=-1)``).

@@ -25,7 +25,8 @@ cells of a 3 x 3 grid that spans it, drawn with a 1-pixel margin by nearest-neig
 upscaling) in one colour. The shape sets are disjoint in both: ``train`` has 8 five-cell masks
 in red, green, blue and yellow, ``heldout`` 8 six-cell masks in cyan, magenta, orange and
 purple. Train and validation use ``shape_set``; test uses ``test_shape_set``, so
-``test_shape_set="heldout"`` gives an out-of-distribution test split.
+``test_shape_set="heldout"`` gives an out-of-distribution test split; the extra test splits
+"test_id" and "test_ood" (`RelationalGames.splits`) give both, whatever `test_shape_set`.
 
 Board ids: object ``32 s + 4 m + c`` is mask m in colour c of set s (``train`` 0, ``heldout``
 1); `TARGET` (64) is the left_of target and `EMPTY` (65) an empty cell.
@@ -265,11 +266,17 @@ class RelationalGames(Task):
         return self.render(boards), labels
 
     def splits(self, seed: int) -> dict[str, Split]:
-        """As `Task.splits`, but the test split draws its objects from `test_shape_set`."""
+        """As `Task.splits`, but the test split draws its objects from `test_shape_set`; and
+        two more test splits of `n_test` boards each: "test_id" from `shape_set` (in
+        distribution) and "test_ood" from the other shape set (out of distribution), drawn
+        after the first three (which stay as they were without them)."""
         generator = torch.Generator().manual_seed(seed)
+        (other,) = (s for s in SHAPE_SETS if s != self.shape_set)
         plan = {
             "train": (self.n_train, self.shape_set),
             "validation": (self.n_validation, self.shape_set),
             "test": (self.n_test, self.test_shape_set),
+            "test_id": (self.n_test, self.shape_set),
+            "test_ood": (self.n_test, other),
         }
         return {name: Split(*self.generate(n, generator, s)) for name, (n, s) in plan.items()}
