@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
 # BlockConfig fields a grid may set (d_model, attention and its kwargs come from the cell)
 BLOCK_OPTIONS = (
-    "dff", "dropout", "activation", "norm_type", "norm_first", "bias", "symbol_retrieval",
-    "symbol_retrieval_kwargs", "shared_symbol_retriever",
+    "dff", "dropout", "activation", "norm_type", "norm_first", "bias", "attention_residual",
+    "symbol_retrieval", "symbol_retrieval_kwargs", "shared_symbol_retriever",
 )  # fmt: skip
 
 
@@ -66,6 +66,7 @@ MODEL_FOR_KIND: dict[str, KindModel] = {
             n_layers=n_layers,
             max_len=task.seq_len,
             config=config,
+            input_dim=getattr(task, "input_dim", None),  # vector inputs (match_pattern)
             **options,
         ),  # fmt: skip
         _plain_forward,

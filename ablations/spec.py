@@ -248,6 +248,9 @@ class ModelOptions(Table):
     norm_type: choice(NORMS.names) | None = None
     norm_first: rule(StrictBool, "a bool (true: pre-norm, false: post-norm)") | None = None
     bias: rule(StrictBool, "a bool (biases in the feed-forward)") | None = None
+    attention_residual: (
+        rule(StrictBool, "a bool (false: attention's output replaces the stream, no skip)") | None
+    ) = None
     pos_enc: choice(POSITIONAL.names) | None = None
     pool: choice(("mean", "first", "cls")) | None = None
     symbol_retrieval: choice(list_symbol_retrievers) | None = None

@@ -318,3 +318,46 @@ def test_sequence_classifier_trains(mechanism):
     train(model, (idx, torch.arange(6) % 3))
     with pytest.raises(ValueError, match="pool='max'"):
         SequenceClassifier(20, 3, D, 1, pool="max")
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_without_attention_residual_attentions_output_replaces_the_stream(norm_first):
+    torch.manual_seed(0)
+    settings = dict(d_model=D, attention="relational", dropout=0.0, norm_first=norm_first,
+                    attention_kwargs=dict(n_heads=2))  # fmt: skip
+    bottleneck = Block(**settings, attention_residual=False)
+    x, symbols = (torch.randn(2, 5, D, dtype=torch.float64) for _ in range(2))
+    bottleneck = bottleneck.double()
+    attended = bottleneck.attn(bottleneck.norm1(x) if norm_first else x, symbols=symbols)
+    if norm_first:
+        expected = attended + bottleneck.ff_block(bottleneck.norm2(attended))
+    else:
+        stream = bottleneck.norm1(attended)
+        expected = bottleneck.norm2(stream + bottleneck.ff_block(stream))
+    torch.testing.assert_close(bottleneck(x, symbols), expected)
+    residual = Block(**settings).double()  # the default: x + attention
+    residual.load_state_dict(bottleneck.state_dict())
+    skip = x + attended if norm_first else bottleneck.norm1(x + attended)
+    assert not torch.allclose(residual(x, symbols), bottleneck(x, symbols))
+    if norm_first:
+        torch.testing.assert_close(
+            residual(x, symbols), skip + residual.ff_block(residual.norm2(skip))
+        )
+
+
+def test_sequence_classifier_reads_vectors_with_input_dim():
+    from attn_zoo.models import SequenceClassifier
+
+    torch.manual_seed(0)
+    model = SequenceClassifier(0, 2, D, 1, max_len=6, input_dim=5, attention_kwargs=dict(n_heads=2))
+    assert isinstance(model.token_embedder, torch.nn.Linear)
+    x = torch.randn(4, 6, 5)
+    train(model, (x, torch.arange(4) % 2))
+    with pytest.raises(ValueError, match=r"\(B, T, 5\) float vectors.*torch.int64 \(4, 6\)"):
+        model(torch.zeros(4, 6, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"\(B, T, 5\).*\(4, 6, 3\)"):
+        model(torch.randn(4, 6, 3))
+    with pytest.raises(ValueError, match="length 7 > max_len=6"):
+        model(torch.randn(4, 7, 5))
+    with pytest.raises(ValueError, match="input_dim=0"):
+        SequenceClassifier(0, 2, D, 1, input_dim=0)

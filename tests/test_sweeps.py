@@ -177,6 +177,8 @@ def test_set_on_a_missing_entry_names_it(tmp_path, overrides, fragments):
         ("[sweep]\nmechanism_kwargs.n_heads = [2, 3]\n", ["mechanism 'std'", "divisible"]),
         ("[model]\nnorm_type = 'batchnorm'\n", ["model.norm_type = 'batchnorm'", "rmsnorm"]),
         ("[model]\nbias = 1\n", ["model.bias = 1", "a bool"]),
+        ("[sweep]\nmodel.attention_residual = [true, 0]\n",
+         ["sweep.model.attention_residual", "= 0", "a bool (false: attention's output"]),
         ("[model]\nactivation = 'gelux'\n", ["model.activation = 'gelux'", "'gelu'", "swiglu"]),
         ("[selection]\nover = ['training.lr']\n", ["selection.over[0] = 'training.lr'"]),
         ("[sweep]\ntraining.lr = [1e-3]\n[selection]\ncompare = [['rel', 'sdt']]\n",

@@ -184,3 +184,26 @@ def test_duplicate_registration():
 
     with pytest.raises(ValueError, match="already registered"):
         register_task("same_pair")(SamePair)
+
+
+def test_match_pattern_with_fresh_object_vectors():
+    task = small("match_pattern", objects="vectors", object_dim=8)
+    assert task.input_dim == 8 and small("match_pattern").input_dim is None
+    splits = task.splits(seed=0)
+    data = splits["train"]
+    assert data.inputs.shape == (len(data), 6, 8) and data.inputs.dtype == torch.float32
+    seen = set()
+    for x, y in zip(data.inputs, data.targets.tolist(), strict=True):
+        # objects: the distinct rows, in order of first appearance; the pattern from their ids
+        rows = [tuple(v.tolist()) for v in x]
+        ids = [sorted(set(rows), key=rows.index).index(r) for r in rows]
+        first, second = pattern_of(ids[:3]), pattern_of(ids[3:])
+        seen |= {first, second}
+        assert y == int(first == second)
+        assert not set(rows[:3]) & set(rows[3:])  # fresh objects in the second triple
+    assert seen == set(PATTERNS)
+    # fresh for every example: no object vector appears in two examples
+    objects = {tuple(v.tolist()) for x in data.inputs for v in x}
+    assert len(objects) == sum(len({tuple(v.tolist()) for v in x}) for x in data.inputs)
+    with pytest.raises(ValueError, match=r"objects must be one of tokens, vectors; got 'vector'"):
+        build_task("match_pattern", objects="vector")

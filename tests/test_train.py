@@ -88,6 +88,16 @@ def test_divergence_is_recorded_at_its_step():
                 symbol_retrieval_kwargs=dict(max_length=8),
             ),
         ),
+        (  # fresh object vectors: the classifier embeds vectors (input_dim)
+            "match_pattern",
+            dict(objects="vectors", object_dim=4, n_train=128, n_validation=32, n_test=32),
+            "relational",
+            dict(
+                n_heads=2,
+                symbol_retrieval="positional_symbols",
+                symbol_retrieval_kwargs=dict(max_length=6),
+            ),
+        ),  # fmt: skip
     ],
 )
 def test_both_task_kinds_and_symbolic_mechanisms(task, kwargs, mechanism, mech_kwargs):

@@ -10,6 +10,11 @@ Literal example (vocab_size=64; triples ABA and ABA)::
 
     input: [17, 3, 17, 42, 9, 42]
     label: 1
+
+With ``objects="vectors"`` the six objects are fresh random vectors instead of tokens:
+``object_dim`` standard normal entries scaled by 1/sqrt(object_dim), drawn anew for every
+example (inputs (n, 6, object_dim) float32, `input_dim` = object_dim), so no object is ever
+seen twice and every test example is out of distribution in its objects.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from torch import Tensor
 
 from .registry import Task, balanced_labels, distinct_tokens, register_task
 
+OBJECTS = ("tokens", "vectors")
 PATTERNS = {
     "AAA": (0, 0, 0),
     "AAB": (0, 0, 1),
@@ -38,6 +44,8 @@ class MatchPattern(Task):
     num_classes: ClassVar[int] = 2
     seq_len: ClassVar[int] = 6
     vocab_size: int = 64
+    objects: str = "tokens"
+    object_dim: int = 32
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -45,6 +53,15 @@ class MatchPattern(Task):
             raise ValueError(
                 f"vocab_size must be >= 6 (six distinct objects), got {self.vocab_size}"
             )
+        if self.objects not in OBJECTS:
+            raise ValueError(f"objects must be one of {', '.join(OBJECTS)}; got {self.objects!r}")
+        if self.object_dim < 1:
+            raise ValueError(f"object_dim must be >= 1, got {self.object_dim}")
+
+    @property
+    def input_dim(self) -> int | None:
+        """The width of vector inputs (``objects="vectors"``), None for tokens."""
+        return self.object_dim if self.objects == "vectors" else None
 
     def generate(self, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         patterns = torch.tensor(list(PATTERNS.values()))  # (5, 3): object slot per position
@@ -53,5 +70,9 @@ class MatchPattern(Task):
         shift = torch.randint(1, len(PATTERNS), (n,), generator=generator)
         second = torch.where(labels.bool(), first, (first + shift) % len(PATTERNS))
         slots = torch.cat([patterns[first], patterns[second] + 3], dim=1)  # (n, 6) in [0, 6)
+        if self.objects == "vectors":
+            scale = self.object_dim**-0.5
+            vectors = torch.randn(n, 6, self.object_dim, generator=generator) * scale
+            return vectors.gather(1, slots[..., None].expand_as(vectors)), labels
         objects = distinct_tokens(n, 6, self.vocab_size, generator)  # (n, 6)
         return objects.gather(1, slots), labels

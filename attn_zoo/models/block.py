@@ -41,7 +41,10 @@ class BlockConfig:
 
     attention / attention_kwargs: a registered mechanism name and its kwargs (n_heads, ...),
     or a module; dff: feed-forward width (default 4 d_model, 8/3 d_model for swiglu);
-    bias: in the feed-forward; causal: self-attention masked to the past; cross_attention:
+    bias: in the feed-forward; attention_residual: False makes the self-attention sub-layer's
+    output replace the stream instead of adding to it (no skip connection around attention:
+    the relational bottleneck of the Abstractor line of work, where what follows sees only
+    what attention computed); causal: self-attention masked to the past; cross_attention:
     None, or the kwargs of a standard cross-attention (e.g. dict(n_heads=4)); symbol_retrieval
     (+ kwargs): the retriever feeding relational and dual attention, one shared by all layers
     or one per layer (shared_symbol_retriever).
@@ -56,6 +59,7 @@ class BlockConfig:
     norm_first: bool = True
     norm_type: str = "layernorm"
     bias: bool = True
+    attention_residual: bool = True
     causal: bool = False
     cross_attention: dict | None = None
     backend: str = "auto"
@@ -110,6 +114,7 @@ class Block(nn.Module):
         super().__init__()
         c = BlockConfig.resolve(config, **settings)
         self.norm_first, self.causal = c.norm_first, c.causal
+        self.attention_residual = c.attention_residual
         self.norm1 = create_norm(c.d_model, c.norm_type)
         self.attn = build_attention(
             c.attention, c.d_model, c.attention_kwargs, c.dropout, c.backend
@@ -165,13 +170,14 @@ class Block(nn.Module):
                 "context must be given exactly when the block has cross-attention "
                 f"(cross_attention={'set' if self.cross_attn is not None else 'None'})"
             )
+        skip = x if self.attention_residual else 0  # 0: attention's output replaces x
         if self.norm_first:
-            x = x + self._attend(self.norm1(x), symbols, attn_mask, rope, cache)
+            x = skip + self._attend(self.norm1(x), symbols, attn_mask, rope, cache)
             if self.cross_attn is not None:
                 cross = self.cross_attn(self.norm2(x), attn_mask=context_mask, context=context)
                 x = x + self.dropout(cross)
             return x + self.dropout(self.ff_block(self.norm_ff(x)))
-        x = self.norm1(x + self._attend(x, symbols, attn_mask, rope, cache))
+        x = self.norm1(skip + self._attend(x, symbols, attn_mask, rope, cache))
         if self.cross_attn is not None:
             cross = self.cross_attn(x, attn_mask=context_mask, context=context)
             x = self.norm2(x + self.dropout(cross))

@@ -3,6 +3,9 @@
     h = token_embedding(idx) + positions;  h = block_l(h, symbols_l(h))   (non-causal)
     logits = final_out(norm(pool(h)))       pool: mean over positions, or the first token
 
+With `input_dim`, the inputs are vectors (B, T, input_dim), e.g. objects drawn fresh for each
+example, embedded by a linear map instead of a token table.
+
 For the relational tasks of the Abstractor / Dual Attention Transformer line of work
 (match_pattern, same_pair, ...), with any registered attention mechanism.
 """
@@ -35,10 +38,12 @@ class SequenceClassifier(nn.Module):
         pos_enc: str = "learned",
         pool: str = "mean",
         config: BlockConfig | None = None,
+        input_dim: int | None = None,
         **block_settings,
     ):
         """block_settings: `BlockConfig` fields (attention, attention_kwargs, dff, ...), or a
-        whole `config`; the blocks are never causal. pool: "mean" or "first"."""
+        whole `config`; the blocks are never causal. pool: "mean" or "first". input_dim: the
+        width of vector inputs (then `vocab_size` is not used)."""
         super().__init__()
         if pool not in ("mean", "first"):
             raise ValueError(f"pool={pool!r}: valid are 'mean', 'first'")
@@ -47,7 +52,14 @@ class SequenceClassifier(nn.Module):
         c = BlockConfig.resolve(config, **block_settings, causal=False)
         self.config = c
         self.vocab_size, self.max_len, self.pool = vocab_size, max_len, pool
-        self.token_embedder = nn.Embedding(vocab_size, c.d_model)
+        if input_dim is not None and (isinstance(input_dim, bool) or input_dim < 1):
+            raise ValueError(f"input_dim={input_dim!r}: must be None or an integer >= 1")
+        self.input_dim = input_dim
+        self.token_embedder = (
+            nn.Embedding(vocab_size, c.d_model)
+            if input_dim is None
+            else nn.Linear(input_dim, c.d_model, bias=False)
+        )
         self.dropout = nn.Dropout(c.dropout)
         self.symbol_retriever = symbol_retrievers(c, n_layers)
         self.blocks = make_blocks(n_layers, c)
@@ -58,8 +70,17 @@ class SequenceClassifier(nn.Module):
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx (B, T) token ids -> logits (B, num_classes) and the mean cross-entropy loss."""
-        check_tokens("idx", idx, self.vocab_size, self.max_len)
+        """idx (B, T) token ids, or (B, T, input_dim) vectors -> logits (B, num_classes) and
+        the mean cross-entropy loss."""
+        if self.input_dim is None:
+            check_tokens("idx", idx, self.vocab_size, self.max_len)
+        elif idx.dim() != 3 or idx.shape[2] != self.input_dim or not idx.is_floating_point():
+            raise ValueError(
+                f"idx must be (B, T, {self.input_dim}) float vectors (input_dim), got "
+                f"{idx.dtype} {tuple(idx.shape)}"
+            )
+        elif idx.shape[1] > self.max_len:
+            raise ValueError(f"idx has length {idx.shape[1]} > max_len={self.max_len}")
         h = self.dropout(self.pos_enc(self.token_embedder(idx)))
         h = run_blocks(
             self.blocks, self.symbol_retriever, h, rope=self.pos_enc.rotary(idx.shape[1])
