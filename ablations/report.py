@@ -58,6 +58,7 @@ from ablations.report_pages import (
 from ablations.selection import (
     axes,
     higher_is_better,
+    interval,
     paired,
     select,
     setting_text,
@@ -325,20 +326,21 @@ def _plot_vs_params(task: str, table: pd.DataFrame, colours: dict) -> Figure | N
     return figure
 
 
-def _train_size_table(done: pd.DataFrame) -> Table:
-    """Rows n_train (and size), columns mechanism: test accuracy mean ± std (seeds), '-' where
-    a mechanism has no cell; bold: the best mean of the row."""
-    stats = done.groupby(["n_train", "size", "mechanism"], sort=False).test_acc.agg(
-        ["mean", "std", "count"]
-    )
-    texts = [f"{_mean_std(m, sd)} ({n:.0f})" for m, sd, n in stats.to_numpy()]
+def _train_size_table(done: pd.DataFrame, metric: str = "test_acc") -> Table:
+    """Rows n_train (and size), columns mechanism: `metric` as mean [95% CI] (n seeds), '-'
+    where a mechanism has no cell; bold: the best mean of the row."""
+    stats = done.groupby(["n_train", "size", "mechanism"], sort=False)[metric].apply(
+        lambda values: pd.Series(interval(values), index=["mean", "low", "high", "n"])
+    ).unstack()  # fmt: skip
+    texts = [_interval_text(m, lo, hi, int(n)) for m, lo, hi, n in stats.to_numpy()]
     mechanisms = list(dict.fromkeys(done.mechanism))
 
     def by_mechanism(values: pd.Series, missing: object) -> pd.DataFrame:
         wide = values.unstack("mechanism").reindex(columns=mechanisms).sort_index()
         return wide.fillna(missing).set_axis([str(m) for m in mechanisms], axis=1)
 
-    means = by_mechanism(stats["mean"], float("nan"))
+    sign = 1 if higher_is_better(metric) else -1
+    means = by_mechanism(sign * stats["mean"].astype(float), float("nan"))
     bold = means.eq(means.max(axis=1), axis=0)
     n_train, size = (means.index.get_level_values(level) for level in (0, 1))
     rows = pd.DataFrame(
@@ -349,24 +351,30 @@ def _train_size_table(done: pd.DataFrame) -> Table:
     return Table(data.reset_index(drop=True), bold.reset_index(drop=True))
 
 
-def _plot_vs_train_size(task_name: str, done: pd.DataFrame, colours: dict) -> Figure:
-    """Test accuracy (mean, error bars = std over seeds) vs n_train, per mechanism and size."""
+def _plot_vs_train_size(
+    task_name: str, done: pd.DataFrame, colours: dict, metric: str = "test_acc"
+) -> Figure:
+    """`metric` (mean, error bars: 95% confidence interval over seeds) vs n_train, per
+    mechanism and size."""
     figure, ax = new_figure()
     sizes = list(dict.fromkeys(done["size"]))
     for (size, mechanism), group in done.groupby(["size", "mechanism"], sort=False):
-        stats = group.groupby("n_train").test_acc.agg(["mean", "std"]).fillna({"std": 0.0})
+        stats = group.groupby("n_train")[metric].apply(
+            lambda values: pd.Series(interval(values)[:3], index=["mean", "low", "high"])
+        ).unstack()  # fmt: skip
+        half = (stats["high"] - stats["mean"]).fillna(0.0)
         label = plot_text(mechanism if len(sizes) == 1 else f"{mechanism} ({size})")
         style = LINESTYLES[sizes.index(size) % len(LINESTYLES)]
         ax.errorbar(
-            stats.index, stats["mean"], yerr=stats["std"], fmt="o" + style, capsize=3,
+            stats.index, stats["mean"], yerr=half, fmt="o" + style, capsize=3,
             color=colours[mechanism], label=label,
         )  # fmt: skip
     n_train = sorted(done.n_train.unique())
     ax.set_xscale("log")
     ax.set_xticks(n_train, labels=[f"{n:.0f}" for n in n_train])
     ax.minorticks_off()
-    ax.set(xlabel="training examples (n_train)", ylabel="test accuracy")
-    ax.set_title(plot_text(f"{task_name}: accuracy vs training-set size"))
+    ax.set(xlabel="training examples (n_train)", ylabel=metric.replace("_", " "))
+    ax.set_title(plot_text(f"{task_name}: {metric} vs training-set size"))
     ax.legend(fontsize="small")
     return figure
 
@@ -584,8 +592,15 @@ def report_page(
         page.sections.append(section)
 
     # one section per task family and setting of the axes other than n_train (and the steps
-    # an epoch count resolves to)
+    # an epoch count resolves to); with a selection, each mechanism at its selected setting
+    # (per n_train) and the first reported metric
     others = [c for c in cells.columns if "." in c and c not in N_TRAIN_AXES]
+    metric, described = "test_acc", "Test accuracy"
+    if selection is not None:
+        done = done.loc[done.index.isin(rows)]
+        others = [c for c in others if c not in (selection.over or others)]
+        metric = selection.reported_metrics[0]
+        described = f"Each mechanism at its selected setting (see Selection): {metric}"
     varying = varying_axes(done, others)
     done = done.assign(
         others=[setting_text(row, varying[row.task]) for _, row in done.iterrows()] or ""
@@ -595,11 +610,15 @@ def report_page(
         if group.n_train.nunique() > 1:
             heading = f"{family}; {other}" if other else family
             name = label_file_name("vs_train_size", str(heading))
-            _plot_vs_train_size(heading, group, colours).savefig(_new_file(folder, name), dpi=100)
+            figure = _plot_vs_train_size(heading, group, colours, metric)
+            figure.savefig(_new_file(folder, name), dpi=100)
             parts = [
-                Paragraph("Test accuracy, mean ± std (seeds); bold: the best mechanism per row."),
-                _train_size_table(group),
-                Image(name, f"{heading}: accuracy vs training-set size"),
+                Paragraph(
+                    f"{described}, mean [95% CI] (seeds), error bars the same interval; bold: "
+                    "the best mechanism per row."
+                ),
+                _train_size_table(group, metric),
+                Image(name, f"{heading}: {metric} vs training-set size"),
             ]
             page.sections.append(Section(f"Training-set size: {heading}", parts))
 

@@ -252,7 +252,7 @@ class ModelOptions(Table):
         rule(StrictBool, "a bool (false: attention's output replaces the stream, no skip)") | None
     ) = None
     pos_enc: choice(POSITIONAL.names) | None = None
-    pool: choice(("mean", "first", "cls")) | None = None
+    pool: choice(("mean", "first", "flatten", "cls")) | None = None
     symbol_retrieval: choice(list_symbol_retrievers) | None = None
     symbol_retrieval_kwargs: Kwargs = {}
     shared_symbol_retriever: rule(StrictBool, "a bool (false: a retriever per layer)") | None = None

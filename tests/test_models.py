@@ -361,3 +361,24 @@ def test_sequence_classifier_reads_vectors_with_input_dim():
         model(torch.randn(4, 7, 5))
     with pytest.raises(ValueError, match="input_dim=0"):
         SequenceClassifier(0, 2, D, 1, input_dim=0)
+
+
+def test_flatten_pooling_reads_every_position_apart():
+    from attn_zoo.models import SequenceClassifier
+
+    torch.manual_seed(0)
+    model = SequenceClassifier(20, 3, D, 1, max_len=6, pool="flatten", pos_enc="none",
+                               attention_kwargs=dict(n_heads=2))  # fmt: skip
+    assert model.final_out.in_features == 6 * D
+    idx = torch.randint(0, 20, (5, 6), generator=torch.Generator().manual_seed(1))
+    logits, _ = model(idx)
+    # without positions the blocks are permutation-equivariant: the logits equal the final
+    # layer applied to the permuted outputs, which a mean would not tell apart
+    flipped, _ = model(idx.flip(1))
+    h = model.blocks[0](model.token_embedder(idx))
+    expected = model.final_out(model.norm(h.flip(1)).flatten(1))
+    torch.testing.assert_close(flipped, expected)
+    assert not torch.allclose(logits, flipped)
+    train(model, (idx, torch.arange(5) % 3))
+    with pytest.raises(ValueError, match="pool='flatten' reads sequences of length max_len=6"):
+        model(idx[:, :4])

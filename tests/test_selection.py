@@ -189,3 +189,23 @@ def test_attention_maps_show_each_mechanisms_selected_setting(tmp_path, monkeypa
         if cell.seed == 0 and f"training.lr={cell.training['lr']}" == chosen[cell.mechanism]
     }  # fmt: skip
     assert sorted(loaded) == sorted(want) and len(want) == 2
+
+
+def test_training_set_size_curves_show_each_mechanism_at_its_selected_setting(tmp_path):
+    path = tiny_grid(tmp_path, seeds=[0, 1], training={"steps": 10, "eval_every": 5})
+    path.write_text(
+        path.read_text() + "[sweep]\ntraining.lr = [1e-3, 3e-2]\ntask_kwargs.n_train = [64, 128]\n"
+        '[selection]\nover = ["training.lr"]\n'
+    )
+    spec = load_grid(path)
+    run_grid(spec, workers=1)
+    out = write_report(spec.store, tmp_path / "report", selection=spec.selection)
+    chosen = pd.read_csv(out / "selection.csv")
+    text = (out / "report.md").read_text()
+    section = text[text.index("## Training-set size") :]
+    assert section.count("## Training-set size") == 1  # not one section per learning rate
+    for row in chosen.itertuples():
+        n_train = row.others.split("task_kwargs.n_train=")[1].split(",")[0]
+        line = next(x for x in section.splitlines() if x.startswith(f"| {n_train} |"))
+        cells = dict(zip(["std", "rel"], line.split("|")[3:5], strict=True))
+        assert f"{row.mean:.3f} [{row.low:.3f}, {row.high:.3f}] (n=2)" in cells[row.mechanism]

@@ -1,7 +1,10 @@
 """A sequence classifier on the generic block: token sequence -> one label.
 
     h = token_embedding(idx) + positions;  h = block_l(h, symbols_l(h))   (non-causal)
-    logits = final_out(norm(pool(h)))       pool: mean over positions, or the first token
+    logits = final_out(norm(pool(h)))       pool: mean over positions, the first token, or
+                                            "flatten": every position's norm(h) concatenated,
+                                            (B, max_len * d_model), each position kept apart
+                                            (sequences of length max_len only)
 
 With `input_dim`, the inputs are vectors (B, T, input_dim), e.g. objects drawn fresh for each
 example, embedded by a linear map instead of a token table.
@@ -26,6 +29,8 @@ from attn_zoo.models.common import (
 )
 from attn_zoo.models.norms import create_norm
 
+POOLS = ("mean", "first", "flatten")
+
 
 class SequenceClassifier(nn.Module):
     def __init__(
@@ -42,11 +47,11 @@ class SequenceClassifier(nn.Module):
         **block_settings,
     ):
         """block_settings: `BlockConfig` fields (attention, attention_kwargs, dff, ...), or a
-        whole `config`; the blocks are never causal. pool: "mean" or "first". input_dim: the
-        width of vector inputs (then `vocab_size` is not used)."""
+        whole `config`; the blocks are never causal. pool: "mean", "first" or "flatten".
+        input_dim: the width of vector inputs (then `vocab_size` is not used)."""
         super().__init__()
-        if pool not in ("mean", "first"):
-            raise ValueError(f"pool={pool!r}: valid are 'mean', 'first'")
+        if pool not in POOLS:
+            raise ValueError(f"pool={pool!r}: valid are {', '.join(map(repr, POOLS))}")
         if d_model is not None:
             block_settings["d_model"] = d_model
         c = BlockConfig.resolve(config, **block_settings, causal=False)
@@ -65,7 +70,8 @@ class SequenceClassifier(nn.Module):
         self.blocks = make_blocks(n_layers, c)
         self.pos_enc = sequence_positions(pos_enc, c.d_model, max_len, self.blocks)
         self.norm = create_norm(c.d_model, c.norm_type)
-        self.final_out = nn.Linear(c.d_model, num_classes)
+        width = c.d_model * (max_len if pool == "flatten" else 1)
+        self.final_out = nn.Linear(width, num_classes)
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
@@ -85,6 +91,14 @@ class SequenceClassifier(nn.Module):
         h = run_blocks(
             self.blocks, self.symbol_retriever, h, rope=self.pos_enc.rotary(idx.shape[1])
         )
-        pooled = h.mean(dim=1) if self.pool == "mean" else h[:, 0]
-        logits = self.final_out(self.norm(pooled))
+        if self.pool == "flatten":
+            if idx.shape[1] != self.max_len:
+                raise ValueError(
+                    f"pool='flatten' reads sequences of length max_len={self.max_len}, got "
+                    f"{idx.shape[1]}"
+                )
+            logits = self.final_out(self.norm(h).flatten(1))
+        else:
+            pooled = h.mean(dim=1) if self.pool == "mean" else h[:, 0]
+            logits = self.final_out(self.norm(pooled))
         return logits, None if targets is None else F.cross_entropy(logits, targets)
