@@ -12,7 +12,7 @@ Literal example (vocab_size=64; triples ABA and ABA)::
     label: 1
 
 With ``objects="vectors"`` the six objects are fresh random vectors instead of tokens:
-``object_dim`` standard normal entries scaled by 1/sqrt(object_dim), drawn anew for every
+``object_dim`` standard normal entries (the scale of a token embedding's), drawn anew for every
 example (inputs (n, 6, object_dim) float32, `input_dim` = object_dim), so no object is ever
 seen twice and every test example is out of distribution in its objects.
 """
@@ -71,8 +71,7 @@ class MatchPattern(Task):
         second = torch.where(labels.bool(), first, (first + shift) % len(PATTERNS))
         slots = torch.cat([patterns[first], patterns[second] + 3], dim=1)  # (n, 6) in [0, 6)
         if self.objects == "vectors":
-            scale = self.object_dim**-0.5
-            vectors = torch.randn(n, 6, self.object_dim, generator=generator) * scale
+            vectors = torch.randn(n, 6, self.object_dim, generator=generator)
             return vectors.gather(1, slots[..., None].expand_as(vectors)), labels
         objects = distinct_tokens(n, 6, self.vocab_size, generator)  # (n, 6)
         return objects.gather(1, slots), labels
