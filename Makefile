@@ -37,7 +37,7 @@ demo: install
 	$(BIN)/attn-zoo report ablations/grids/demo.toml --out reports/demo --target 0.9
 
 # The example reports in reports/, one command each. The relational games under the paper's
-# protocol, ours and the paper's own models (162 cells, about 80 minutes on 2 CPU cores); the
+# protocol, ours and the paper's own models (258 cells, about 2 hours on 2 CPU cores); the
 # conclusion is written by hand after reading the results, in
 # ablations/grids/relational_games.conclusion.md, and shown at the top of the report.
 relational-games: install
