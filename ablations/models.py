@@ -4,7 +4,8 @@ options), with the cell's mechanism, and the forward call of one batch. A mechan
 a reference model (ablations.references) builds that model instead.
 
 Model options of a cell's size: the `BlockConfig` fields in `BLOCK_OPTIONS` (every kind), and
-the model's own options (`KindModel.options`: pos_enc, pool; those of the kind only).
+the model's own options (`KindModel.options`: pos_enc, pool, final_norm; those of the kind
+only).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ MODEL_FOR_KIND: dict[str, KindModel] = {
             **options,
         ),  # fmt: skip
         _plain_forward,
-        ("pool",),
+        ("pool", "final_norm"),
     ),
     "seq2seq": KindModel(
         lambda task, config, n_layers, **options: Seq2Seq(

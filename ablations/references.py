@@ -25,7 +25,8 @@ built alike (ablations.models):
 
 The reference returns logits; `WithLoss` adds the mean cross-entropy as our models do. Known
 differences from our VisionClassifier, kept (they are what an attribution measures): the
-reference has no final norm, and its `bias` also sets the attention output biases
+reference has no final norm (`model.final_norm = false` removes ours; true is refused for a
+reference), and its `bias` also sets the attention output biases
 (attn_zoo/interop/dual_attention_models.py lists them with the other reference behaviours).
 """
 
@@ -117,6 +118,8 @@ def build_reference(name: str, task, size: dict, kwargs: dict) -> nn.Module:
     options) with the entry's `kwargs`, wrapped in `WithLoss`; ValueError naming a kwarg the
     class does not take or a task kind it does not train on."""
     reference = REFERENCES[name]
+    if size.get("final_norm"):
+        raise ValueError(f"mechanism {name!r} has no final norm: final_norm=True cannot apply")
     if task.kind != reference.kind:
         raise ValueError(f"mechanism {name!r} trains {reference.kind} tasks, not {task.kind}")
     unknown = sorted(set(kwargs) - set(reference.kwargs))

@@ -239,8 +239,9 @@ def activation_names() -> list[str]:
 
 class ModelOptions(Table):
     """[model], and the options of a [[sizes]] entry or of a task's or mechanism's `model`:
-    `BlockConfig` settings and the model's own (pos_enc, pool: only where the task kind's model
-    takes them, ablations.models). Unset: the model's default. A cell holds the options set."""
+    `BlockConfig` settings and the model's own (pos_enc, pool, final_norm: only where the task
+    kind's model takes them, ablations.models). Unset: the model's default. A cell holds the
+    options set."""
 
     dff: whole(1) | None = None
     dropout: finite("in [0, 1)", lambda v: 0 <= v < 1) | None = None
@@ -253,6 +254,9 @@ class ModelOptions(Table):
     ) = None
     pos_enc: choice(POSITIONAL.names) | None = None
     pool: choice(("mean", "first", "flatten", "cls")) | None = None
+    final_norm: rule(StrictBool, "a bool (false: no norm before a vision model's head)") | None = (
+        None
+    )
     symbol_retrieval: choice(list_symbol_retrievers) | None = None
     symbol_retrieval_kwargs: Kwargs = {}
     shared_symbol_retriever: rule(StrictBool, "a bool (false: a retriever per layer)") | None = None

@@ -101,3 +101,26 @@ def test_without_the_package_the_error_says_how_to_install_it(monkeypatch):
     task = build_task("relational_games", **GAMES["kwargs"])
     with pytest.raises(ImportError, match=r"not installed: pip install dual-attention==0\.0\.7"):
         build_reference(REF_VIT["name"], task, SIZE, REF_VIT["kwargs"])
+
+
+def test_final_norm_false_builds_our_model_as_the_reference_would(tmp_path):
+    from ablations.models import build_model
+    from attn_zoo.interop.dual_attention_models import VisionDualAttnTransformer as Builder
+
+    dual = {"label": "dual", "name": "dual", "kwargs": {"n_heads_sa": 1, "n_heads_ra": 1}}
+    size = {**SIZE, "final_norm": False, "dff": 24, "symbol_retrieval": "positional_symbols",
+            "symbol_retrieval_kwargs": {"max_length": 10}}  # fmt: skip
+    path = tiny_grid(tmp_path, seeds=[0], tasks=[GAMES], sizes=[size], mechanisms=[dual])
+    (cell,) = load_grid(path).cells()
+    task = build_task("relational_games", **GAMES["kwargs"])
+    torch.manual_seed(0)
+    ours = build_model(cell, task).eval()
+    torch.manual_seed(0)
+    built = Builder((3, 15, 15), (5, 5), 2, 16, 2, 1, 1, 24, 0.1, "swiglu", True,
+                    "positional_symbols", {"max_length": 10}, bias=False, pool="mean")  # fmt: skip
+    built.eval()
+    images, _ = task.generate(3, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(ours(images)[0], built(images)[0])
+    refused = tiny_grid(tmp_path, seeds=[0], tasks=[GAMES], mechanisms=[REF_VIT],
+                        sizes=[{**SIZE, "final_norm": True}], file="ref.toml")  # fmt: skip
+    assert_refused(refused, ["'ref_vit'", "no final norm: final_norm=True cannot apply"])
