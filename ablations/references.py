@@ -16,7 +16,9 @@ built alike (ablations.models):
   (channels, width, height) and patch_size as (width, height): passed so);
 - the cell's size: d_model, n_layers, and the model options both take (dff, dropout as
   dropout_rate, activation, norm_first, norm_type, bias, pool), unset ones at our defaults
-  (`BlockConfig`; dff 4 d_model, 8/3 d_model for swiglu; pool "cls");
+  (`BlockConfig`; dff `default_dff`; pool "cls"); an option the reference cannot vary
+  (`FIXED_OPTIONS`: final_norm, attention_residual, shared_symbol_retriever) set to another
+  value than the reference's is refused;
 - the entry's kwargs: the class's other arguments (`Reference.kwargs`). The DAT's
   symbol_retrieval and symbol_retrieval_kwargs default to the size's (as our dual attention
   reads them); the retriever's width (symbol_dim, or d_model for symbolic_attention) and its
@@ -25,8 +27,8 @@ built alike (ablations.models):
 
 The reference returns logits; `WithLoss` adds the mean cross-entropy as our models do. Known
 differences from our VisionClassifier, kept (they are what an attribution measures): the
-reference has no final norm (`model.final_norm = false` removes ours; true is refused for a
-reference), and its `bias` also sets the attention output biases
+reference has no final norm (`model.final_norm = false` removes ours), and its `bias` also
+sets the attention output biases
 (attn_zoo/interop/dual_attention_models.py lists them with the other reference behaviours).
 """
 
@@ -40,9 +42,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attn_zoo.models import BlockConfig
+from attn_zoo.models.feedforward import default_dff
 
 PACKAGE = "dual-attention==0.0.7"
-SHARED_OPTIONS = ("dff", "dropout", "activation", "norm_first", "norm_type", "bias", "pool")
+# model options both take (pool besides these BlockConfig fields)
+SHARED_OPTIONS = ("dff", "dropout", "activation", "norm_first", "norm_type", "bias")
+# model options a reference cannot vary: its fixed value, and what it has
+FIXED_OPTIONS = {
+    "final_norm": (False, "has no final norm"),
+    "attention_residual": (True, "has a residual around attention"),
+    "shared_symbol_retriever": (True, "shares one symbol retriever between its layers"),
+}
 RETRIEVER_WIDTH = {"symbolic_attention": "d_model"}  # others: symbol_dim
 RETRIEVER_LENGTH = {"positional_symbols": "max_length", "position_relative": "max_rel_pos"}
 
@@ -118,8 +128,9 @@ def build_reference(name: str, task, size: dict, kwargs: dict) -> nn.Module:
     options) with the entry's `kwargs`, wrapped in `WithLoss`; ValueError naming a kwarg the
     class does not take or a task kind it does not train on."""
     reference = REFERENCES[name]
-    if size.get("final_norm"):
-        raise ValueError(f"mechanism {name!r} has no final norm: final_norm=True cannot apply")
+    for key, (fixed, has) in FIXED_OPTIONS.items():
+        if size.get(key, fixed) != fixed:
+            raise ValueError(f"mechanism {name!r} {has}: {key}={size[key]!r} cannot apply")
     if task.kind != reference.kind:
         raise ValueError(f"mechanism {name!r} trains {reference.kind} tasks, not {task.kind}")
     unknown = sorted(set(kwargs) - set(reference.kwargs))
@@ -128,8 +139,8 @@ def build_reference(name: str, task, size: dict, kwargs: dict) -> nn.Module:
             f"mechanism {name!r} takes kwargs {', '.join(reference.kwargs)}; got {unknown[0]!r}"
         )
     d_model = size["d_model"]
-    config = BlockConfig(d_model=d_model, **{k: size[k] for k in SHARED_OPTIONS[:-1] if k in size})
-    dff = config.dff or (int(8 * d_model / 3) if config.activation == "swiglu" else 4 * d_model)
+    config = BlockConfig(d_model=d_model, **{k: size[k] for k in SHARED_OPTIONS if k in size})
+    dff = config.dff or default_dff(d_model, config.activation)
     channels, height, width = task.image_shape
     patch = task.patch_size
     patch_height, patch_width = (patch, patch) if isinstance(patch, int) else patch

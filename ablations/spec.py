@@ -132,7 +132,7 @@ from ablations.store import config_key
 from ablations.tasks import build_task, list_tasks, task_arguments
 from attn_zoo.mechanisms.registry import MECHANISMS, list_mechanisms
 from attn_zoo.models.block import build_attention
-from attn_zoo.models.feedforward import ACTIVATIONS
+from attn_zoo.models.feedforward import FF_ACTIVATIONS
 from attn_zoo.models.norms import NORMS
 from attn_zoo.models.positional import POSITIONAL
 from attn_zoo.symbols import list_symbol_retrievers
@@ -232,11 +232,6 @@ class Table(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-def activation_names() -> list[str]:
-    """The feed-forward activations a model option may name (swiglu is gated: its own)."""
-    return [*ACTIVATIONS, "swiglu"]
-
-
 class ModelOptions(Table):
     """[model], and the options of a [[sizes]] entry or of a task's or mechanism's `model`:
     `BlockConfig` settings and the model's own (pos_enc, pool, final_norm: only where the task
@@ -245,7 +240,7 @@ class ModelOptions(Table):
 
     dff: whole(1) | None = None
     dropout: finite("in [0, 1)", lambda v: 0 <= v < 1) | None = None
-    activation: choice(activation_names) | None = None
+    activation: choice(FF_ACTIVATIONS) | None = None
     norm_type: choice(NORMS.names) | None = None
     norm_first: rule(StrictBool, "a bool (true: pre-norm, false: post-norm)") | None = None
     bias: rule(StrictBool, "a bool (biases in the feed-forward)") | None = None

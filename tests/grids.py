@@ -14,6 +14,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from ablations.spec import SpecError, load_grid
+
 SAME_PAIR = {"name": "same_pair", "kwargs": {"n_train": 128, "n_validation": 32, "n_test": 32}}
 # A slow task: a minute a cell at 300 steps, so a run can be stopped while it trains.
 MQAR_LONG = {
@@ -87,10 +91,6 @@ def _value(value: object) -> str:
 def assert_refused(path: Path, fragments: list[str], overrides: list[str] | None = None) -> None:
     """Loading the grid at `path` (with `overrides`) raises a one-line SpecError that starts
     with the path and contains every fragment."""
-    import pytest
-
-    from ablations.spec import SpecError, load_grid
-
     with pytest.raises(SpecError) as err:
         load_grid(path, overrides)
     message = str(err.value)

@@ -124,3 +124,7 @@ def test_final_norm_false_builds_our_model_as_the_reference_would(tmp_path):
     refused = tiny_grid(tmp_path, seeds=[0], tasks=[GAMES], mechanisms=[REF_VIT],
                         sizes=[{**SIZE, "final_norm": True}], file="ref.toml")  # fmt: skip
     assert_refused(refused, ["'ref_vit'", "no final norm: final_norm=True cannot apply"])
+    no_skip = {**SIZE, "attention_residual": False}
+    bottleneck = tiny_grid(tmp_path, seeds=[0], tasks=[GAMES], mechanisms=[REF_VIT],
+                           sizes=[no_skip], file="res.toml")  # fmt: skip
+    assert_refused(bottleneck, ["'ref_vit'", "residual around attention: attention_residual=False"])

@@ -87,16 +87,16 @@ class SequenceClassifier(nn.Module):
             )
         elif idx.shape[1] > self.max_len:
             raise ValueError(f"idx has length {idx.shape[1]} > max_len={self.max_len}")
+        if self.pool == "flatten" and idx.shape[1] != self.max_len:
+            raise ValueError(
+                f"pool='flatten' reads sequences of length max_len={self.max_len}, got "
+                f"{idx.shape[1]}"
+            )
         h = self.dropout(self.pos_enc(self.token_embedder(idx)))
         h = run_blocks(
             self.blocks, self.symbol_retriever, h, rope=self.pos_enc.rotary(idx.shape[1])
         )
         if self.pool == "flatten":
-            if idx.shape[1] != self.max_len:
-                raise ValueError(
-                    f"pool='flatten' reads sequences of length max_len={self.max_len}, got "
-                    f"{idx.shape[1]}"
-                )
             logits = self.final_out(self.norm(h).flatten(1))
         else:
             pooled = h.mean(dim=1) if self.pool == "mean" else h[:, 0]

@@ -16,6 +16,12 @@ from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
 from attn_zoo.names import unknown_name_error
 
 ACTIVATIONS = {k: v for k, v in REL_ACTIVATIONS.items() if k != "softmax"}
+FF_ACTIVATIONS = (*ACTIVATIONS, "swiglu")  # every name FeedForward takes (swiglu is gated)
+
+
+def default_dff(d_model: int, activation: str) -> int:
+    """The feed-forward width when none is given: 4 d_model, int(8 d_model / 3) for swiglu."""
+    return int(2 / 3 * 4 * d_model) if activation == "swiglu" else 4 * d_model
 
 
 class FeedForward(nn.Module):
@@ -23,11 +29,11 @@ class FeedForward(nn.Module):
         self, d_model: int, dff: int | None = None, activation: str = "relu", use_bias: bool = False
     ):
         super().__init__()
-        if activation != "swiglu" and activation not in ACTIVATIONS:
-            raise unknown_name_error("activation", activation, [*ACTIVATIONS, "swiglu"])
+        if activation not in FF_ACTIVATIONS:
+            raise unknown_name_error("activation", activation, list(FF_ACTIVATIONS))
         self.activation = activation
         if dff is None:
-            dff = int(2 / 3 * 4 * d_model) if activation == "swiglu" else 4 * d_model
+            dff = default_dff(d_model, activation)
         self.linear1 = nn.Linear(d_model, dff, bias=use_bias)
         self.linear2 = nn.Linear(dff, d_model, bias=use_bias)
         if activation == "swiglu":
