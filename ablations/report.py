@@ -76,6 +76,8 @@ SUMMARY_COLUMNS = [
     "seeds",
     "test_acc_mean",
     "test_acc_std",
+    "test_acc_low",
+    "test_acc_high",
     "target",
     "reached",
     "steps_to_target",
@@ -174,6 +176,7 @@ def summary_table(df: pd.DataFrame, target: float | None = None) -> pd.DataFrame
                 if step is not None:
                     steps.append(step)
                     samples.append(step * batch_size)
+        _, low, high, _ = interval(done.test_acc)
         rows.append(
             {
                 "task": task,
@@ -184,6 +187,8 @@ def summary_table(df: pd.DataFrame, target: float | None = None) -> pd.DataFrame
                 "seeds": len(done),
                 "test_acc_mean": done.test_acc.mean(),
                 "test_acc_std": done.test_acc.std(),
+                "test_acc_low": low,
+                "test_acc_high": high,
                 "target": goal,
                 "reached": len(steps),
                 "steps_to_target": pd.Series(steps, dtype=float).mean(),
@@ -211,13 +216,6 @@ def _best(table: pd.DataFrame) -> pd.DataFrame:
     return best
 
 
-def _mean_std(mean: float, std: float) -> str:
-    """'0.912 ± 0.013'; without '±' where there is no std (one seed); '-' without a mean."""
-    if pd.isna(mean):
-        return "-"
-    return f"{mean:.3f}" if pd.isna(std) else f"{mean:.3f} ± {std:.3f}"
-
-
 def _whole(value: float) -> str:
     """'1,920'; '-' for NaN."""
     return "-" if pd.isna(value) else f"{value:,.0f}"
@@ -235,12 +233,14 @@ def _task_table(table: pd.DataFrame) -> Table:
             for seeds, cells in zip(table.seeds, table.cells, strict=True)
         ],
         "test_acc_mean": [
-            _mean_std(mean, std)
-            for mean, std in zip(table.test_acc_mean, table.test_acc_std, strict=True)
+            _interval_text(mean, low, high)
+            for mean, low, high in zip(
+                table.test_acc_mean, table.test_acc_low, table.test_acc_high, strict=True
+            )
         ],
     }
     headers = dict(size="size", mechanism="mechanism", setting="setting", seeds="seeds",
-                   test_acc_mean="test acc")  # fmt: skip
+                   test_acc_mean="test acc [95% CI]")  # fmt: skip
     if len(target):
         reached = " (" + table.reached.astype(str) + "/" + table.seeds.astype(str) + ")"
         for column in ("steps_to_target", "samples_to_target"):
@@ -305,7 +305,8 @@ def _curve_label(mechanism: str, size: str, setting: str, sizes: bool) -> str:
 
 
 def _plot_vs_params(task: str, table: pd.DataFrame, colours: dict) -> Figure | None:
-    """Test accuracy vs parameters, one point per mechanism and size, error bars = std."""
+    """Test accuracy vs parameters, one point per mechanism and size, error bars: the 95%
+    confidence interval over seeds."""
     table = table[table.seeds > 0]
     if table.empty:
         return None
@@ -314,7 +315,7 @@ def _plot_vs_params(task: str, table: pd.DataFrame, colours: dict) -> Figure | N
     for _, row in table.iterrows():
         label = plot_text(_curve_label(row.mechanism, row["size"], row.setting, len(sizes) > 1))
         marker = MARKERS[sizes.index(row["size"]) % len(MARKERS)]
-        error = 0.0 if pd.isna(row.test_acc_std) else row.test_acc_std
+        error = 0.0 if pd.isna(row.test_acc_high) else row.test_acc_high - row.test_acc_mean
         ax.errorbar(
             row.params, row.test_acc_mean, yerr=error, fmt=marker, capsize=3,
             color=colours[row.mechanism], label=label,
@@ -401,7 +402,8 @@ def _cells_csv(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 INTRO = (
-    "Test accuracy: mean ± std over the seeds that finished (seeds: finished, of all). "
+    "Test accuracy: mean [95% confidence interval] over the seeds that finished (Student's t; "
+    "seeds: finished, of all; no interval for one seed). "
     "Steps to target: the first evaluated step whose validation accuracy reaches the "
     "target, mean over the seeds that reached it (reached/finished); samples = steps × "
     "batch size. Bold: best in the task (highest accuracy; fewest steps and samples "
@@ -633,15 +635,18 @@ def report_page(
     return page
 
 
-def _interval_text(mean: float, low: float, high: float, n: int, signed: bool = False) -> str:
-    """'0.912 [0.880, 0.944] (n=3)' ('+0.031 [-0.002, +0.064] (n=3)' `signed`); no interval
-    for n < 2; '-' without a mean."""
+def _interval_text(
+    mean: float, low: float, high: float, n: int | None = None, signed: bool = False
+) -> str:
+    """'0.912 [0.880, 0.944] (n=3)' ('+0.031 [-0.002, +0.064] (n=3)' `signed`; without
+    '(n=...)' for no `n`); no interval where there is none (n < 2); '-' without a mean."""
     if pd.isna(mean):
         return "-"
     form = "+.3f" if signed else ".3f"
+    count = "" if n is None else f" (n={n})"
     if pd.isna(low):
-        return f"{mean:{form}} (n={n})"
-    return f"{mean:{form}} [{low:{form}}, {high:{form}}] (n={n})"
+        return f"{mean:{form}}{count}"
+    return f"{mean:{form}} [{low:{form}}, {high:{form}}]{count}"
 
 
 def _selection_section(

@@ -2,12 +2,14 @@
 for, valid PNGs, a self-contained HTML page and stable file names (slug and hash of a label).
 Safety (escaping, file names, whole writes, broken checkpoints): test_report_safety.py."""
 
+import math
 import re
 import statistics
 
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.stats
 from matplotlib.image import imread
 
 from ablations.report import report_page, summary_table, write_report
@@ -95,6 +97,12 @@ def pngs_of(names: set[str], part: str) -> str:
     return name
 
 
+def half_width(values: list[float]) -> float:
+    """Half the 95% Student-t interval of the mean of `values`."""
+    n = len(values)
+    return scipy.stats.t.ppf(0.975, n - 1) * statistics.stdev(values) / math.sqrt(n)
+
+
 def expected_row(runs: list, target: float) -> dict:
     """The summary row of one group, recomputed with plain Python."""
     accs = [metrics["test_acc"] for metrics, _ in runs]
@@ -107,6 +115,8 @@ def expected_row(runs: list, target: float) -> dict:
         "seeds": len(runs),
         "test_acc_mean": statistics.mean(accs),
         "test_acc_std": statistics.stdev(accs),
+        "test_acc_low": statistics.mean(accs) - half_width(accs),
+        "test_acc_high": statistics.mean(accs) + half_width(accs),
         "reached": len(steps),
         "steps_to_target": statistics.mean(steps) if steps else float("nan"),
         "samples_to_target": statistics.mean(s * BATCH_SIZE for s in steps) if steps else np.nan,
@@ -208,17 +218,24 @@ def test_the_page_model_holds_each_table_once_with_its_best_cells_marked(grid, p
         table, *images = section.parts
         assert [type(image) for image in images] == [Image, Image]
         assert table.header == [
-            "size", "mechanism", "seeds", "test acc", "steps to val acc ≥ 0.8",
+            "size", "mechanism", "seeds", "test acc [95% CI]", "steps to val acc ≥ 0.8",
             "samples to target", "params", "ms/step",
         ]  # fmt: skip
         runs = {(row[0], row[1]): inputs[(task, *row[:2])] for row in table.data.to_numpy()}
         acc = {k: statistics.mean(m["test_acc"] for m, _ in v) for k, v in runs.items()}
         params = {k: statistics.mean(m["params"] for m, _ in v) for k, v in runs.items()}
         keys = list(zip(table.data["size"], table.data["mechanism"], strict=True))
-        assert list(table.bold["test acc"]) == [acc[k] == max(acc.values()) for k in keys]
+        assert list(table.bold["test acc [95% CI]"]) == [acc[k] == max(acc.values()) for k in keys]
         assert list(table.bold["params"]) == [params[k] == min(params.values()) for k in keys]
         assert not table.bold[["size", "mechanism", "seeds"]].to_numpy().any()
         assert [f"{p:,.0f}" for p in (params[k] for k in keys)] == list(table.data["params"])
+        accs = {k: [m["test_acc"] for m, _ in runs[k]] for k in keys}
+        assert list(table.data["test acc [95% CI]"]) == [
+            f"{acc[k]:.3f} [{acc[k] - half_width(accs[k]):.3f}, {acc[k] + half_width(accs[k]):.3f}]"
+            if len(accs[k]) > 1
+            else f"{acc[k]:.3f}"
+            for k in keys
+        ]
 
     paragraph, sizes, _ = page.sections[3].parts
     assert isinstance(paragraph, Paragraph) and isinstance(sizes, Table)
