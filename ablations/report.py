@@ -50,6 +50,7 @@ from ablations.report_pages import (
     Table,
     label_colours,
     label_file_name,
+    legend,
     new_figure,
     path_in,
     plot_text,
@@ -90,6 +91,7 @@ REPORT_SUFFIXES = (".md", ".html", ".csv", ".png")  # what a report folder may h
 LINESTYLES = ["-", "--", ":", "-."]
 N_TRAIN_AXES = ("task_kwargs.n_train", "training.steps")  # what a training-set size varies
 MARKERS = ["o", "s", "^", "D", "v"]
+GROUPS = ["task", "size", "mechanism", "setting"]  # a row of the summary table
 
 
 FIELDS = {  # tidy column of a cell: its column in the flattened store frame
@@ -163,9 +165,7 @@ def summary_table(df: pd.DataFrame, target: float | None = None) -> pd.DataFrame
     Rows follow the order the cells started in."""
     cells = _cells(df)
     rows = []
-    for (task, size, mechanism, setting), group in cells.groupby(
-        ["task", "size", "mechanism", "setting"], sort=False, dropna=False
-    ):
+    for (task, size, mechanism, setting), group in cells.groupby(GROUPS, sort=False, dropna=False):
         done = group[group.status == "done"]
         goal = target if target is not None else group.early_stop_target.iloc[0]
         goal = goal if goal and pd.notna(goal) else float("nan")
@@ -293,7 +293,7 @@ def _plot_curves(
         return None
     title = plot_text(f"{task}: learning curves ({metric})")
     ax.set(xlabel="step", ylabel=f"validation {metric}", title=title)
-    ax.legend(fontsize="small")
+    legend(figure, ax)
     return figure
 
 
@@ -323,7 +323,7 @@ def _plot_vs_params(task: str, table: pd.DataFrame, colours: dict) -> Figure | N
     ax.set_xscale("log")
     title = plot_text(f"{task}: accuracy vs parameters")
     ax.set(xlabel="parameters", ylabel="test accuracy", title=title)
-    ax.legend(fontsize="small")
+    legend(figure, ax)
     return figure
 
 
@@ -376,7 +376,7 @@ def _plot_vs_train_size(
     ax.minorticks_off()
     ax.set(xlabel="training examples (n_train)", ylabel=metric.replace("_", " "))
     ax.set_title(plot_text(f"{task_name}: {metric} vs training-set size"))
-    ax.legend(fontsize="small")
+    legend(figure, ax)
     return figure
 
 
@@ -568,23 +568,39 @@ def report_page(
     colours = label_colours(cells.mechanism.dropna())
     done = cells[cells.status == "done"]
     chosen_keys = None  # the cells of each mechanism's selected setting: their maps are shown
+    plotted, points = done, summary  # the cells and summary rows the task plots draw
     if selection is not None:
         section, rows = _selection_section(cells, selection, folder)
         page.sections.append(section)
         chosen_keys = set(frame.loc[sorted(rows), "key"])
+        plotted = done.loc[done.index.isin(rows)]
+        chosen = set(plotted[GROUPS].itertuples(index=False, name=None))
+        points = summary[
+            [row in chosen for row in summary[GROUPS].itertuples(index=False, name=None)]
+        ]
     for task, table in summary.groupby("task", sort=False):
         section = Section(f"Task: {task}", [_task_table(table.reset_index(drop=True))])
+        if selection is not None:
+            section.parts.append(Paragraph(
+                "The table: every setting. The plots: each mechanism at its selected "
+                "setting (see Selection)."
+            ))  # fmt: skip
+        mine = plotted[plotted.task == task]
         figures = [
-            ("curves", _plot_curves(task, done[done.task == task], colours), "learning curves"),
+            ("curves", _plot_curves(task, mine, colours), "learning curves"),
             (
                 "loss_curves",
                 # sequence tasks (scored per position, with `exact`): their loss curves too
-                _plot_curves(task, done[done.task == task], colours, "loss")
-                if done[done.task == task].test_exact.notna().any()
+                _plot_curves(task, mine, colours, "loss")
+                if mine.test_exact.notna().any()
                 else None,
                 "loss curves",
             ),
-            ("vs_params", _plot_vs_params(task, table, colours), "accuracy vs parameters"),
+            (
+                "vs_params",
+                _plot_vs_params(task, points[points.task == task], colours),
+                "accuracy vs parameters",
+            ),
         ]
         for kind, figure, alt in figures:
             if figure is not None:

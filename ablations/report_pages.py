@@ -53,6 +53,23 @@ def new_figure() -> tuple[Figure, Axes]:
     return figure, figure.add_subplot()
 
 
+INSIDE_LEGEND = 8  # legends of up to this many entries sit inside the plot
+LEGEND_ROW_INCHES = 0.2  # the height one row of an outside legend adds to its figure
+
+
+def legend(figure: Figure, ax: Axes) -> None:
+    """`ax`'s legend: inside the plot for up to INSIDE_LEGEND entries, else below it in two
+    columns, the figure taller by its rows, so that the plot keeps its size however many
+    entries there are."""
+    entries = len(ax.get_legend_handles_labels()[1])
+    if entries <= INSIDE_LEGEND:
+        ax.legend(fontsize="small")
+        return
+    width, height = figure.get_size_inches()
+    figure.set_size_inches(width, height + LEGEND_ROW_INCHES * -(-entries // 2))
+    figure.legend(fontsize="small", loc="outside lower center", ncols=2)
+
+
 def plot_text(text: object) -> str:
     """`text` (a label) for a matplotlib title or legend: its dollar signs shown as written,
     never parsed as mathtext (where a label like '$\\foo$' would fail the drawing)."""

@@ -13,7 +13,15 @@ import scipy.stats
 from matplotlib.image import imread
 
 from ablations.report import report_page, summary_table, write_report
-from ablations.report_pages import Image, Paragraph, Table, label_file_name, render_markdown
+from ablations.report_pages import (
+    Image,
+    Paragraph,
+    Table,
+    label_file_name,
+    legend,
+    new_figure,
+    render_markdown,
+)
 from ablations.store import ResultsStore
 
 TASKS = {  # label: (registered task name, n_train); one task at two training-set sizes
@@ -296,3 +304,18 @@ def test_sequence_tasks_also_get_loss_curves(tmp_path):
     name = label_file_name("loss_curves", "match_pattern/n=250")
     assert (out / name).is_file() and f"]({name})" in (out / "report.md").read_text()
     # (a classification task gets none: test_report_files_and_numbers lists every file)
+
+
+@pytest.mark.parametrize("lines", [3, 9, 30])
+def test_a_legend_of_many_entries_goes_below_the_plot_which_keeps_its_size(lines):
+    figure, ax = new_figure()
+    for i in range(lines):
+        ax.plot([0, 1], [0, i], label=f"setting {i}")
+    legend(figure, ax)
+    figure.canvas.draw()
+    height = figure.get_size_inches()[1]
+    axes_inches = ax.get_position().height * height
+    assert (ax.get_legend() is not None) == (lines <= 8)
+    assert (len(figure.legends) == 1) == (lines > 8)
+    assert axes_inches > 2.5  # the plot is not squeezed by its legend
+    assert height == pytest.approx(4.2 + (0 if lines <= 8 else 0.2 * -(-lines // 2)))

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from ablations import attention
+from ablations import attention, report
 from ablations.cli import main
 from ablations.report import write_report
 from ablations.runner import run_grid
@@ -122,6 +122,24 @@ def test_a_report_with_a_selection_compares_each_mechanism_at_its_best_lr(swept_
     assert len(summary) == 4 and summary.setting.str.startswith("training.lr=").all()
     text = (out / "report.md").read_text()
     assert "## Selection: each mechanism at its best setting" in text and "rel − std" in text
+
+
+def test_task_plots_draw_each_mechanisms_selected_setting_only(swept_store, tmp_path, monkeypatch):
+    drawn = []
+    real = report._plot_curves
+
+    def recording(task, done, *args, **kwargs):
+        drawn.append(done)
+        return real(task, done, *args, **kwargs)
+
+    monkeypatch.setattr(report, "_plot_curves", recording)
+    out = write_report(swept_store.store, tmp_path / "report", selection=swept_store.selection)
+    chosen = pd.read_csv(out / "selection.csv")
+    (curves,) = drawn  # one classification task: no loss curves
+    assert len(curves) == 4  # 2 mechanisms x 2 seeds, of the 8 cells
+    settings_drawn = set(zip(curves.mechanism, "training.lr=" + curves["training.lr"], strict=True))
+    assert settings_drawn == set(zip(chosen.mechanism, chosen.best, strict=True))
+    assert pd.read_csv(out / "summary.csv").shape[0] == 4  # the table keeps every setting
 
 
 def test_a_selection_reports_each_metric_it_names_at_the_same_settings(swept_store, tmp_path):
