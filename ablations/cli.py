@@ -341,7 +341,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--address", default=None,
                      help="Ray cluster address (without: a local Ray instance)")  # fmt: skip
     run.add_argument("--workers", type=COUNT, default=None,
-                     help="cells trained at once (without: one per core)")  # fmt: skip
+                     help="cells trained at once (without: one per usable core)")  # fmt: skip
     run.add_argument("--dry-run", action="store_true",
                      help="list the cells and their status, train nothing")  # fmt: skip
     run.add_argument("--retry-failed", action="store_true",

@@ -306,13 +306,22 @@ class _Worker:
                 os.kill(self.process.pid, signal.SIGKILL)
 
 
+def usable_cpus() -> int:
+    """The cores this process may run on: its CPU affinity where the system has one (so that
+    ``taskset -c 1 attn-zoo ablate run ...`` beside another run takes one core), else every
+    core."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def gpu_count() -> int:
     """The CUDA devices torch sees in this process (0 without CUDA)."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 class LocalExecutor:
-    """`workers` spawned processes with cpu_count // workers torch threads each (one worker:
+    """`workers` spawned processes with usable_cpus() // workers torch threads each (one worker:
     a thread of this process, which keeps the driver free to show progress), worker i on
     `placement(i, gpus, the cell's device)`. Handles are the workers themselves; progress and
     outcomes come up one pipe per worker."""
@@ -320,7 +329,7 @@ class LocalExecutor:
     def __init__(self, workers: int, gpus: int | None = None):
         self.slots = workers
         self.gpus = gpu_count() if gpus is None else gpus
-        self.threads = max(1, (os.cpu_count() or 1) // workers)
+        self.threads = max(1, usable_cpus() // workers)
         self.processes = workers > 1
         self.workers: list[_Worker] = []
         self.events: list[tuple[str, int, float]] = []
@@ -479,7 +488,7 @@ class RayExecutor:
         if self.started:
             local = {}
             if not address:
-                local["num_cpus"] = math.ceil(workers * cpus) if workers else os.cpu_count()
+                local["num_cpus"] = math.ceil(workers * cpus) if workers else usable_cpus()
             try:
                 ray.init(address=address, include_dashboard=False, log_to_driver=False, **local)
             except Exception as err:
@@ -570,7 +579,7 @@ def make_executor(
     """The executor `name` (one of `EXECUTORS`) for a grid whose `training.device` is
     `device` and whose `[resources]` are `resources` (Ray); ValueError naming the valid ones.
     The local executor's default `workers`: one per GPU where the cells train on this
-    machine's GPUs (see `placement`), else one per core."""
+    machine's GPUs (see `placement`), else one per core it may use (`usable_cpus`)."""
     if workers is not None and workers < 1:
         raise ValueError(f"workers={workers}: must be >= 1")
     if name == "local":
@@ -578,7 +587,7 @@ def make_executor(
             raise ValueError(f"address={address!r} is for executor='ray', not 'local'")
         gpus = gpu_count()
         on_gpus = gpus if device in ("auto", "cuda") else 0
-        return LocalExecutor(workers or on_gpus or os.cpu_count() or 1, gpus)
+        return LocalExecutor(workers or on_gpus or usable_cpus(), gpus)
     if name == "ray":
         return RayExecutor(workers, address, resources=resources, device=device)
     raise ValueError(f"executor={name!r} is not valid; valid: {', '.join(EXECUTORS)}")

@@ -143,6 +143,20 @@ def test_sigkill_midway_then_resume_loses_and_duplicates_nothing(tmp_path):
         assert next(r["finished"] for r in after if r["key"] == key) == finished
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
+def test_a_run_pinned_to_one_core_trains_with_one_thread(tmp_path):
+    # a run started on one core (taskset) beside another must not take every core's threads
+    path = grid_file(tmp_path)
+    command = [sys.executable, "-m", "ablations.cli", "ablate", "run", str(path), "--workers", "1"]
+    core = min(os.sched_getaffinity(0))
+    subprocess.run(
+        command, check=True, capture_output=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, {core}),
+    )  # fmt: skip
+    after = rows(load_grid(path))
+    assert len(after) == 4 and {r["environment"]["threads"] for r in after} == {1}
+
+
 def test_progress_line_and_eta_by_kind_of_cell(tmp_path):
     cells = load_grid(grid_file(tmp_path)).cells()  # std s0, std s1, rel s0, rel s1
     out = io.StringIO()

@@ -12,6 +12,7 @@ import torch
 
 from ablations.tasks import IGNORE_INDEX, build_task
 from ablations.tasks.arithmetic import END, PAD, START
+from ablations.tasks.grammar import VOCAB
 from ablations.tasks.relational_games import (
     EMPTY,
     MASK_CELLS,
@@ -303,6 +304,24 @@ def test_grammar_sequences_are_grammatical(kwargs, nesting):
     assert ("that" in used) == nesting and bool(used & {"near", "behind", "with"}) == nesting
 
 
+def test_grammar_in_characters_spells_out_grammatical_text():
+    words = small("grammar", length=200)
+    chars = small("grammar", length=200, unit="char")
+    assert chars.vocab_size == len(set(" ".join(VOCAB))) == 24 and words.vocab_size == 34
+    data = chars.splits(seed=0)["train"]
+    x, y = data.inputs, data.targets
+    assert x.shape == y.shape == (64, 200) and torch.equal(y[:, :-1], x[:, 1:])
+    assert int(torch.cat([x, y]).min()) >= 0 and int(torch.cat([x, y]).max()) < 24
+    for row_x, row_y in zip(x, y, strict=True):
+        text = chars.decode(torch.cat([row_x, row_y[-1:]]))
+        whole, _, partial = text.rpartition(" ")  # the last word may be cut
+        assert grammatical(whole) and "  " not in text
+        assert any(word.startswith(partial) for word in VOCAB)
+    # the same draws as the word-level task: the characters spell its words
+    first_words = words.decode(words.splits(seed=0)["train"].inputs[0]).split()
+    assert chars.decode(x[0]).split()[:10] == first_words[:10]
+
+
 def test_grammar_example():
     task = build_task("grammar", length=12)
     text = "the dog that the cats chase sleeps . some birds sing . a"
@@ -331,6 +350,7 @@ def test_grammar_example():
         ("grammar", {"length": 0}, r"length must be >= 1, got 0"),
         ("grammar", {"max_depth": -1}, r"max_depth must be >= 0, got -1"),
         ("grammar", {"recursion_prob": 1.5}, r"recursion_prob must be in \[0, 1\], got 1.5"),
+        ("grammar", {"unit": "byte"}, r"unit must be one of word, char, got 'byte'"),
     ],
 )
 def test_invalid_arguments(name, kwargs, message):

@@ -24,6 +24,11 @@ Literal example (length=12), ``x = the dog that the cats chase sleeps . some bir
 
     inputs : [2, 7, 1, 2, 14, 30, 19, 0, 5, 15, 24, 0]
     targets: [7, 1, 2, 14, 30, 19, 0, 5, 15, 24, 0, 3]
+
+With ``unit="char"`` the same text is spelt out in characters, each word and "." followed by a
+space (``"the dog runs . "``), tokens the indices of the characters in `CHARS` (24: space, ".",
+and the 22 letters the words use): character-level language modelling, where an agreement
+spans tens of tokens instead of a few.
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ LEXICON = {
 }
 VOCAB = tuple(dict.fromkeys([".", "that", *itertools.chain(*LEXICON.values())]))
 TOKEN = {word: i for i, word in enumerate(VOCAB)}
+CHARS = tuple(sorted(set(" ".join(VOCAB))))  # " ", ".", then the letters
+CHAR = {char: i for i, char in enumerate(CHARS)}
+UNITS = ("word", "char")
 NESTING = ("RC_sg", "RC_pl", "PP")  # the expansions that nest one level deeper
 
 Rules = dict[str, tuple[tuple[float, tuple[str, ...]], ...]]
@@ -88,10 +96,10 @@ def uniforms(generator: torch.Generator, chunk: int = 1 << 14) -> Iterator[float
 @dataclass(frozen=True)
 class Grammar(Task):
     kind: ClassVar[str] = "language_model"
-    vocab_size: ClassVar[int] = len(VOCAB)
     length: int = 64
     max_depth: int = 3
     recursion_prob: float = 0.3
+    unit: str = "word"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -101,10 +109,16 @@ class Grammar(Task):
             raise ValueError(f"max_depth must be >= 0, got {self.max_depth}")
         if not 0 <= self.recursion_prob <= 1:
             raise ValueError(f"recursion_prob must be in [0, 1], got {self.recursion_prob}")
+        if self.unit not in UNITS:
+            raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {self.unit!r}")
 
     @property
     def seq_len(self) -> int:
         return self.length
+
+    @property
+    def vocab_size(self) -> int:
+        return len(CHARS) if self.unit == "char" else len(VOCAB)
 
     def sentence(self, rules: Rules, uniform: Iterator[float]) -> list[int]:
         """One sentence of `S` as token ids, each choice made with the next of `uniform`."""
@@ -134,11 +148,18 @@ class Grammar(Task):
         for _ in range(n):
             row: list[int] = []
             while len(row) <= self.length:
-                row += self.sentence(rules, uniform)
+                words = self.sentence(rules, uniform)
+                if self.unit == "char":
+                    row += [CHAR[c] for word in words for c in VOCAB[word] + " "]
+                else:
+                    row += words
             rows.append(row[: self.length + 1])
         x = torch.tensor(rows)
         return x[:, :-1], x[:, 1:]
 
     def decode(self, ids: Tensor | list[int]) -> str:
-        """Token ids as space-separated words."""
-        return " ".join(VOCAB[i] for i in torch.as_tensor(ids).tolist())
+        """Token ids as text: space-separated words, or the characters as they are."""
+        ids = torch.as_tensor(ids).tolist()
+        if self.unit == "char":
+            return "".join(CHARS[i] for i in ids)
+        return " ".join(VOCAB[i] for i in ids)
