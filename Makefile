@@ -62,8 +62,8 @@ match-pattern: install
 	$(BIN)/attn-zoo report ablations/grids/match_pattern.toml --out reports/match_pattern \
 		--target 0.9 --note "$$(cat ablations/grids/match_pattern.conclusion.md)"
 
-# The Fastformer claim (additive vs standard vs linear attention on a language model, 36 min on
-# 2 cores); its conclusion is ablations/grids/fastformer_lm.conclusion.md, written by hand.
+# The Fastformer claim (additive vs standard vs linear attention on a language model, about
+# 48 min on 2 cores); its conclusion is ablations/grids/fastformer_lm.conclusion.md, written by hand.
 fastformer-lm: install
 	$(BIN)/attn-zoo ablate run ablations/grids/fastformer_lm.toml
 	$(BIN)/attn-zoo report ablations/grids/fastformer_lm.toml --out reports/fastformer_lm \
