@@ -6,7 +6,8 @@ that any store can be read, one written before sweeps existed included:
 - `axes(frame)`: the settings the cells vary in beyond task, size, mechanism and seed: the
   config keys taking more than one value among the cells of one (task, size, mechanism),
   named as a grid file sweeps them ("training.lr", "model.pos_enc", "task_kwargs.n_train",
-  "mechanism_kwargs.n_heads"). A training key a cell leaves out holds its default.
+  "mechanism_kwargs.n_heads"). A training key a cell leaves out holds its default; the steps
+  that `epochs` resolve to are not an axis.
 - `select(cells, over, metric, reported)`: per task, size, mechanism and the other axes, the
   setting of the axes `over` whose cells have the best mean `metric` over seeds (the highest
   accuracy, the lowest loss), among the settings whose every cell finished; at that setting,
@@ -61,7 +62,8 @@ def interval(values: pd.Series, level: float = 0.95) -> tuple[float, float, floa
 def axes(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per cell of `frame` (`ResultsStore.to_dataframe()`), one column per axis: the
     settings that vary within some (task, size label, mechanism) of the store, by their
-    swept-key names; values as text ("default" for a model option or kwarg not set)."""
+    swept-key names; values as text ("default" for a model option or kwarg not set). Where
+    every cell counts `epochs`, its steps follow from n_train: not an axis of their own."""
     if frame.empty:
         return pd.DataFrame(index=frame.index)
     records = frame.to_dict("records")
@@ -74,6 +76,8 @@ def axes(frame: pd.DataFrame) -> pd.DataFrame:
             if column.startswith(prefix) and column != "config.size.label":
                 values[section + column.removeprefix(prefix)] = flat[column].map(_text)
     settings = pd.DataFrame(values, index=frame.index)
+    if "config.training.epochs" in flat and flat["config.training.epochs"].notna().all():
+        settings = settings.drop(columns="training.steps")  # derived: epochs x batches of n_train
     group = [flat.get(f"config.{k}") for k in ("task", "size.label", "mechanism")]
     varies = settings.groupby(group, dropna=False).nunique().max() > 1
     return settings.loc[:, varies[varies].index.tolist()]

@@ -97,6 +97,18 @@ def test_axes_are_the_settings_that_vary_within_a_mechanism(tmp_path):
     assert sorted(found["training.patience"]) == ["0", "2"]  # 0: left out of the key, default
 
 
+def test_steps_an_epoch_count_resolves_to_are_not_an_axis(tmp_path):
+    path = tiny_grid(tmp_path, seeds=[0], mechanisms=[STD], training={"epochs": 2})
+    text = path.read_text().replace("steps = 20\n", "")  # epochs instead of steps
+    path.write_text(text + "[sweep]\ntask_kwargs.n_train = [64, 128]\n")
+    store = ResultsStore(tmp_path / "tiny.sqlite")
+    cells = load_grid(path).cells()
+    assert len({cell.training["steps"] for cell in cells}) == 2  # the steps do vary
+    for cell in cells:
+        store.finish(store.claim(cell.config()), "done", {}, [], {})
+    assert list(axes(store.to_dataframe()).columns) == ["task_kwargs.n_train"]
+
+
 @pytest.fixture(scope="module")
 def swept_store(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("sweep")
