@@ -6,18 +6,21 @@
     index.html           one self-contained page: the same, PNGs embedded as base64 data URIs
     summary.csv          the main table, one row per (task, size, mechanism)
     cells.csv            one row per cell, config and metrics flattened to dotted columns
-    curves_<task>.png    validation accuracy vs step, per mechanism (and size): mean, min-max band
+    curves_<task>.png    validation accuracy vs step, per mechanism (and size, and setting):
+                         mean, min-max band
     loss_curves_<task>.png  validation loss vs step, for sequence tasks (language model, seq2seq)
-    vs_params_<task>.png test accuracy vs parameters, one point per mechanism and size
+    vs_params_<task>.png test accuracy vs parameters, one point per mechanism, size and setting
     vs_train_size_<family>.png  test accuracy vs n_train, where a task family's n_train varies
     attention_<cell>.png attention maps recorded when each cell finished, in grids that keep
                          checkpoints (ablations.attention; writing a report runs no model)
 
-where <task>, <family> and <cell> are `label_file_name`'s slug and hash of the label (e.g.
-``curves_pairs-v64_3fa2c1d0.png``): two labels never share a file, and no label can name a file
-outside the folder. Labels and notes are shown as text on both pages (see
-ablations.report_pages); a missing or unreadable maps file leaves its attention map out with
-a note. The folder is written whole or not at all: see `write_report`.
+(with a grid's [selection]: the curves and vs_params plots draw each mechanism's selected
+setting only; the tables keep every setting), where <task>, <family> and <cell> are
+`label_file_name`'s slug and hash of the label (e.g. ``curves_pairs-v64_3fa2c1d0.png``): two
+labels never share a file, and no label can name a file outside the folder. Labels and notes
+are shown as text on both pages (see ablations.report_pages); a missing or unreadable maps file
+leaves its attention map out with a note. The folder is written whole or not at all: see
+`write_report`.
 
 Both pages are rendered from one page model through report_pages' markdown and HTML templates:
 `report_page` writes the CSVs and PNGs and returns it (a report_pages.Page; each table a
@@ -57,6 +60,7 @@ from ablations.report_pages import (
     write_pages,
 )
 from ablations.selection import (
+    GROUP,
     axes,
     higher_is_better,
     interval,
@@ -91,7 +95,6 @@ REPORT_SUFFIXES = (".md", ".html", ".csv", ".png")  # what a report folder may h
 LINESTYLES = ["-", "--", ":", "-."]
 N_TRAIN_AXES = ("task_kwargs.n_train", "training.steps")  # what a training-set size varies
 MARKERS = ["o", "s", "^", "D", "v"]
-GROUPS = ["task", "size", "mechanism", "setting"]  # a row of the summary table
 
 
 FIELDS = {  # tidy column of a cell: its column in the flattened store frame
@@ -159,13 +162,16 @@ def summary_table(df: pd.DataFrame, target: float | None = None) -> pd.DataFrame
     """The main table from `ResultsStore.to_dataframe()`: per task,
     size, mechanism and setting (of the axes the cells vary in, e.g. "training.lr=0.001"; ''
     without), over the seeds that finished (`seeds`, of `cells` in all), test accuracy
-    mean and std; the target validation accuracy (`target`, else the cells' nonzero
-    training.early_stop_target, else none), how many seeds `reached` it and their mean steps and
-    samples (steps x batch size) to first reach it; mean parameters and ms per step.
-    Rows follow the order the cells started in."""
+    mean, std and 95% confidence interval (`test_acc_low`, `test_acc_high`: Student's t,
+    ablations.selection.interval; NaN below 2 seeds); the target validation accuracy
+    (`target`, else the cells' nonzero training.early_stop_target, else none), how many seeds
+    `reached` it and their mean steps and samples (steps x batch size) to first reach it; mean
+    parameters and ms per step. Rows follow the order the cells started in."""
     cells = _cells(df)
     rows = []
-    for (task, size, mechanism, setting), group in cells.groupby(GROUPS, sort=False, dropna=False):
+    for (task, size, mechanism, setting), group in cells.groupby(
+        [*GROUP, "setting"], sort=False, dropna=False
+    ):
         done = group[group.status == "done"]
         goal = target if target is not None else group.early_stop_target.iloc[0]
         goal = goal if goal and pd.notna(goal) else float("nan")
@@ -402,8 +408,9 @@ def _cells_csv(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 INTRO = (
-    "Test accuracy: mean [95% confidence interval] over the seeds that finished (Student's t; "
-    "seeds: finished, of all; no interval for one seed). "
+    "Test accuracy: mean [95% confidence interval] over the seeds that finished (Student's t, "
+    "unclipped: with few seeds a bound can pass 1; seeds: finished, of all; no interval for "
+    "one seed). "
     "Steps to target: the first evaluated step whose validation accuracy reaches the "
     "target, mean over the seeds that reached it (reached/finished); samples = steps × "
     "batch size. Bold: best in the task (highest accuracy; fewest steps and samples "
@@ -574,16 +581,14 @@ def report_page(
         page.sections.append(section)
         chosen_keys = set(frame.loc[sorted(rows), "key"])
         plotted = done.loc[done.index.isin(rows)]
-        chosen = set(plotted[GROUPS].itertuples(index=False, name=None))
-        points = summary[
-            [row in chosen for row in summary[GROUPS].itertuples(index=False, name=None)]
-        ]
+        chosen = pd.MultiIndex.from_frame(plotted[[*GROUP, "setting"]])
+        points = summary[pd.MultiIndex.from_frame(summary[[*GROUP, "setting"]]).isin(chosen)]
     for task, table in summary.groupby("task", sort=False):
         section = Section(f"Task: {task}", [_task_table(table.reset_index(drop=True))])
         if selection is not None:
             section.parts.append(Paragraph(
                 "The table: every setting. The plots: each mechanism at its selected "
-                "setting (see Selection)."
+                "setting (see Selection; not drawn where no setting finished on every seed)."
             ))  # fmt: skip
         mine = plotted[plotted.task == task]
         figures = [

@@ -58,16 +58,22 @@ LEGEND_ROW_INCHES = 0.2  # the height one row of an outside legend adds to its f
 
 
 def legend(figure: Figure, ax: Axes) -> None:
-    """`ax`'s legend: inside the plot for up to INSIDE_LEGEND entries, else below it in two
-    columns, the figure taller by its rows, so that the plot keeps its size however many
-    entries there are."""
+    """`ax`'s legend: inside the plot for up to INSIDE_LEGEND entries, else below it (two
+    columns where they fit the figure's width, else one, the figure widened to hold it), the
+    figure taller by its rows, so that the plot keeps its size however many entries there are."""
     entries = len(ax.get_legend_handles_labels()[1])
     if entries <= INSIDE_LEGEND:
         ax.legend(fontsize="small")
         return
     width, height = figure.get_size_inches()
-    figure.set_size_inches(width, height + LEGEND_ROW_INCHES * -(-entries // 2))
-    figure.legend(fontsize="small", loc="outside lower center", ncols=2)
+    for columns in (2, 1):
+        figure.set_size_inches(width, height + LEGEND_ROW_INCHES * -(-entries // columns))
+        box = figure.legend(fontsize="small", loc="outside lower center", ncols=columns)
+        needed = box.get_window_extent(figure.canvas.get_renderer()).width / figure.dpi
+        if needed <= width or columns == 1:
+            break
+        box.remove()
+    figure.set_size_inches(max(width, needed + 0.2), figure.get_size_inches()[1])
 
 
 def plot_text(text: object) -> str:

@@ -62,8 +62,8 @@ def interval(values: pd.Series, level: float = 0.95) -> tuple[float, float, floa
 def axes(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per cell of `frame` (`ResultsStore.to_dataframe()`), one column per axis: the
     settings that vary within some (task, size label, mechanism) of the store, by their
-    swept-key names; values as text ("default" for a model option or kwarg not set). Where
-    every cell counts `epochs`, its steps follow from n_train: not an axis of their own."""
+    swept-key names; values as text ("default" for a model option or kwarg not set). A cell
+    that counts `epochs` has its steps as "epochs": they follow from n_train, no axis of theirs."""
     if frame.empty:
         return pd.DataFrame(index=frame.index)
     records = frame.to_dict("records")
@@ -76,8 +76,8 @@ def axes(frame: pd.DataFrame) -> pd.DataFrame:
             if column.startswith(prefix) and column != "config.size.label":
                 values[section + column.removeprefix(prefix)] = flat[column].map(_text)
     settings = pd.DataFrame(values, index=frame.index)
-    if "config.training.epochs" in flat and flat["config.training.epochs"].notna().all():
-        settings = settings.drop(columns="training.steps")  # derived: epochs x batches of n_train
+    if "config.training.epochs" in flat:  # steps derived from epochs: not a setting of theirs
+        settings.loc[flat["config.training.epochs"].notna(), "training.steps"] = "epochs"
     group = [flat.get(f"config.{k}") for k in ("task", "size.label", "mechanism")]
     varies = settings.groupby(group, dropna=False).nunique().max() > 1
     return settings.loc[:, varies[varies].index.tolist()]

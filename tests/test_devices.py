@@ -132,8 +132,17 @@ def test_the_local_executor_places_each_worker_by_its_index(monkeypatch):
 
     monkeypatch.setattr(executors, "gpu_count", lambda: 2)  # one worker per GPU by default
     assert make_executor("local").slots == 2
-    assert make_executor("local", device="cpu").slots == (executors.os.cpu_count() or 1)
+    assert make_executor("local", device="cpu").slots == executors.usable_cpus()
     assert make_executor("local", workers=5).slots == 5
+
+
+def test_local_workers_and_threads_follow_the_cores_this_process_may_use(monkeypatch):
+    monkeypatch.setattr(executors, "gpu_count", lambda: 0)
+    monkeypatch.setattr(executors, "usable_cpus", lambda: 3)
+    default = make_executor("local")
+    assert (default.slots, default.threads) == (3, 1)  # one worker per usable core
+    one = make_executor("local", workers=1)
+    assert (one.slots, one.threads) == (1, 3)  # one worker: every usable core's threads
 
 
 def test_the_local_executor_sends_each_worker_its_placement(tmp_path, monkeypatch):

@@ -14,6 +14,8 @@ from matplotlib.image import imread
 
 from ablations.report import report_page, summary_table, write_report
 from ablations.report_pages import (
+    INSIDE_LEGEND,
+    LEGEND_ROW_INCHES,
     Image,
     Paragraph,
     Table,
@@ -306,16 +308,22 @@ def test_sequence_tasks_also_get_loss_curves(tmp_path):
     # (a classification task gets none: test_report_files_and_numbers lists every file)
 
 
-@pytest.mark.parametrize("lines", [3, 9, 30])
-def test_a_legend_of_many_entries_goes_below_the_plot_which_keeps_its_size(lines):
+@pytest.mark.parametrize(("lines", "label"), [(3, "x"), (9, "x"), (30, "x"), (12, "y" * 90)])
+def test_a_legend_of_many_entries_goes_below_the_plot_which_keeps_its_size(lines, label):
     figure, ax = new_figure()
+    width, height = figure.get_size_inches()
     for i in range(lines):
-        ax.plot([0, 1], [0, i], label=f"setting {i}")
+        ax.plot([0, 1], [0, i], label=f"{label} {i}")
     legend(figure, ax)
     figure.canvas.draw()
-    height = figure.get_size_inches()[1]
-    axes_inches = ax.get_position().height * height
-    assert (ax.get_legend() is not None) == (lines <= 8)
-    assert (len(figure.legends) == 1) == (lines > 8)
-    assert axes_inches > 2.5  # the plot is not squeezed by its legend
-    assert height == pytest.approx(4.2 + (0 if lines <= 8 else 0.2 * -(-lines // 2)))
+    inside = lines <= INSIDE_LEGEND
+    assert (ax.get_legend() is not None) == inside and len(figure.legends) == (not inside)
+    assert ax.get_position().height * figure.get_size_inches()[1] > 2.5  # not squeezed
+    box = (ax.get_legend() or figure.legends[0]).get_window_extent()
+    assert box.x0 >= 0 and box.x1 <= figure.bbox.width  # the legend fits the figure
+    if not inside:
+        columns = figure.legends[0]._ncols
+        rows = -(-lines // columns)
+        assert figure.get_size_inches()[1] == pytest.approx(height + LEGEND_ROW_INCHES * rows)
+        assert (columns == 1) == (len(label) > 1)  # long labels: one column, a wider figure
+        assert (figure.get_size_inches()[0] > width) == (len(label) > 1)

@@ -137,20 +137,22 @@ def test_a_report_with_a_selection_compares_each_mechanism_at_its_best_lr(swept_
 
 
 def test_task_plots_draw_each_mechanisms_selected_setting_only(swept_store, tmp_path, monkeypatch):
-    drawn = []
-    real = report._plot_curves
+    drawn = {}
+    for name in ("_plot_curves", "_plot_vs_params"):
+        real = getattr(report, name)
 
-    def recording(task, done, *args, **kwargs):
-        drawn.append(done)
-        return real(task, done, *args, **kwargs)
+        def recording(task, frame, *args, real=real, name=name, **kwargs):
+            drawn[name] = frame
+            return real(task, frame, *args, **kwargs)
 
-    monkeypatch.setattr(report, "_plot_curves", recording)
+        monkeypatch.setattr(report, name, recording)
     out = write_report(swept_store.store, tmp_path / "report", selection=swept_store.selection)
-    chosen = pd.read_csv(out / "selection.csv")
-    (curves,) = drawn  # one classification task: no loss curves
+    selected = pd.read_csv(out / "selection.csv")
+    chosen = set(zip(selected.mechanism, selected.best, strict=True))
+    curves, points = drawn["_plot_curves"], drawn["_plot_vs_params"]
     assert len(curves) == 4  # 2 mechanisms x 2 seeds, of the 8 cells
-    settings_drawn = set(zip(curves.mechanism, "training.lr=" + curves["training.lr"], strict=True))
-    assert settings_drawn == set(zip(chosen.mechanism, chosen.best, strict=True))
+    assert set(zip(curves.mechanism, "training.lr=" + curves["training.lr"], strict=True)) == chosen
+    assert len(points) == 2 and set(zip(points.mechanism, points.setting, strict=True)) == chosen
     assert pd.read_csv(out / "summary.csv").shape[0] == 4  # the table keeps every setting
 
 
