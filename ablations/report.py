@@ -15,7 +15,8 @@
                          checkpoints (ablations.attention; writing a report runs no model)
 
 (with a grid's [selection]: the curves and vs_params plots draw each mechanism's selected
-setting only; the tables keep every setting), where <task>, <family> and <cell> are
+setting only, the curves one plot per setting of the axes not chosen over, named
+"<task>; <axes>"; the tables keep every setting), where <task>, <family> and <cell> are
 `label_file_name`'s slug and hash of the label (e.g. ``curves_pairs-v64_3fa2c1d0.png``): two
 labels never share a file, and no label can name a file outside the folder. Labels and notes
 are shown as text on both pages (see ablations.report_pages); a missing or unreadable maps file
@@ -301,6 +302,28 @@ def _plot_curves(
     ax.set(xlabel="step", ylabel=f"validation {metric}", title=title)
     legend(figure, ax)
     return figure
+
+
+def _curve_panels(
+    done: pd.DataFrame, selection: Selection | None
+) -> list[tuple[str, pd.DataFrame]]:
+    """The learning-curve plots of one task's cells `done`: one of them all, or with a
+    selection, one per setting of the axes it does not choose over (e.g. n_train, pooling),
+    each mechanism's curve labelled by its chosen setting only: ("<task>; <other axes>",
+    its cells)."""
+    task = str(done.task.iloc[0]) if len(done) else ""
+    axis_columns = [c for c in done.columns if "." in c]
+    over = [c for c in (selection.over or axis_columns) if c in axis_columns] if selection else []
+    others = [c for c in axis_columns if c not in over and done[c].nunique(dropna=False) > 1]
+    if selection is None or not others:
+        return [(task, done)]
+    panels = []
+    for _, group in done.groupby(others, sort=False, dropna=False):
+        chosen = [c for c in over if done[c].nunique(dropna=False) > 1]
+        label = f"{task}; {setting_text(group.iloc[0], others)}"
+        group = group.assign(setting=[setting_text(row, chosen) for _, row in group.iterrows()])
+        panels.append((label, group))
+    return panels
 
 
 def _curve_label(mechanism: str, size: str, setting: str, sizes: bool) -> str:
@@ -590,28 +613,20 @@ def report_page(
                 "The table: every setting. The plots: each mechanism at its selected "
                 "setting (see Selection; not drawn where no setting finished on every seed)."
             ))  # fmt: skip
-        mine = plotted[plotted.task == task]
-        figures = [
-            ("curves", _plot_curves(task, mine, colours), "learning curves"),
-            (
-                "loss_curves",
-                # sequence tasks (scored per position, with `exact`): their loss curves too
-                _plot_curves(task, mine, colours, "loss")
-                if mine.test_exact.notna().any()
-                else None,
-                "loss curves",
-            ),
-            (
-                "vs_params",
-                _plot_vs_params(task, points[points.task == task], colours),
-                "accuracy vs parameters",
-            ),
-        ]
-        for kind, figure, alt in figures:
+        figures = []
+        for label, curves in _curve_panels(plotted[plotted.task == task], selection):
+            figures.append(("curves", label, _plot_curves(label, curves, colours)))
+            if curves.test_exact.notna().any():  # sequence tasks (scored per position)
+                figures.append(("loss_curves", label, _plot_curves(label, curves, colours, "loss")))
+        vs_params = _plot_vs_params(task, points[points.task == task], colours)
+        figures.append(("vs_params", task, vs_params))
+        alts = {"curves": "learning curves", "loss_curves": "loss curves",
+                "vs_params": "accuracy vs parameters"}  # fmt: skip
+        for kind, label, figure in figures:
             if figure is not None:
-                name = label_file_name(kind, str(task))
+                name = label_file_name(kind, str(label))
                 figure.savefig(_new_file(folder, name), dpi=100)
-                section.parts.append(Image(name, f"{task}: {alt}"))
+                section.parts.append(Image(name, f"{label}: {alts[kind]}"))
         page.sections.append(section)
 
     # one section per task family and setting of the axes other than n_train (and the steps

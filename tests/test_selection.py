@@ -241,3 +241,33 @@ def test_training_set_size_curves_show_each_mechanism_at_its_selected_setting(tm
         line = next(x for x in section.splitlines() if x.startswith(f"| {n_train} |"))
         cells = dict(zip(["std", "rel"], line.split("|")[3:5], strict=True))
         assert f"{row.mean:.3f} [{row.low:.3f}, {row.high:.3f}] (n=2)" in cells[row.mechanism]
+
+
+def test_with_other_axes_each_of_their_settings_gets_its_own_learning_curves(tmp_path, monkeypatch):
+    path = tiny_grid(tmp_path, seeds=[0, 1], training={"steps": 10, "eval_every": 5})
+    path.write_text(
+        path.read_text() + "[sweep]\ntraining.lr = [1e-3, 3e-2]\ntask_kwargs.n_train = [64, 128]\n"
+        '[selection]\nover = ["training.lr"]\n'
+    )
+    spec = load_grid(path)
+    run_grid(spec, workers=1)
+    drawn = []
+    real = report._plot_curves
+
+    def recording(label, done, *args, **kwargs):
+        drawn.append((label, done))
+        return real(label, done, *args, **kwargs)
+
+    monkeypatch.setattr(report, "_plot_curves", recording)
+    out = write_report(spec.store, tmp_path / "report", selection=spec.selection)
+    chosen = pd.read_csv(out / "selection.csv")
+    assert [label for label, _ in drawn] == [
+        "same_pair; task_kwargs.n_train=64", "same_pair; task_kwargs.n_train=128"
+    ]  # fmt: skip
+    for (_, done), n_train in zip(drawn, ("64", "128"), strict=True):
+        assert set(done["task_kwargs.n_train"]) == {n_train} and len(done) == 4  # 2 x 2 seeds
+        mine = chosen[chosen.others == f"task_kwargs.n_train={n_train}"]
+        best = dict(zip(mine.mechanism, mine.best, strict=True))
+        assert all(best[m] == s for m, s in zip(done.mechanism, done.setting, strict=True))
+    text = (out / "report.md").read_text()
+    assert text.count("learning curves](curves_") == 2
