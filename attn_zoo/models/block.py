@@ -43,11 +43,12 @@ class BlockConfig:
     or a module; dff: feed-forward width (default 4 d_model, 8/3 d_model for swiglu);
     bias: in the feed-forward; attention_residual: False makes the self-attention sub-layer's
     output replace the stream instead of adding to it (no skip connection around attention:
-    the relational bottleneck of the Abstractor line of work, where what follows sees only
-    what attention computed); causal: self-attention masked to the past; cross_attention:
-    None, or the kwargs of a standard cross-attention (e.g. dict(n_heads=4)); symbol_retrieval
-    (+ kwargs): the retriever feeding relational and dual attention, one shared by all layers
-    or one per layer (shared_symbol_retriever).
+    what follows sees only what attention computed; the Abstractor's relational bottleneck for
+    relational attention, whose output holds relations and symbols only, but not for standard
+    or dual attention, whose values carry the objects themselves on); causal: self-attention
+    masked to the past; cross_attention: None, or the kwargs of a standard cross-attention
+    (e.g. dict(n_heads=4)); symbol_retrieval (+ kwargs): the retriever feeding relational and
+    dual attention, one shared by all layers or one per layer (shared_symbol_retriever).
     """
 
     d_model: int
