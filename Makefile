@@ -44,7 +44,8 @@ DEMO_LR_CHECK = --set store=../../results/demo_lr_check.sqlite \
 demo-lr-check: install
 	$(BIN)/attn-zoo ablate run ablations/grids/demo.toml $(DEMO_LR_CHECK)
 	$(BIN)/attn-zoo report ablations/grids/demo.toml $(DEMO_LR_CHECK) --out reports/demo_lr_check \
-		--target 0.9 --note "$$(cat ablations/grids/demo_lr_check.conclusion.md)"
+		--target 0.9 --title "Ablation report: demo, learning rates 3e-4 to 3e-2, 6 seeds" \
+		--note "$$(cat ablations/grids/demo_lr_check.conclusion.md)"
 
 # The example reports in reports/, one command each. The relational games under the paper's
 # protocol, ours and the paper's own models (258 cells, about 2 hours on 2 CPU cores); the
