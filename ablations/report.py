@@ -183,7 +183,7 @@ def summary_table(df: pd.DataFrame, target: float | None = None) -> pd.DataFrame
                 if step is not None:
                     steps.append(step)
                     samples.append(step * batch_size)
-        _, low, high, _ = interval(done.test_acc)
+        mean, low, high, _ = interval(done.test_acc)
         rows.append(
             {
                 "task": task,
@@ -192,7 +192,7 @@ def summary_table(df: pd.DataFrame, target: float | None = None) -> pd.DataFrame
                 "setting": setting,
                 "cells": len(group),
                 "seeds": len(done),
-                "test_acc_mean": done.test_acc.mean(),
+                "test_acc_mean": mean,
                 "test_acc_std": done.test_acc.std(),
                 "test_acc_low": low,
                 "test_acc_high": high,
@@ -271,6 +271,8 @@ def _detail(cell: pd.Series) -> str:
     return "unfinished: still running, or its run was interrupted"
 
 
+FIGURE_ALTS = {"curves": "learning curves", "loss_curves": "loss curves",
+               "vs_params": "accuracy vs parameters"}  # fmt: skip
 CURVE_COLUMNS = {"accuracy": 3, "loss": 2}  # a curve point: [step, train loss, val loss, val acc]
 
 
@@ -304,22 +306,30 @@ def _plot_curves(
     return figure
 
 
+def _over(cells: pd.DataFrame, selection: Selection) -> list[str]:
+    """The axis columns of `cells` (named as swept, with a ".") that `selection` chooses a
+    setting of: its `over`, or every axis where it names none."""
+    columns = [c for c in cells.columns if "." in c]
+    return [c for c in selection.over or columns if c in columns]
+
+
 def _curve_panels(
-    done: pd.DataFrame, selection: Selection | None
+    task: str, done: pd.DataFrame, selection: Selection | None
 ) -> list[tuple[str, pd.DataFrame]]:
-    """The learning-curve plots of one task's cells `done`: one of them all, or with a
+    """The learning-curve plots of `task`'s cells `done`: one of them all, or with a
     selection, one per setting of the axes it does not choose over (e.g. n_train, pooling),
     each mechanism's curve labelled by its chosen setting only: ("<task>; <other axes>",
     its cells)."""
-    task = str(done.task.iloc[0]) if len(done) else ""
-    axis_columns = [c for c in done.columns if "." in c]
-    over = [c for c in (selection.over or axis_columns) if c in axis_columns] if selection else []
-    others = [c for c in axis_columns if c not in over and done[c].nunique(dropna=False) > 1]
-    if selection is None or not others:
+    if selection is None:
         return [(task, done)]
+    over = _over(done, selection)
+    varying = [c for c in done.columns if "." in c and done[c].nunique(dropna=False) > 1]
+    others = [c for c in varying if c not in over]
+    if not others:
+        return [(task, done)]
+    chosen = [c for c in over if c in varying]
     panels = []
     for _, group in done.groupby(others, sort=False, dropna=False):
-        chosen = [c for c in over if done[c].nunique(dropna=False) > 1]
         label = f"{task}; {setting_text(group.iloc[0], others)}"
         group = group.assign(setting=[setting_text(row, chosen) for _, row in group.iterrows()])
         panels.append((label, group))
@@ -614,19 +624,17 @@ def report_page(
                 "setting (see Selection; not drawn where no setting finished on every seed)."
             ))  # fmt: skip
         figures = []
-        for label, curves in _curve_panels(plotted[plotted.task == task], selection):
+        for label, curves in _curve_panels(str(task), plotted[plotted.task == task], selection):
             figures.append(("curves", label, _plot_curves(label, curves, colours)))
             if curves.test_exact.notna().any():  # sequence tasks (scored per position)
                 figures.append(("loss_curves", label, _plot_curves(label, curves, colours, "loss")))
         vs_params = _plot_vs_params(task, points[points.task == task], colours)
         figures.append(("vs_params", task, vs_params))
-        alts = {"curves": "learning curves", "loss_curves": "loss curves",
-                "vs_params": "accuracy vs parameters"}  # fmt: skip
         for kind, label, figure in figures:
             if figure is not None:
                 name = label_file_name(kind, str(label))
                 figure.savefig(_new_file(folder, name), dpi=100)
-                section.parts.append(Image(name, f"{label}: {alts[kind]}"))
+                section.parts.append(Image(name, f"{label}: {FIGURE_ALTS[kind]}"))
         page.sections.append(section)
 
     # one section per task family and setting of the axes other than n_train (and the steps
@@ -636,7 +644,8 @@ def report_page(
     metric, described = "test_acc", "Test accuracy"
     if selection is not None:
         done = done.loc[done.index.isin(rows)]
-        others = [c for c in others if c not in (selection.over or others)]
+        over = _over(cells, selection)
+        others = [c for c in others if c not in over]
         metric = selection.reported_metrics[0]
         described = f"Each mechanism at its selected setting (see Selection): {metric}"
     varying = varying_axes(done, others)
@@ -693,8 +702,7 @@ def _selection_section(
     `selection.compare` names. Writes selection.csv and paired.csv (a `reported` column per
     metric's rows); returns the section and the rows of `cells` (its index) at the chosen
     settings. ValueError naming a reported metric no cell has."""
-    axis_columns = [c for c in cells.columns if "." in c]
-    over = [k for k in selection.over or axis_columns if k in axis_columns]
+    over = _over(cells, selection)
     metric, reported = selection.metric, selection.reported_metrics
     for name in reported:
         if name not in cells.columns or cells[name].isna().all():

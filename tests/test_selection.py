@@ -109,17 +109,46 @@ def test_steps_an_epoch_count_resolves_to_are_not_an_axis(tmp_path):
     assert list(axes(store.to_dataframe()).columns) == ["task_kwargs.n_train"]
 
 
-@pytest.fixture(scope="module")
-def swept_store(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("sweep")
+def swept_grid(tmp_path, sweep_and_selection: str):
+    """The tiny grid (2 seeds, 10 steps) with `sweep_and_selection` (TOML) appended, trained."""
     path = tiny_grid(tmp_path, seeds=[0, 1], training={"steps": 10, "eval_every": 5})
-    path.write_text(
-        path.read_text() + "[sweep]\ntraining.lr = [1e-3, 3e-3]\n"
-        '[selection]\nover = ["training.lr"]\ncompare = [["rel", "std"]]\n'
-    )
+    path.write_text(path.read_text() + sweep_and_selection)
     spec = load_grid(path)
     run_grid(spec, workers=1)
     return spec
+
+
+def record_plots(monkeypatch, *names: str) -> dict[str, list]:
+    """Each of ablations.report's plot functions `names` recording (label, frame) per call."""
+    drawn = {name: [] for name in names}
+    for name in names:
+        real = getattr(report, name)
+
+        def recording(label, frame, *args, real=real, name=name, **kwargs):
+            drawn[name].append((label, frame))
+            return real(label, frame, *args, **kwargs)
+
+        monkeypatch.setattr(report, name, recording)
+    return drawn
+
+
+@pytest.fixture(scope="module")
+def swept_store(tmp_path_factory):
+    return swept_grid(
+        tmp_path_factory.mktemp("sweep"),
+        "[sweep]\ntraining.lr = [1e-3, 3e-3]\n"
+        '[selection]\nover = ["training.lr"]\ncompare = [["rel", "std"]]\n',
+    )
+
+
+@pytest.fixture(scope="module")
+def n_train_swept(tmp_path_factory):
+    """Learning rate and n_train swept, the selection over the learning rate only."""
+    return swept_grid(
+        tmp_path_factory.mktemp("n_train"),
+        "[sweep]\ntraining.lr = [1e-3, 3e-2]\ntask_kwargs.n_train = [64, 128]\n"
+        '[selection]\nover = ["training.lr"]\n',
+    )
 
 
 def test_a_report_with_a_selection_compares_each_mechanism_at_its_best_lr(swept_store, tmp_path):
@@ -137,19 +166,11 @@ def test_a_report_with_a_selection_compares_each_mechanism_at_its_best_lr(swept_
 
 
 def test_task_plots_draw_each_mechanisms_selected_setting_only(swept_store, tmp_path, monkeypatch):
-    drawn = {}
-    for name in ("_plot_curves", "_plot_vs_params"):
-        real = getattr(report, name)
-
-        def recording(task, frame, *args, real=real, name=name, **kwargs):
-            drawn[name] = frame
-            return real(task, frame, *args, **kwargs)
-
-        monkeypatch.setattr(report, name, recording)
+    drawn = record_plots(monkeypatch, "_plot_curves", "_plot_vs_params")
     out = write_report(swept_store.store, tmp_path / "report", selection=swept_store.selection)
     selected = pd.read_csv(out / "selection.csv")
     chosen = set(zip(selected.mechanism, selected.best, strict=True))
-    curves, points = drawn["_plot_curves"], drawn["_plot_vs_params"]
+    [(_, curves)], [(_, points)] = drawn["_plot_curves"], drawn["_plot_vs_params"]
     assert len(curves) == 4  # 2 mechanisms x 2 seeds, of the 8 cells
     assert set(zip(curves.mechanism, "training.lr=" + curves["training.lr"], strict=True)) == chosen
     assert len(points) == 2 and set(zip(points.mechanism, points.setting, strict=True)) == chosen
@@ -223,14 +244,10 @@ def test_attention_maps_show_each_mechanisms_selected_setting(tmp_path, monkeypa
     assert sorted(loaded) == sorted(want) and len(want) == 2
 
 
-def test_training_set_size_curves_show_each_mechanism_at_its_selected_setting(tmp_path):
-    path = tiny_grid(tmp_path, seeds=[0, 1], training={"steps": 10, "eval_every": 5})
-    path.write_text(
-        path.read_text() + "[sweep]\ntraining.lr = [1e-3, 3e-2]\ntask_kwargs.n_train = [64, 128]\n"
-        '[selection]\nover = ["training.lr"]\n'
-    )
-    spec = load_grid(path)
-    run_grid(spec, workers=1)
+def test_training_set_size_curves_show_each_mechanism_at_its_selected_setting(
+    n_train_swept, tmp_path
+):
+    spec = n_train_swept
     out = write_report(spec.store, tmp_path / "report", selection=spec.selection)
     chosen = pd.read_csv(out / "selection.csv")
     text = (out / "report.md").read_text()
@@ -243,22 +260,11 @@ def test_training_set_size_curves_show_each_mechanism_at_its_selected_setting(tm
         assert f"{row.mean:.3f} [{row.low:.3f}, {row.high:.3f}] (n=2)" in cells[row.mechanism]
 
 
-def test_with_other_axes_each_of_their_settings_gets_its_own_learning_curves(tmp_path, monkeypatch):
-    path = tiny_grid(tmp_path, seeds=[0, 1], training={"steps": 10, "eval_every": 5})
-    path.write_text(
-        path.read_text() + "[sweep]\ntraining.lr = [1e-3, 3e-2]\ntask_kwargs.n_train = [64, 128]\n"
-        '[selection]\nover = ["training.lr"]\n'
-    )
-    spec = load_grid(path)
-    run_grid(spec, workers=1)
-    drawn = []
-    real = report._plot_curves
-
-    def recording(label, done, *args, **kwargs):
-        drawn.append((label, done))
-        return real(label, done, *args, **kwargs)
-
-    monkeypatch.setattr(report, "_plot_curves", recording)
+def test_with_other_axes_each_of_their_settings_gets_its_own_learning_curves(
+    n_train_swept, tmp_path, monkeypatch
+):
+    spec = n_train_swept
+    drawn = record_plots(monkeypatch, "_plot_curves")["_plot_curves"]
     out = write_report(spec.store, tmp_path / "report", selection=spec.selection)
     chosen = pd.read_csv(out / "selection.csv")
     assert [label for label, _ in drawn] == [
