@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-slow lint install demo demo-lr-check relational-games match-pattern fastformer-lm fastformer-char benchmarks bench \
+.PHONY: test test-slow lint install demo demo-lr-check relational-games match-pattern match-pattern-dual fastformer-lm fastformer-char benchmarks bench \
 	clean
 
 $(BIN)/python:
@@ -62,6 +62,13 @@ match-pattern: install
 	$(BIN)/attn-zoo ablate run ablations/grids/match_pattern.toml
 	$(BIN)/attn-zoo report ablations/grids/match_pattern.toml --out reports/match_pattern \
 		--target 0.9 --note "$$(cat ablations/grids/match_pattern.conclusion.md)"
+
+# Dual attention's ceiling on match_pattern (lr 3e-3 and 1e-2, 16,000 steps; 6 cells, about
+# 30 min on 2 cores); its conclusion is ablations/grids/match_pattern_dual.conclusion.md.
+match-pattern-dual: install
+	$(BIN)/attn-zoo ablate run ablations/grids/match_pattern_dual.toml
+	$(BIN)/attn-zoo report ablations/grids/match_pattern_dual.toml --out reports/match_pattern_dual \
+		--target 0.9 --note "$$(cat ablations/grids/match_pattern_dual.conclusion.md)"
 
 # The Fastformer claim (additive vs standard vs linear attention on a language model, about
 # 48 min on 2 cores); its conclusion is ablations/grids/fastformer_lm.conclusion.md, written by hand.
