@@ -3,6 +3,7 @@ answer checked against an independent recomputation."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from functools import cache
@@ -12,7 +13,7 @@ import torch
 
 from ablations.tasks import IGNORE_INDEX, build_task
 from ablations.tasks.arithmetic import END, PAD, START
-from ablations.tasks.grammar import VOCAB
+from ablations.tasks.grammar import VOCAB, grammar, uniforms
 from ablations.tasks.relational_games import (
     EMPTY,
     MASK_CELLS,
@@ -328,6 +329,78 @@ def test_grammar_example():
     assert task.decode([2, 7, 1, 2, 14, 30, 19, 0, 5, 15, 24, 0, 3]) == text
     assert grammatical(text)
     assert task.seq_len == 12 and task.vocab_size == 34
+
+
+def inside(words: list[str], p: float, max_depth: int) -> float:
+    """The probability of the sentence `words`, summed over every derivation of the rules above
+    (with the rule probabilities of grammar.py's docstring; a noun phrase nested `max_depth`
+    deep takes its first rule): independent of the sampler, and of any claim of unambiguity."""
+    probs = {"S": [0.5, 0.5], "NP": [0.5, 0.5], "PP": [1.0]}
+    for n in ("sg", "pl"):
+        probs |= {f"NP_{n}": [1 - p, p / 2, p / 2], f"RC_{n}": [0.5, 0.25, 0.25]}
+        probs[f"VP_{n}"] = [0.5, 0.5]
+
+    @cache
+    def ends(symbol: str, i: int, depth: int) -> tuple[tuple[int, float], ...]:
+        if symbol not in RULES:
+            choices = WORDS.get(symbol, symbol).split()
+            match = i < len(words) and words[i] in choices
+            return ((i + 1, 1 / len(choices)),) if match else ()
+        weights = probs[symbol]
+        if symbol.startswith("NP_") and depth >= max_depth:
+            weights = [1.0, 0.0, 0.0]
+        child_depth = depth + (symbol in ("RC_sg", "RC_pl", "PP"))
+        out: Counter = Counter()
+        for weight, rhs in zip(weights, RULES[symbol], strict=True):
+            positions = {i: weight}
+            for part in rhs.split():
+                step: Counter = Counter()
+                for start, prob in positions.items():
+                    for end, q in ends(part, start, child_depth):
+                        step[end] += prob * q
+                positions = step
+            out.update(positions)
+        return tuple(out.items())
+
+    return dict(ends("S", 0, 0)).get(len(words), 0.0)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"max_depth": 1, "recursion_prob": 0.6}])
+def test_grammar_sentence_probability_is_the_sum_over_derivations(kwargs):
+    task = build_task("grammar", **kwargs)
+    rules, uniform = grammar(task.recursion_prob), uniforms(torch.Generator().manual_seed(0))
+    nested = 0
+    for _ in range(200):
+        ids, log_prob = task.sentence(rules, uniform)
+        words = [VOCAB[i] for i in ids]
+        nested += "that" in words
+        assert log_prob == pytest.approx(
+            math.log(inside(words, task.recursion_prob, task.max_depth))
+        )
+    assert nested > 20  # the check covered relative clauses, where ambiguity could hide
+
+
+@pytest.mark.parametrize("unit", ["word", "char"])
+def test_grammar_entropy_rate_without_recursion_is_the_closed_form(unit):
+    """recursion_prob=0: Det N V . or Det N V Det N . ; each word uniform within its tag."""
+    task = build_task("grammar", recursion_prob=0.0, unit=unit)
+    noun_phrase = math.log(2) + math.log(3) + math.log(6)  # number, determiner, noun
+    info = noun_phrase + math.log(2) + 0.5 * math.log(3) + 0.5 * (math.log(3) + noun_phrase)
+
+    def size(tag: str) -> float:  # tokens a word of `tag` takes
+        words = WORDS[tag].split()
+        return sum(len(w) + 1 for w in words) / len(words) if unit == "char" else 1.0
+
+    def phrase(n: str) -> float:  # Det_n N_n
+        return size(f"Det_{n}") + size(f"N_{n}")
+
+    obj = (phrase("sg") + phrase("pl")) / 2  # an object's number is its own coin
+    tokens = 2.0 if unit == "char" else 1.0  # "." (and its space)
+    for n in ("sg", "pl"):  # the subject's number, each with probability 1/2
+        tokens += 0.5 * (phrase(n) + 0.5 * size(f"Vi_{n}") + 0.5 * (size(f"Vt_{n}") + obj))
+    rate, standard_error = task.entropy_rate()
+    assert standard_error < 0.005 * rate
+    assert abs(rate - info / tokens) < 4 * standard_error
 
 
 # Bad arguments.

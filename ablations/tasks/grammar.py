@@ -34,6 +34,7 @@ spans tens of tokens instead of a few.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
@@ -120,9 +121,10 @@ class Grammar(Task):
     def vocab_size(self) -> int:
         return len(CHARS) if self.unit == "char" else len(VOCAB)
 
-    def sentence(self, rules: Rules, uniform: Iterator[float]) -> list[int]:
-        """One sentence of `S` as token ids, each choice made with the next of `uniform`."""
-        tokens, stack = [], [("S", 0)]  # (symbol, nesting depth), leftmost on top
+    def sentence(self, rules: Rules, uniform: Iterator[float]) -> tuple[list[int], float]:
+        """One sentence of `S` as word ids, each choice made with the next of `uniform`, and
+        the natural log of its probability (the product of the probabilities of its choices)."""
+        tokens, stack, log_prob = [], [("S", 0)], 0.0  # (symbol, nesting depth), leftmost on top
         while stack:
             symbol, depth = stack.pop()
             if symbol in TOKEN:
@@ -132,15 +134,38 @@ class Grammar(Task):
             if symbol.startswith("NP_") and depth >= self.max_depth:
                 rhs = alternatives[0][1]
             else:
-                u, rhs = next(uniform), alternatives[-1][1]  # the last if rounding leaves u over
-                for prob, candidate in alternatives:
-                    if u < prob:
-                        rhs = candidate
+                u, (prob, rhs) = next(uniform), alternatives[-1]  # the last if rounding leaves u
+                for candidate_prob, candidate in alternatives:
+                    if u < candidate_prob:
+                        prob, rhs = candidate_prob, candidate
                         break
-                    u -= prob
+                    u -= candidate_prob
+                log_prob += math.log(prob)
             child_depth = depth + (symbol in NESTING)
             stack.extend((child, child_depth) for child in reversed(rhs))
-        return tokens
+        return tokens, log_prob
+
+    def entropy_rate(self, n_sentences: int = 20_000, seed: int = 0) -> tuple[float, float]:
+        """The loss floor: the nats per token (word or character, as `unit`) that a perfect
+        model approaches as its context grows, and the estimate's standard error.
+
+        Every sentence has one derivation (the rules are unambiguous: the words determine every
+        choice), so its probability is its derivation's, and the
+        entropy rate of the text is E[-log p(sentence)] / E[tokens per sentence], a ratio of
+        means estimated over `n_sentences` sampled sentences (delta-method standard error). The
+        best loss over a window that starts at a sentence, as `generate` cuts them, differs from
+        it only through the window's last, cut sentence.
+        """
+        rules, uniform = grammar(self.recursion_prob), uniforms(torch.Generator().manual_seed(seed))
+        info = torch.empty(n_sentences, dtype=torch.float64)  # -log p(sentence)
+        tokens = torch.empty_like(info)  # its length in tokens
+        for i in range(n_sentences):
+            words, log_prob = self.sentence(rules, uniform)
+            info[i] = -log_prob
+            tokens[i] = sum(len(VOCAB[w]) + 1 for w in words) if self.unit == "char" else len(words)
+        rate = info.mean() / tokens.mean()
+        standard_error = (info - rate * tokens).std() / (tokens.mean() * math.sqrt(n_sentences))
+        return float(rate), float(standard_error)
 
     def generate(self, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         rules, uniform = grammar(self.recursion_prob), uniforms(generator)
@@ -148,7 +173,7 @@ class Grammar(Task):
         for _ in range(n):
             row: list[int] = []
             while len(row) <= self.length:
-                words = self.sentence(rules, uniform)
+                words, _ = self.sentence(rules, uniform)
                 if self.unit == "char":
                     row += [CHAR[c] for word in words for c in VOCAB[word] + " "]
                 else:
