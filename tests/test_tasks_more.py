@@ -331,42 +331,30 @@ def test_grammar_example():
     assert task.seq_len == 12 and task.vocab_size == 34
 
 
-def inside(words: list[str], p: float, max_depth: int) -> float:
-    """The probability of the sentence `words`, summed over every derivation of the rules above
-    (with the rule probabilities of grammar.py's docstring; a noun phrase nested `max_depth`
-    deep takes its first rule): independent of the sampler, and of any claim of unambiguity."""
-    probs = {"S": [0.5, 0.5], "NP": [0.5, 0.5], "PP": [1.0]}
+def sentences_without_recursion() -> dict[str, float]:
+    """Every sentence of the rules above with recursion_prob=0 (Det N V . or Det N V Det N .),
+    with its probability: each coin and word choice uniform."""
+
+    def phrases(n: str) -> list[tuple[str, float]]:
+        dets, nouns = WORDS[f"Det_{n}"].split(), WORDS[f"N_{n}"].split()
+        return [(f"{d} {w}", 1 / (len(dets) * len(nouns))) for d in dets for w in nouns]
+
+    objects = [(text, 0.5 * p) for n in ("sg", "pl") for text, p in phrases(n)]
+    out: Counter = Counter()
     for n in ("sg", "pl"):
-        probs |= {f"NP_{n}": [1 - p, p / 2, p / 2], f"RC_{n}": [0.5, 0.25, 0.25]}
-        probs[f"VP_{n}"] = [0.5, 0.5]
-
-    @cache
-    def ends(symbol: str, i: int, depth: int) -> tuple[tuple[int, float], ...]:
-        if symbol not in RULES:
-            choices = WORDS.get(symbol, symbol).split()
-            match = i < len(words) and words[i] in choices
-            return ((i + 1, 1 / len(choices)),) if match else ()
-        weights = probs[symbol]
-        if symbol.startswith("NP_") and depth >= max_depth:
-            weights = [1.0, 0.0, 0.0]
-        child_depth = depth + (symbol in ("RC_sg", "RC_pl", "PP"))
-        out: Counter = Counter()
-        for weight, rhs in zip(weights, RULES[symbol], strict=True):
-            positions = {i: weight}
-            for part in rhs.split():
-                step: Counter = Counter()
-                for start, prob in positions.items():
-                    for end, q in ends(part, start, child_depth):
-                        step[end] += prob * q
-                positions = step
-            out.update(positions)
-        return tuple(out.items())
-
-    return dict(ends("S", 0, 0)).get(len(words), 0.0)
+        for subject, p in phrases(n):
+            for verb in WORDS[f"Vi_{n}"].split():
+                out[f"{subject} {verb} ."] += 0.5 * p * 0.5 / 3
+            for verb in WORDS[f"Vt_{n}"].split():
+                for obj, q in objects:
+                    out[f"{subject} {verb} {obj} ."] += 0.5 * p * 0.5 / 3 * q
+    return dict(out)
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"max_depth": 1, "recursion_prob": 0.6}])
-def test_grammar_sentence_probability_is_the_sum_over_derivations(kwargs):
+def test_grammar_sentence_probability_agrees_with_the_parser(kwargs):
+    """Two computations of one number: the sampler's product of its choices, and the inside
+    sum over every derivation (which would count a second derivation if there were one)."""
     task = build_task("grammar", **kwargs)
     rules, uniform = grammar(task.recursion_prob), uniforms(torch.Generator().manual_seed(0))
     nested = 0
@@ -374,33 +362,57 @@ def test_grammar_sentence_probability_is_the_sum_over_derivations(kwargs):
         ids, log_prob = task.sentence(rules, uniform)
         words = [VOCAB[i] for i in ids]
         nested += "that" in words
-        assert log_prob == pytest.approx(
-            math.log(inside(words, task.recursion_prob, task.max_depth))
-        )
-    assert nested > 20  # the check covered relative clauses, where ambiguity could hide
+        assert math.log(task.prefix_probability(words)) == pytest.approx(log_prob, abs=1e-9)
+        assert task.prefix_probability(words[:-1], ".") == pytest.approx(math.exp(log_prob))
+    assert nested > 20  # relative clauses were covered, where a second derivation could hide
 
 
-@pytest.mark.parametrize("unit", ["word", "char"])
-def test_grammar_entropy_rate_without_recursion_is_the_closed_form(unit):
-    """recursion_prob=0: Det N V . or Det N V Det N . ; each word uniform within its tag."""
-    task = build_task("grammar", recursion_prob=0.0, unit=unit)
-    noun_phrase = math.log(2) + math.log(3) + math.log(6)  # number, determiner, noun
-    info = noun_phrase + math.log(2) + 0.5 * math.log(3) + 0.5 * (math.log(3) + noun_phrase)
+def test_grammar_prefix_probability_is_the_sum_over_continuations():
+    task = build_task("grammar", max_depth=2)
+    rules, uniform = grammar(task.recursion_prob), uniforms(torch.Generator().manual_seed(1))
+    for _ in range(40):
+        words = [VOCAB[i] for i in task.sentence(rules, uniform)[0]]
+        for cut in range(len(words)):  # every prefix within the sentence, the whole excluded
+            prefix = words[:cut]
+            total = sum(task.prefix_probability([*prefix, w]) for w in VOCAB)
+            assert total == pytest.approx(task.prefix_probability(prefix))
+            word = words[cut]  # character by character through the next word
+            for k in range(len(word) + 1):
+                letters = {c for w in VOCAB for c in w}
+                spelt = sum(task.prefix_probability(prefix, word[:k] + c) for c in letters)
+                ended = task.prefix_probability([*prefix, word[:k]]) if k else 0.0
+                assert spelt + ended == pytest.approx(task.prefix_probability(prefix, word[:k]))
+    assert task.prefix_probability(["dogs"]) == task.prefix_probability([], "x") == 0.0
 
-    def size(tag: str) -> float:  # tokens a word of `tag` takes
-        words = WORDS[tag].split()
-        return sum(len(w) + 1 for w in words) / len(words) if unit == "char" else 1.0
 
-    def phrase(n: str) -> float:  # Det_n N_n
-        return size(f"Det_{n}") + size(f"N_{n}")
-
-    obj = (phrase("sg") + phrase("pl")) / 2  # an object's number is its own coin
-    tokens = 2.0 if unit == "char" else 1.0  # "." (and its space)
-    for n in ("sg", "pl"):  # the subject's number, each with probability 1/2
-        tokens += 0.5 * (phrase(n) + 0.5 * size(f"Vi_{n}") + 0.5 * (size(f"Vt_{n}") + obj))
-    rate, standard_error = task.entropy_rate()
-    assert standard_error < 0.005 * rate
-    assert abs(rate - info / tokens) < 4 * standard_error
+@pytest.mark.parametrize(("unit", "length"), [("word", 3), ("word", 4), ("char", 9)])
+def test_grammar_loss_floor_is_the_exact_conditional_entropy(unit, length):
+    """recursion_prob=0: every sentence enumerated, the windows' distribution marginalised."""
+    sentences = sentences_without_recursion()
+    assert sum(sentences.values()) == pytest.approx(1.0)
+    window: Counter = Counter()  # the first length + 1 tokens (a sentence is 4 words or more,
+    first: Counter = Counter()  # so at length 4 a window may end on the next one's first word)
+    for text, p in sentences.items():
+        if unit == "char":
+            head, tokens = text[0], tuple((text + " ")[: length + 1])
+        else:
+            words = text.split()
+            head, tokens = words[0], tuple(words[: length + 1])
+            if len(tokens) < length + 1:  # the window runs into the next sentence's first word
+                for det in ["the", "a", "every", "some", "many"]:
+                    n = sum(det in WORDS[f"Det_{m}"].split() for m in ("sg", "pl"))
+                    window[(*tokens, det)] += p * n / 6
+                first[head] += p
+                continue
+        window[tokens] += p
+        first[head] += p
+    entropy = -sum(p * math.log(p) for p in window.values())
+    entropy += sum(p * math.log(p) for p in first.values())
+    task = build_task("grammar", recursion_prob=0.0, unit=unit, length=length)
+    losses = task.best_losses(*task.generate(3000, torch.Generator().manual_seed(0)))
+    floor, standard_error = float(losses.mean()), float(losses.std() / math.sqrt(len(losses)))
+    assert 0 < standard_error < 0.02 * floor
+    assert abs(floor - entropy / length) < 4 * standard_error
 
 
 # Bad arguments.

@@ -29,14 +29,20 @@ With ``unit="char"`` the same text is spelt out in characters, each word and "."
 space (``"the dog runs . "``), tokens the indices of the characters in `CHARS` (24: space, ".",
 and the 22 letters the words use): character-level language modelling, where an agreement
 spans tens of tokens instead of a few.
+
+The grammar's own probabilities give the floor under any model's loss: `best_losses` is the
+true -log P(targets | first token) / length of each window (`prefix_probability` parses the
+cut last sentence), so a report can say how far above the best possible a model is.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import ClassVar
 
 import torch
@@ -121,6 +127,11 @@ class Grammar(Task):
     def vocab_size(self) -> int:
         return len(CHARS) if self.unit == "char" else len(VOCAB)
 
+    def first_rule_only(self, symbol: str, depth: int) -> bool:
+        """Whether `symbol` at nesting `depth` must take its first rule (a noun phrase nested
+        `max_depth` deep), with probability 1."""
+        return symbol.startswith("NP_") and depth >= self.max_depth
+
     def sentence(self, rules: Rules, uniform: Iterator[float]) -> tuple[list[int], float]:
         """One sentence of `S` as word ids, each choice made with the next of `uniform`, and
         the natural log of its probability (the product of the probabilities of its choices)."""
@@ -131,7 +142,7 @@ class Grammar(Task):
                 tokens.append(TOKEN[symbol])
                 continue
             alternatives = rules[symbol]
-            if symbol.startswith("NP_") and depth >= self.max_depth:
+            if self.first_rule_only(symbol, depth):
                 rhs = alternatives[0][1]
             else:
                 u, (prob, rhs) = next(uniform), alternatives[-1]  # the last if rounding leaves u
@@ -145,27 +156,61 @@ class Grammar(Task):
             stack.extend((child, child_depth) for child in reversed(rhs))
         return tokens, log_prob
 
-    def entropy_rate(self, n_sentences: int = 20_000, seed: int = 0) -> tuple[float, float]:
-        """The loss floor: the nats per token (word or character, as `unit`) that a perfect
-        model approaches as its context grows, and the estimate's standard error.
+    def prefix_probability(self, words: Sequence[str], partial: str = "") -> float:
+        """P(a sentence begins with `words`, then, if `partial` is not empty, with a word that
+        begins with `partial`): the probability of every derivation of `S` whose words start
+        so, summed (an inside computation that treats whatever follows the prefix as any
+        continuation, of total probability 1). For a whole sentence (ending in ".") this is
+        its probability."""
+        rules, n = grammar(self.recursion_prob), len(words) + bool(partial)
 
-        Every sentence has one derivation (the rules are unambiguous: the words determine every
-        choice), so its probability is its derivation's, and the
-        entropy rate of the text is E[-log p(sentence)] / E[tokens per sentence], a ratio of
-        means estimated over `n_sentences` sampled sentences (delta-method standard error). The
-        best loss over a window that starts at a sentence, as `generate` cuts them, differs from
-        it only through the window's last, cut sentence.
-        """
-        rules, uniform = grammar(self.recursion_prob), uniforms(torch.Generator().manual_seed(seed))
-        info = torch.empty(n_sentences, dtype=torch.float64)  # -log p(sentence)
-        tokens = torch.empty_like(info)  # its length in tokens
-        for i in range(n_sentences):
-            words, log_prob = self.sentence(rules, uniform)
-            info[i] = -log_prob
-            tokens[i] = sum(len(VOCAB[w]) + 1 for w in words) if self.unit == "char" else len(words)
-        rate = info.mean() / tokens.mean()
-        standard_error = (info - rate * tokens).std() / (tokens.mean() * math.sqrt(n_sentences))
-        return float(rate), float(standard_error)
+        @cache
+        def spans(symbol: str, i: int, depth: int) -> tuple[tuple[int, float], ...]:
+            """(end, probability) for each end: `symbol` derives words[i:end] (to the prefix's
+            end: derives something that starts with what is left of the prefix)."""
+            if i == n:
+                return ((n, 1.0),)
+            if symbol in TOKEN:
+                fits = words[i] == symbol if i < len(words) else symbol.startswith(partial)
+                return ((i + 1, 1.0),) if fits else ()
+            alternatives = rules[symbol]
+            if self.first_rule_only(symbol, depth):
+                alternatives = ((1.0, alternatives[0][1]),)
+            child_depth = depth + (symbol in NESTING)
+            ends: defaultdict[int, float] = defaultdict(float)
+            for prob, rhs in alternatives:
+                reached = {i: prob}  # where the children so far can end, and how likely
+                for child in rhs:
+                    after: defaultdict[int, float] = defaultdict(float)
+                    for start, p in reached.items():
+                        for end, q in spans(child, start, child_depth):
+                            after[end] += p * q
+                    reached = after
+                for end, p in reached.items():
+                    ends[end] += p
+            return tuple(ends.items())
+
+        return dict(spans("S", 0, 0)).get(n, 0.0)
+
+    def best_losses(self, inputs: Tensor, targets: Tensor) -> Tensor:
+        """The lowest loss any model can have on each window made by `generate` (inputs and
+        targets ``(n, length)``), in nats per token, shape ``(n,)``: the true
+        -log P(targets | first input token) / length, where P(a window) is the product of its
+        whole sentences' probabilities and the prefix probability of its cut last sentence.
+        Its mean over a split is the floor under a language model's loss there."""
+        losses = torch.empty(len(inputs), dtype=torch.float64)
+        for r, row in enumerate(torch.cat([inputs, targets[:, -1:]], dim=1)):
+            text, partial = self.decode(row), ""
+            if self.unit == "char":  # the first token begins a word; the last may end one
+                head = self.prefix_probability([], text[0])
+                text, _, partial = text.rpartition(" ")
+            else:
+                head = self.prefix_probability(text.split()[:1])
+            *sentences, rest = text.split(".")
+            log_prob = sum(math.log(self.prefix_probability([*s.split(), "."])) for s in sentences)
+            log_prob += math.log(self.prefix_probability(rest.split(), partial))
+            losses[r] = (math.log(head) - log_prob) / self.length
+        return losses
 
     def generate(self, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         rules, uniform = grammar(self.recursion_prob), uniforms(generator)
