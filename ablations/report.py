@@ -8,7 +8,8 @@
     cells.csv            one row per cell, config and metrics flattened to dotted columns
     curves_<task>.png    validation accuracy vs step, per mechanism (and size, and setting):
                          mean, min-max band
-    loss_curves_<task>.png  validation loss vs step, for sequence tasks (language model, seq2seq)
+    loss_curves_<task>.png  validation loss vs step, for sequence tasks (language model, seq2seq),
+                         with the lowest loss possible where the task knows it (grammar)
     vs_params_<task>.png test accuracy vs parameters, one point per mechanism, size and setting
     vs_train_size_<family>.png  test accuracy vs n_train, where a task family's n_train varies
     attention_<cell>.png attention maps recorded when each cell finished, in grids that keep
@@ -35,6 +36,7 @@ Failed, diverged and unfinished cells are listed in their own section, never dro
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -73,6 +75,7 @@ from ablations.selection import (
 )
 from ablations.spec import Selection
 from ablations.store import ResultsStore, error_summary
+from ablations.tasks import build_task
 
 SUMMARY_COLUMNS = [
     "task",
@@ -278,11 +281,15 @@ CURVE_COLUMNS = {"accuracy": 3, "loss": 2}  # a curve point: [step, train loss, 
 
 
 def _plot_curves(
-    task: str, done: pd.DataFrame, colours: dict, metric: str = "accuracy"
+    task: str,
+    done: pd.DataFrame,
+    colours: dict,
+    metric: str = "accuracy",
+    floor: float | None = None,
 ) -> Figure | None:
     """Validation `metric` ("accuracy" or "loss") vs step per mechanism (and size, and
     setting): mean line and min-max band over seeds; a seed that stopped early holds its last
-    value."""
+    value; `floor`, the lowest validation loss possible (`_loss_floor`), a dotted black line."""
     column = CURVE_COLUMNS[metric]
     figure, ax = new_figure()
     sizes = list(dict.fromkeys(done["size"]))
@@ -301,6 +308,8 @@ def _plot_curves(
         ax.fill_between(frame.index, frame.min(axis=1), frame.max(axis=1), color=colour, alpha=0.2)
     if not ax.lines:
         return None
+    if floor is not None:
+        ax.axhline(floor, color="black", linestyle=":", label="floor (no model can be lower)")
     title = plot_title(f"{task}: learning curves ({metric})")
     ax.set(xlabel="step", ylabel=f"validation {metric}", title=title)
     legend(figure, ax)
@@ -352,6 +361,29 @@ def _curve_label(mechanism: str, size: str, setting: str, sizes: bool) -> str:
 def _metric_name(metric: str) -> str:
     """How plots name a reported metric: 'accuracy' for test_acc, else 'test loss' etc."""
     return "accuracy" if metric == "test_acc" else metric.replace("_", " ")
+
+
+def _loss_floor(frame: pd.DataFrame) -> dict[str, float] | None:
+    """The lowest mean loss any model can have on the validation and test splits of the done
+    cells of one task in the store `frame`, for a task that knows it (`best_losses`, e.g. the
+    grammar task's true probabilities): the mean over the splits those cells used, one per seed
+    and setting of the task's arguments. None for a task without one."""
+    done = frame[frame.status == "done"]
+    settings = {
+        (row["config.task_name"], json.dumps(row["config.task_kwargs"]), int(row["config.seed"]))
+        for _, row in done.iterrows()
+    }
+    floors: dict[str, list[float]] = {"validation": [], "test": []}
+    for name, kwargs, seed in sorted(settings):
+        task = build_task(name, **json.loads(kwargs))
+        if not hasattr(task, "best_losses"):
+            return None
+        splits = task.splits(seed)
+        for split, values in floors.items():
+            values.append(float(task.best_losses(*splits[split][:]).mean()))
+    if not settings:
+        return None
+    return {split: sum(values) / len(values) for split, values in floors.items()}
 
 
 def _plot_vs_params(
@@ -637,10 +669,20 @@ def report_page(
                 "setting (see Selection; not drawn where no setting finished on every seed)."
             ))  # fmt: skip
         figures, mine = [], plotted[plotted.task == task]
+        floor = _loss_floor(frame.loc[mine.index])
+        if floor is not None:
+            section.parts.append(Paragraph(
+                f"Loss floor: no model can have a mean loss below {floor['test']:.3f} on these "
+                f"test splits ({floor['validation']:.3f} on validation): the task's own "
+                "probabilities give it (best_losses, mean over the seeds' splits); the loss "
+                "curves draw the validation floor."
+            ))  # fmt: skip
+        val_floor = None if floor is None else floor["validation"]
         for label, curves in _curve_panels(str(task), mine, selection):
             figures.append(("curves", label, _plot_curves(label, curves, colours)))
             if curves.test_exact.notna().any():  # sequence tasks (scored per position)
-                figures.append(("loss_curves", label, _plot_curves(label, curves, colours, "loss")))
+                loss_curves = _plot_curves(label, curves, colours, "loss", val_floor)
+                figures.append(("loss_curves", label, loss_curves))
         vs_params = _plot_vs_params(str(task), mine, colours, metric)
         figures.append(("vs_params", task, vs_params))
         for kind, label, figure in figures:

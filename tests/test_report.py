@@ -26,6 +26,7 @@ from ablations.report_pages import (
     render_markdown,
 )
 from ablations.store import ResultsStore
+from ablations.tasks import build_task
 
 TASKS = {  # label: (registered task name, n_train); one task at two training-set sizes
     "same_pair": ("same_pair", 500),
@@ -307,6 +308,40 @@ def test_sequence_tasks_also_get_loss_curves(tmp_path):
     name = label_file_name("loss_curves", "match_pattern/n=250")
     assert (out / name).is_file() and f"]({name})" in (out / "report.md").read_text()
     # (a classification task gets none: test_report_files_and_numbers lists every file)
+
+
+def test_a_task_that_knows_its_loss_floor_gets_it_in_the_report(tmp_path):
+    """The grammar task's floor, on the very splits its cells trained and tested on."""
+    store = ResultsStore(tmp_path / "lm.sqlite")
+    lm = {"length": 16, "n_validation": 8, "n_test": 8}
+    for seed in SEEDS[:2]:
+        for n_train in (16, 32):  # the test split follows the training split in the generator
+            cell = {**config("same_pair", "small", "softmax", seed), "task": "grammar"}
+            cell |= {"task_name": "grammar", "task_kwargs": {**lm, "n_train": n_train}}
+            metrics, curve = outcome(0, 0, 0, seed)
+            store.finish(store.claim(cell), "done", {**metrics, "test_exact": 0.1}, curve)
+        store.finish(store.claim(config("same_pair", "small", "softmax", seed)), "done",
+                     *outcome(0, 0, 0, seed))  # fmt: skip
+    floors = {"validation": [], "test": []}
+    for seed in SEEDS[:2]:
+        for n_train in (16, 32):
+            task = build_task("grammar", **lm, n_train=n_train)
+            for split, values in floors.items():
+                values.append(float(task.best_losses(*task.splits(seed)[split][:]).mean()))
+    test, validation = (statistics.mean(floors[split]) for split in ("test", "validation"))
+    assert 0 < test != pytest.approx(floors["test"][0])  # the splits differ: the mean matters
+
+    (tmp_path / "report").mkdir()
+    page = report_page(store, tmp_path / "report")
+    texts = {
+        section.heading: " ".join(p.text for p in section.parts if isinstance(p, Paragraph))
+        for section in page.sections
+    }
+    assert (
+        f"mean loss below {test:.3f} on these test splits ({validation:.3f} on validation)"
+        in (texts["Task: grammar"])
+    )
+    assert "floor" not in texts["Task: same_pair"]  # a task that does not know one
 
 
 @pytest.mark.parametrize(("lines", "label"), [(3, "x"), (9, "x"), (30, "x"), (12, "y" * 90)])
