@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-slow lint install demo demo-lr-check relational-games match-pattern match-pattern-dual fastformer-lm fastformer-char benchmarks bench \
+.PHONY: test test-slow lint install demo demo-lr-check relational-games match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long benchmarks bench \
 	clean
 
 $(BIN)/python:
@@ -83,6 +83,13 @@ fastformer-char: install
 	$(BIN)/attn-zoo ablate run ablations/grids/fastformer_char.toml
 	$(BIN)/attn-zoo report ablations/grids/fastformer_char.toml --out reports/fastformer_char \
 		--note "$$(cat ablations/grids/fastformer_char.conclusion.md)"
+
+# Twice the steps for standard and additive attention at their best rate (6 cells, about 30 min
+# on 2 cores); its conclusion is ablations/grids/fastformer_char_long.conclusion.md.
+fastformer-char-long: install
+	$(BIN)/attn-zoo ablate run ablations/grids/fastformer_char_long.toml
+	$(BIN)/attn-zoo report ablations/grids/fastformer_char_long.toml --out reports/fastformer_char_long \
+		--note "$$(cat ablations/grids/fastformer_char_long.conclusion.md)"
 
 benchmarks: install
 	$(BIN)/attn-zoo bench --suite softmax relational dual --repeats 3 --report reports/benchmarks
