@@ -10,6 +10,7 @@
                          mean, min-max band
     loss_curves_<task>.png  validation loss vs step, for sequence tasks (language model, seq2seq),
                          with the lowest loss possible where the task knows it (grammar)
+    above_floor_<task>.png  validation loss minus that floor vs step, log scale (grammar)
     vs_params_<task>.png test accuracy vs parameters, one point per mechanism, size and setting
     vs_train_size_<family>.png  test accuracy vs n_train, where a task family's n_train varies
     attention_<cell>.png attention maps recorded when each cell finished, in grids that keep
@@ -276,6 +277,7 @@ def _detail(cell: pd.Series) -> str:
 
 
 FIGURE_ALTS = {"curves": "learning curves", "loss_curves": "loss curves",
+               "above_floor": "validation loss above the floor",
                "vs_params": "{metric} vs parameters"}  # fmt: skip
 CURVE_COLUMNS = {"accuracy": 3, "loss": 2}  # a curve point: [step, train loss, val loss, val acc]
 
@@ -286,11 +288,15 @@ def _plot_curves(
     colours: dict,
     metric: str = "accuracy",
     floor: float | None = None,
+    above_floor: bool = False,
 ) -> Figure | None:
     """Validation `metric` ("accuracy" or "loss") vs step per mechanism (and size, and
     setting): mean line and min-max band over seeds; a seed that stopped early holds its last
-    value; `floor`, the lowest validation loss possible (`_loss_floor`), a dotted black line."""
+    value; `floor`, the lowest validation loss possible (`_loss_floor`), a dotted black line,
+    or with `above_floor` subtracted from every curve, drawn on a log scale (None where no
+    mean is above it)."""
     column = CURVE_COLUMNS[metric]
+    shift, positive = (floor if above_floor else 0.0), False
     figure, ax = new_figure()
     sizes = list(dict.fromkeys(done["size"]))
     settings = list(dict.fromkeys(done["setting"]))
@@ -300,18 +306,23 @@ def _plot_curves(
         runs = [pd.Series({p[0]: p[column] for p in curve}) for curve in group.curve if curve]
         if not runs:
             continue
-        frame = pd.concat(runs, axis=1).sort_index().ffill()
+        frame = pd.concat(runs, axis=1).sort_index().ffill() - shift
+        positive |= bool((frame.mean(axis=1) > 0).any())
         label = plot_text(_curve_label(mechanism, size, setting, len(sizes) > 1))
         style = LINESTYLES[(sizes.index(size) + settings.index(setting)) % len(LINESTYLES)]
         colour = colours[mechanism]
         ax.plot(frame.index, frame.mean(axis=1), style, color=colour, label=label)
         ax.fill_between(frame.index, frame.min(axis=1), frame.max(axis=1), color=colour, alpha=0.2)
-    if not ax.lines:
+    if not ax.lines or (above_floor and not positive):  # nothing a log scale can show
         return None
-    if floor is not None:
+    ylabel, what = f"validation {metric}", metric
+    if above_floor:
+        ax.set_yscale("log")
+        ylabel, what = f"validation {metric} − floor ({floor:.3f})", f"{metric} above the floor"
+    elif floor is not None:
         ax.axhline(floor, color="black", linestyle=":", label="floor (no model can be lower)")
-    title = plot_title(f"{task}: learning curves ({metric})")
-    ax.set(xlabel="step", ylabel=f"validation {metric}", title=title)
+    title = plot_title(f"{task}: learning curves ({what})")
+    ax.set(xlabel="step", ylabel=ylabel, title=title)
     legend(figure, ax)
     return figure
 
@@ -675,7 +686,8 @@ def report_page(
                 f"Loss floor: no model can have a mean loss below {floor['test']:.3f} on these "
                 f"test splits ({floor['validation']:.3f} on validation): the task's own "
                 "probabilities give it (best_losses, mean over the seeds' splits); the loss "
-                "curves draw the validation floor."
+                "curves draw the validation floor, and a second plot each curve's height above "
+                "it on a log scale."
             ))  # fmt: skip
         val_floor = None if floor is None else floor["validation"]
         for label, curves in _curve_panels(str(task), mine, selection):
@@ -683,6 +695,9 @@ def report_page(
             if curves.test_exact.notna().any():  # sequence tasks (scored per position)
                 loss_curves = _plot_curves(label, curves, colours, "loss", val_floor)
                 figures.append(("loss_curves", label, loss_curves))
+                if val_floor is not None:
+                    above = _plot_curves(label, curves, colours, "loss", val_floor, True)
+                    figures.append(("above_floor", label, above))
         vs_params = _plot_vs_params(str(task), mine, colours, metric)
         figures.append(("vs_params", task, vs_params))
         for kind, label, figure in figures:

@@ -318,7 +318,8 @@ def test_a_task_that_knows_its_loss_floor_gets_it_in_the_report(tmp_path):
         for n_train in (16, 32):  # the test split follows the training split in the generator
             cell = {**config("same_pair", "small", "softmax", seed), "task": "grammar"}
             cell |= {"task_name": "grammar", "task_kwargs": {**lm, "n_train": n_train}}
-            metrics, curve = outcome(0, 0, 0, seed)
+            metrics, _ = outcome(0, 0, 0, seed)
+            curve = [[step, 3.0, 2.5 + 10 / step, 0.3] for step in STEPS]  # above any floor
             store.finish(store.claim(cell), "done", {**metrics, "test_exact": 0.1}, curve)
         store.finish(store.claim(config("same_pair", "small", "softmax", seed)), "done",
                      *outcome(0, 0, 0, seed))  # fmt: skip
@@ -342,6 +343,12 @@ def test_a_task_that_knows_its_loss_floor_gets_it_in_the_report(tmp_path):
         in (texts["Task: grammar"])
     )
     assert "floor" not in texts["Task: same_pair"]  # a task that does not know one
+    images = {p.file for section in page.sections for p in section.parts if isinstance(p, Image)}
+    drawn = {name for name in images if name.startswith("above_floor")}
+    assert drawn == {label_file_name("above_floor", "grammar")}  # the grammar task's only
+    assert (tmp_path / "report" / label_file_name("loss_curves", "grammar")) in set(
+        (tmp_path / "report").glob("*.png")
+    )
 
 
 @pytest.mark.parametrize(("lines", "label"), [(3, "x"), (9, "x"), (30, "x"), (12, "y" * 90)])
