@@ -84,8 +84,8 @@ fastformer-char: install
 	$(BIN)/attn-zoo report ablations/grids/fastformer_char.toml --out reports/fastformer_char \
 		--note "$$(cat ablations/grids/fastformer_char.conclusion.md)"
 
-# Twice the steps for standard and additive attention at their best rate (6 cells, about 30 min
-# on 2 cores); its conclusion is ablations/grids/fastformer_char_long.conclusion.md.
+# Twice the steps for standard and additive attention at lr 1e-2 and 3e-2 (12 cells, about 1
+# hour on 2 cores); its conclusion is ablations/grids/fastformer_char_long.conclusion.md.
 fastformer-char-long: install
 	$(BIN)/attn-zoo ablate run ablations/grids/fastformer_char_long.toml
 	$(BIN)/attn-zoo report ablations/grids/fastformer_char_long.toml --out reports/fastformer_char_long \
