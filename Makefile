@@ -77,15 +77,15 @@ fastformer-lm: install
 	$(BIN)/attn-zoo report ablations/grids/fastformer_lm.toml --out reports/fastformer_lm \
 		--note "$$(cat ablations/grids/fastformer_lm.conclusion.md)"
 
-# The same comparison at the character level (128-character contexts, 36 cells, about 1.5
-# hours on 2 cores); its conclusion is ablations/grids/fastformer_char.conclusion.md.
+# The same comparison at the character level (128-character contexts, 36 cells, about 1 h 40
+# min on 2 cores); its conclusion is ablations/grids/fastformer_char.conclusion.md.
 fastformer-char: install
 	$(BIN)/attn-zoo ablate run ablations/grids/fastformer_char.toml
 	$(BIN)/attn-zoo report ablations/grids/fastformer_char.toml --out reports/fastformer_char \
 		--note "$$(cat ablations/grids/fastformer_char.conclusion.md)"
 
-# Twice the steps for standard and additive attention at lr 1e-2 and 3e-2 (12 cells, about 1
-# hour on 2 cores); its conclusion is ablations/grids/fastformer_char_long.conclusion.md.
+# Twice the steps for standard and additive attention at lr 1e-2 and 3e-2 (12 cells, 47 min
+# on 2 cores); its conclusion is ablations/grids/fastformer_char_long.conclusion.md.
 fastformer-char-long: install
 	$(BIN)/attn-zoo ablate run ablations/grids/fastformer_char_long.toml
 	$(BIN)/attn-zoo report ablations/grids/fastformer_char_long.toml --out reports/fastformer_char_long \
