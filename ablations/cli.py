@@ -244,7 +244,7 @@ def _report(args: argparse.Namespace) -> int:
     if source.suffix == ".toml":  # the grid's cells only
         spec = _load_grid(args.source, args.set, here=False)
         store, name, selection = spec.store, spec.name, spec.selection
-        keys = {cell.key for cell in spec.cells()}
+        keys = {cell.key for cell in spec.cells}
     else:
         store, name = source, source.stem
     out = Path(args.out or Path("reports") / name)

@@ -112,8 +112,8 @@ def measure_run(
         counts = run_grid(spec, executor=executor, workers=workers, address=address, out=out)
         end = time.time()
     rows = list(ResultsStore(spec.store, readonly=True).rows())
-    if counts["done"] != len(spec.cells()) or len(rows) != counts["done"]:
-        raise RuntimeError(f"{executor}: {counts} of {len(spec.cells())} cells; store: {len(rows)}")
+    if counts["done"] != len(spec.cells) or len(rows) != counts["done"]:
+        raise RuntimeError(f"{executor}: {counts} of {len(spec.cells)} cells; store: {len(rows)}")
     started = min(row["started"] for row in rows)
     finished = sorted(row["finished"] for row in rows)
     steady = [row for row in rows if row["finished"] > finished[0]]
@@ -142,15 +142,15 @@ def measure_run_cell(grid: Path, n: int = 20) -> float:
     from ablations.spec import load_grid
 
     threads = torch.get_num_threads()
-    configs = [cell.config() for cell in load_grid(grid).cells()[: n + 1]]
+    cells = load_grid(grid).cells[: n + 1]
     times = []
     try:
-        for config in configs:
+        for cell in cells:
             begin = time.perf_counter()
-            outcome = run_cell(config, 1)
+            outcome = run_cell(cell, 1)
             times.append(time.perf_counter() - begin)
-            if outcome["status"] != "done":
-                raise RuntimeError(f"run_cell: {outcome.get('error')}")
+            if outcome.status != "done":
+                raise RuntimeError(f"run_cell: {outcome.error}")
     finally:
         torch.set_num_threads(threads)
     return statistics.median(times[1:] or times)
@@ -162,7 +162,7 @@ def measure_store(grid: Path, folder: Path) -> dict[str, float]:
     from ablations.spec import load_grid
     from ablations.store import ResultsStore
 
-    configs = [cell.config() for cell in load_grid(grid).cells()]
+    configs = [cell.config() for cell in load_grid(grid).cells]
     store = ResultsStore(folder / "store_only.sqlite")
     metrics = {"steps": 1, "params": 1234, "wall_s": 0.01, "step_ms": 10.0, "val_loss": 0.69,
                "val_acc": 0.5, "test_loss": 0.69, "test_acc": 0.5}  # fmt: skip

@@ -1,10 +1,9 @@
-"""Executors: where a grid's cells train. The driver (ablations.runner) hands each one a cell's
-config and gets its outcome back (the keyword arguments of `ResultsStore.finish`); executors
-never write the store.
+"""Executors: where a grid's cells train. The driver (ablations.runner) hands each one a cell
+and gets its outcome back (ablations.train.CellOutcome); executors never write the store.
 
     pool = make_executor("local", workers=2)      # or "ray", address=..., resources=...
-    handle = pool.submit(cell.config(), keep_state=True)
-    for handle, outcome in pool.wait([handle], timeout=1.0): ...
+    handle = pool.submit(cell, keep_state=True)
+    for handle, outcome in pool.wait([handle], timeout=1.0): ...   # outcome: a CellOutcome
     for key, step, loss in pool.drain(): ...      # progress events of the running cells
     pool.close()                                  # ends every worker, within seconds
 
@@ -12,7 +11,7 @@ never write the store.
   local  `workers` spawned processes, the machine's cores split between them as torch threads;
          `workers=1` trains in a thread of the driver's own process. Where this machine has
          GPUs and the grid's device is "auto" or "cuda", worker i trains on cuda:i (more
-         workers than GPUs share them round-robin: `placements`), and the default is one
+         workers than GPUs share them round-robin: ablations.devices), and the default is one
          worker per GPU; otherwise every worker trains on the grid's device (CPU for "auto").
   ray    one `ray.remote` task per cell on the cluster at `address` (a local instance when
          None), asking for the grid's `[resources]` (`ray_options`: num_cpus, default 1, also
@@ -44,13 +43,21 @@ from multiprocessing.connection import wait as wait_connections
 
 import torch
 
-from ablations.spec import RESOURCE_DEFAULTS, Cell, SpecError, training_settings
+from ablations.cell import Cell, training_settings
+from ablations.devices import (
+    RESOURCE_DEFAULTS,
+    attempted_device,
+    default_local_workers,
+    gpu_count,
+    local_placement,
+    ray_device_problem,
+    usable_cpus,
+)
 from ablations.store import error_summary
-from ablations.train import environment, resolve_device, train_cell
+from ablations.train import LOST, CellOutcome, environment, train_cell
 
 EXECUTORS = ("local", "ray")
 DRAIN_EVERY = 0.25  # seconds between two drains of Ray's progress queue
-LOST = "lost"  # no cell's result (Ray lost the task, a worker was killed): released, not recorded
 # A worker process killed by these was killed from outside (the OOM killer, a user, a shutdown):
 # its cell is lost, not failed. Other deaths (SIGSEGV, SIGABRT, an exit) are the cell's failure.
 KILLED_FROM_OUTSIDE = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
@@ -67,40 +74,23 @@ def _saved(obj) -> bytes:
     return buffer.getvalue()
 
 
-def placement(index: int, n_gpus: int, device: str) -> str:
-    """The device local worker `index` trains a cell with `training.device` = `device` on,
-    where this machine has `n_gpus` GPUs: "auto" and "cuda" are cuda:(index mod n_gpus) when
-    there are GPUs ("auto": "cpu" when none); any other device is itself."""
-    if device in ("auto", "cuda") and n_gpus > 0:
-        return f"cuda:{index % n_gpus}"
-    return "cpu" if device == "auto" else device
-
-
-def placements(workers: int, n_gpus: int, device: str) -> list[str]:
-    """The device of each of `workers` local workers (`placement`): one worker per GPU,
-    round-robin when there are more workers than GPUs."""
-    return [placement(i, n_gpus, device) for i in range(workers)]
-
-
 def run_cell(
-    config: dict,
+    cell: Cell,
     threads: int,
     progress=None,
     keep_state: bool = False,
     device: str | None = None,
-) -> dict:
-    """Train the cell of `config` here with `threads` torch threads, on `device` (the GPU an
-    executor placed it on; default: the cell's device resolved here); never raises.
+) -> CellOutcome:
+    """Train `cell` here with `threads` torch threads, on `device` (the GPU an executor placed
+    it on; default: the cell's device resolved here); never raises.
 
-    Returns the outcome as keyword arguments of `ResultsStore.finish`, plus, with `keep_state`
-    (a grid that keeps checkpoints), "state" (the trained weights) and, for a finished cell,
-    "maps" (`ablations.train.attention_record` of the trained model), both as torch.save bytes,
-    and "maps_error" (the last line of its traceback) when recording the maps failed.
+    With `keep_state` (a grid that keeps checkpoints) the outcome carries the trained weights
+    and, for a finished cell, the attention maps of the trained model
+    (`ablations.train.attention_record`), and why recording them failed if it did.
     `progress.put((key, step, loss))` is called at each evaluation when a queue is given,
     best-effort: a put that fails ends the reporting, never the cell. `CellInterrupted` (not an
     Exception) passes through."""
     torch.set_num_threads(threads)
-    cell = Cell(**config)
     key = cell.key
 
     def report(step: int, loss: float) -> None:
@@ -118,30 +108,17 @@ def run_cell(
             cell, on_progress=report, keep_state=keep_state, keep_maps=keep_state, **placed
         )
     except Exception:
-        error = traceback.format_exc()
-        return dict(status="failed", environment=environment(_where(cell, device)), error=error)
-    outcome = dict(
-        status=result.status,
-        metrics=result.metrics,
-        curve=result.curve,
-        environment=result.environment,
-    )
+        setting = training_settings(cell.training)["device"]
+        where = environment(attempted_device(setting, device))
+        return CellOutcome("failed", where, error=traceback.format_exc())
+    outcome = CellOutcome(result.status, result.environment, result.metrics, result.curve)
     if result.state is not None:
-        outcome["state"] = _saved(result.state)
+        outcome.state = _saved(result.state)
     if result.maps is not None:
-        outcome["maps"] = _saved(result.maps)
+        outcome.maps = _saved(result.maps)
         if result.maps.get("error"):
-            outcome["maps_error"] = error_summary(result.maps["error"])
+            outcome.maps_error = error_summary(result.maps["error"])
     return outcome
-
-
-def _where(cell: Cell, device: str | None) -> str:
-    """The device a failed cell was to train on: its placement, or its setting resolved."""
-    setting = training_settings(cell.training)["device"]
-    try:
-        return device or resolve_device(setting)
-    except Exception:
-        return setting
 
 
 # Local executor -------------------------------------------------------------------------------
@@ -172,19 +149,19 @@ class _ThreadProgress(_PipeProgress):
         super().put(item)
 
 
-def _run(config: dict, threads: int, progress, keep_state: bool, device: str | None) -> dict:
+def _run(cell: Cell, threads: int, progress, keep_state: bool, device: str | None) -> CellOutcome:
     """run_cell, given a device only when the executor placed the cell on a GPU."""
     placed = {} if device is None else {"device": device}
-    return run_cell(config, threads, progress, keep_state, **placed)
+    return run_cell(cell, threads, progress, keep_state, **placed)
 
 
-def _train_in_thread(conn, config: dict, threads: int, keep_state: bool, device, stop) -> None:
+def _train_in_thread(conn, cell: Cell, threads: int, keep_state: bool, device, stop) -> None:
     try:
-        outcome = _run(config, threads, _ThreadProgress(conn, stop), keep_state, device)
+        outcome = _run(cell, threads, _ThreadProgress(conn, stop), keep_state, device)
     except CellInterrupted:
         return
     except BaseException:  # run_cell catches Exception; the driver must still hear back
-        outcome = dict(status="failed", environment=environment(), error=traceback.format_exc())
+        outcome = CellOutcome("failed", environment(), error=traceback.format_exc())
     with contextlib.suppress(OSError):  # the driver closed the pipe: it is stopping
         conn.send(("outcome", outcome))
 
@@ -223,7 +200,7 @@ class _Worker:
         self.threads = threads
         self.index = index
         self.busy = False
-        self.outcome: dict | None = None
+        self.outcome: CellOutcome | None = None
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
         self.process = None
@@ -252,14 +229,14 @@ class _Worker:
     def alive(self) -> bool:
         return self.process.is_alive() if self.process else True
 
-    def start(self, config: dict, keep_state: bool, device: str | None = None) -> None:
+    def start(self, cell: Cell, keep_state: bool, device: str | None = None) -> None:
         self.busy, self.outcome = True, None
         if self.process:
-            self.conn.send((config, keep_state, device))
+            self.conn.send((cell, keep_state, device))
         else:
             self.thread = threading.Thread(
                 target=_train_in_thread,
-                args=(self.child, config, self.threads, keep_state, device, self.stop),
+                args=(self.child, cell, self.threads, keep_state, device, self.stop),
                 name="attn-zoo-cell",
                 daemon=True,  # never joined at exit: a stopped run does not wait for it
             )
@@ -281,8 +258,8 @@ class _Worker:
             code = self.process.exitcode or 0
             killed = -code in KILLED_FROM_OUTSIDE  # the OOM killer, a user, a shutdown
             how = signal.Signals(-code).name if code < 0 else f"exit code {code}"
-            self.outcome = dict(
-                status=LOST if killed else "failed",
+            self.outcome = CellOutcome(
+                LOST if killed else "failed",
                 error=f"WorkerDied: worker process {self.process.pid} died ({how}) while "
                 "training this cell" + (" (out of memory?)" if -code == signal.SIGKILL else ""),
             )
@@ -306,20 +283,6 @@ class _Worker:
                 os.kill(self.process.pid, signal.SIGKILL)
 
 
-def usable_cpus() -> int:
-    """The cores this process may run on: its CPU affinity where the system has one (so that
-    ``taskset -c 1 attn-zoo ablate run ...`` beside another run takes one core), else every
-    core."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def gpu_count() -> int:
-    """The CUDA devices torch sees in this process (0 without CUDA)."""
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 class LocalExecutor:
     """`workers` spawned processes with usable_cpus() // workers torch threads each (one worker:
     a thread of this process, which keeps the driver free to show progress), worker i on
@@ -335,14 +298,14 @@ class LocalExecutor:
         self.events: list[tuple[str, int, float]] = []
         self.notes: list[str] = []
 
-    def submit(self, config: dict, keep_state: bool) -> _Worker:
+    def submit(self, cell: Cell, keep_state: bool) -> _Worker:
         for worker in list(self.workers):
             if not worker.busy and not worker.alive():  # died idle: start a fresh one
                 self._drop(worker)
         idle = [worker for worker in self.workers if not worker.busy]
         if idle:
             try:
-                idle[0].start(config, keep_state, self._device(idle[0], config))
+                idle[0].start(cell, keep_state, self._device(idle[0], cell))
                 return idle[0]
             except OSError:  # it died idle just now
                 self._drop(idle[0])
@@ -350,18 +313,15 @@ class LocalExecutor:
         index = min(i for i in range(len(self.workers) + 1) if i not in taken)
         worker = _Worker(self.threads, self.processes, index)
         self.workers.append(worker)
-        worker.start(config, keep_state, self._device(worker, config))
+        worker.start(cell, keep_state, self._device(worker, cell))
         return worker
 
-    def _device(self, worker: _Worker, config: dict) -> str | None:
-        """The GPU `worker` trains the cell of `config` on (`placement`), or None where the
-        cell's own device setting decides (no GPU here, or a device it names itself)."""
-        setting = training_settings(config["training"])["device"]
-        if setting in ("auto", "cuda") and self.gpus:
-            return placement(worker.index, self.gpus, setting)
-        return None
+    def _device(self, worker: _Worker, cell: Cell) -> str | None:
+        """The GPU `worker` trains `cell` on, or None where the cell's own device setting
+        decides (ablations.devices.local_placement)."""
+        return local_placement(worker.index, self.gpus, training_settings(cell.training)["device"])
 
-    def wait(self, handles: list, timeout: float) -> list[tuple[object, dict]]:
+    def wait(self, handles: list, timeout: float) -> list[tuple[object, CellOutcome]]:
         """(worker, outcome) of the handles whose cell has come back (or whose process died
         with it), waiting up to `timeout` seconds for one."""
         if not any(worker.outcome is not None for worker in handles) and handles:
@@ -471,11 +431,11 @@ class RayExecutor:
     ):
         self.options = ray_options(resources, retries)
         cpus, gpus = self.options["num_cpus"], self.options["num_gpus"]
-        if device.startswith("cuda") and not gpus:
-            raise SpecError(
-                f"training.device = {device!r} with executor='ray' needs resources.num_gpus > 0 "
-                "(Ray hides the GPUs from a task that asks for none); or use device 'auto'"
-            )
+        from ablations.spec import SpecError  # the driver's: workers need no grid schema
+
+        problem = ray_device_problem(device, gpus)
+        if problem:
+            raise SpecError(problem)
         try:
             import ray
             from ray.util.queue import Queue
@@ -516,14 +476,14 @@ class RayExecutor:
         self.task = ray.remote(run_cell)
         self.in_flight: set = set()
 
-    def submit(self, config: dict, keep_state: bool):
+    def submit(self, cell: Cell, keep_state: bool):
         ref = self.task.options(**self.options).remote(
-            config, self.threads, self.progress, keep_state
+            cell, self.threads, self.progress, keep_state
         )
         self.in_flight.add(ref)
         return ref
 
-    def wait(self, handles: list, timeout: float) -> list[tuple[object, dict]]:
+    def wait(self, handles: list, timeout: float) -> list[tuple[object, CellOutcome]]:
         if not handles:
             return []
         ready, rest = self.ray.wait(handles, num_returns=1, timeout=timeout)
@@ -535,7 +495,7 @@ class RayExecutor:
             try:
                 out.append((ref, self.ray.get(ref)))
             except Exception:  # run_cell never raises: Ray lost the task (retries exhausted)
-                out.append((ref, dict(status=LOST, error=traceback.format_exc())))
+                out.append((ref, CellOutcome(LOST, error=traceback.format_exc())))
         return out
 
     def drain(self) -> list[tuple[str, int, float]]:
@@ -579,15 +539,13 @@ def make_executor(
     """The executor `name` (one of `EXECUTORS`) for a grid whose `training.device` is
     `device` and whose `[resources]` are `resources` (Ray); ValueError naming the valid ones.
     The local executor's default `workers`: one per GPU where the cells train on this
-    machine's GPUs (see `placement`), else one per core it may use (`usable_cpus`)."""
+    machine's GPUs, else one per core it may use (ablations.devices.default_local_workers)."""
     if workers is not None and workers < 1:
         raise ValueError(f"workers={workers}: must be >= 1")
     if name == "local":
         if address is not None:
             raise ValueError(f"address={address!r} is for executor='ray', not 'local'")
-        gpus = gpu_count()
-        on_gpus = gpus if device in ("auto", "cuda") else 0
-        return LocalExecutor(workers or on_gpus or usable_cpus(), gpus)
+        return LocalExecutor(workers or default_local_workers(device))
     if name == "ray":
         return RayExecutor(workers, address, resources=resources, device=device)
     raise ValueError(f"executor={name!r} is not valid; valid: {', '.join(EXECUTORS)}")

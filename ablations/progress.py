@@ -38,8 +38,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from ablations.spec import Cell
+from ablations.cell import Cell
 from ablations.store import FINISHED, error_summary
+from ablations.train import CellOutcome
 
 STYLES = {  # the first word of a printed line -> its style on a terminal
     "done": "green",
@@ -57,7 +58,7 @@ REDRAW = 0.25  # seconds between redraws of a live display
 def cell_label(cell: Cell) -> str:
     """'task/size/mechanism/seed0', with its swept keys' values before the seed
     ('.../lr=0.003/seed0': the key's last part)."""
-    swept = [f"{key.rsplit('.', 1)[-1]}={cell.setting(key)}/" for key in cell.axes]
+    swept = [f"{key.rsplit('.', 1)[-1]}={cell.setting(key)}/" for key in cell.swept]
     return f"{cell.task}/{cell.size['label']}/{cell.mechanism}/{''.join(swept)}seed{cell.seed}"
 
 
@@ -112,20 +113,20 @@ class Progress:
         if key in self.running:
             self.running[key].step, self.running[key].loss = step, loss
 
-    def finished(self, key: str, outcome: dict) -> None:
+    def finished(self, key: str, outcome: CellOutcome) -> None:
         """A cell recorded as done, failed or diverged: counted and printed."""
         cell = self.running.pop(key)
         seconds = time.monotonic() - cell.started
         self.durations.setdefault(cell.kind, []).append(seconds)
-        status = outcome["status"]
+        status = outcome.status
         self.counts[status] += 1
-        metrics = outcome.get("metrics") or {}
+        metrics = outcome.metrics or {}
         if status == "done":
             what = f"test_acc {metrics['test_acc']:.3f} in {metrics['steps']} steps"
         elif status == "diverged":
             what = f"at step {metrics['diverged_at']}"
         else:
-            what = error_summary(outcome.get("error"))
+            what = error_summary(outcome.error)
         self.print(f"{status:8s} {cell.label}: {what} ({duration(seconds)})")
 
     def skipped(self, cell: Cell) -> None:

@@ -10,7 +10,7 @@ instead of an attn_zoo model with a registered mechanism::
     kwargs = { n_heads_sa = 1, n_heads_ra = 1 }
 
 Where its arguments come from, so that a reference and our model of the same cell size are
-built alike (ablations.models):
+built alike (ablations.cell_model):
 
 - the task: image_shape, patch_size, num_classes (the reference reads image_shape as
   (channels, width, height) and patch_size as (width, height): passed so);

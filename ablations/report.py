@@ -14,7 +14,7 @@
     vs_params_<task>.png test accuracy vs parameters, one point per mechanism, size and setting
     vs_train_size_<family>.png  test accuracy vs n_train, where a task family's n_train varies
     attention_<cell>.png attention maps recorded when each cell finished, in grids that keep
-                         checkpoints (ablations.attention; writing a report runs no model)
+                         checkpoints (ablations.attention_figures; writing a report runs no model)
 
 (with a grid's [selection]: the curves and vs_params plots draw each mechanism's selected
 setting only, the curves one plot per setting of the axes not chosen over, named
@@ -47,7 +47,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ablations.attention import attention_blocks
+from ablations.attention_figures import attention_blocks
 from ablations.report_pages import (
     Bullets,
     Image,
@@ -64,6 +64,7 @@ from ablations.report_pages import (
     plot_title,
     write_pages,
 )
+from ablations.schema import Selection
 from ablations.selection import (
     GROUP,
     axes,
@@ -74,7 +75,6 @@ from ablations.selection import (
     setting_text,
     varying_axes,
 )
-from ablations.spec import Selection
 from ablations.store import ResultsStore, error_summary
 from ablations.tasks import build_task
 
@@ -870,7 +870,7 @@ def _attention_sections(
     keys: set[str] | None = None,
     prefer: set[str] | None = None,
 ) -> list[Section]:
-    """The "Attention maps" section (none without maps) from ablations.attention's blocks:
+    """The "Attention maps" section (none without maps) from ablations.attention_figures's blocks:
     ("h2", heading) then ("p", text), ("ul", items) and ("img", file, alt) parts."""
     blocks = attention_blocks(store, folder, keys, prefer)
     if not blocks:

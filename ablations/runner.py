@@ -3,24 +3,24 @@
     spec = load_grid("ablations/grids/demo.toml")
     counts = run_grid(spec, executor="local", workers=2)   # {"done": 18, "failed": 0, ...}
 
-The driver expands the grid once, smoke-tests each kind of cell (`check_cells`), opens the
-grid's `ResultsStore` and trains the cells that `ablate status` shows as todo or running (a
-claim, perhaps of a dead run: claiming decides) and, with `retry_failed`, failed: see
-`cells_to_train`. It claims a cell when it hands it to a worker (ablations.executors) and
-records its outcome when it comes back: a failing cell as `failed` with its traceback, a NaN/inf
-loss as `diverged` at its step; the grid goes on either way. In a grid that keeps checkpoints,
-it writes the cell's weights (`ResultsStore.checkpoint_path`) and the attention maps its worker
-recorded on the trained model (`ResultsStore.maps_path`, drawn by ablations.attention) before
-recording it. A run killed at any point (SIGKILL included) loses no finished cell, and running
-the grid again trains only the cells that never finished. What it shows meanwhile:
-ablations.progress (a live view on a terminal, plain lines elsewhere).
+The driver takes the grid's cells (expanded once, when it loaded), smoke-tests each kind of cell
+(`check_cells`), opens the grid's `ResultsStore` and trains the cells that `ablate status` shows
+as todo or running (a claim, perhaps of a dead run: claiming decides) and, with `retry_failed`,
+failed: see `cells_to_train`. It claims a cell when it hands it to a worker
+(ablations.executors) and records its outcome when it comes back: a failing cell as `failed`
+with its traceback, a NaN/inf loss as `diverged` at its step; the grid goes on either way. In a
+grid that keeps checkpoints, it writes the cell's weights (`ResultsStore.checkpoint_path`) and
+the attention maps its worker recorded on the trained model (`ResultsStore.maps_path`, drawn by
+ablations.attention_figures) before recording it. A run killed at any point (SIGKILL included)
+loses no finished cell, and running the grid again trains only the cells that never finished.
+What it shows meanwhile: ablations.progress (a live view on a terminal, plain lines elsewhere).
 
 Stopping: while cells train, SIGINT (Ctrl-C) or SIGTERM stops the run within seconds: the
 workers are ended (processes terminated, the training thread stopped at its next module call,
 Ray tasks cancelled), the cells in flight are released for the next run, a one-line summary is
 printed and `GridInterrupted` raised (exit code 130 or 143 from the CLI). A second signal during
 that shutdown exits at once. Losing Ray's progress channel only stops the progress display. A
-cell lost to the infrastructure rather than by its own error (`executors.LOST`) is released,
+cell lost to the infrastructure rather than by its own error (`ablations.train.LOST`) is released,
 not recorded: the next run trains it again.
 """
 
@@ -34,12 +34,13 @@ import threading
 import time
 from pathlib import Path
 
-from ablations.executors import LOST, make_executor
+from ablations.cell import Cell, training_settings
+from ablations.executors import make_executor
 from ablations.progress import Progress, cell_label, make_progress
-from ablations.spec import Cell, GridSpec, SpecError, training_settings
+from ablations.spec import GridSpec, SpecError
 from ablations.status import grid_status
 from ablations.store import FINISHED, ClaimError, ResultsStore, config_key
-from ablations.train import smoke_test
+from ablations.train import LOST, CellOutcome, smoke_test
 
 
 class GridInterrupted(KeyboardInterrupt, SystemExit):
@@ -68,28 +69,12 @@ def source_commit() -> str:
     return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-class ExpandedGrid:
-    """`spec` with its cells expanded once: `cells()` gives (a copy of) that one list, every
-    other attribute is the spec's. What a run hands to `check_cells` and `grid_status`, so the
-    three see the same cells."""
-
-    def __init__(self, spec: GridSpec, cells: list[Cell] | None = None):
-        self.spec = spec
-        self._cells = spec.cells() if cells is None else list(cells)
-
-    def cells(self) -> list[Cell]:
-        return list(self._cells)
-
-    def __getattr__(self, name: str):
-        return getattr(self.spec, name)
-
-
-def check_cells(spec: GridSpec | ExpandedGrid) -> None:
+def check_cells(spec: GridSpec) -> None:
     """`smoke_test` every model of the grid (task, size with its model options, mechanism with
     its kwargs) once, before any training; SpecError naming the file, the labels and the
     error."""
     seen = set()
-    for cell in spec.cells():
+    for cell in spec.cells:
         model = config_key(
             {k: v for k, v in cell.config().items() if k not in ("training", "seed")}
         )
@@ -107,14 +92,14 @@ def check_cells(spec: GridSpec | ExpandedGrid) -> None:
             ) from err
 
 
-def cells_to_train(spec: GridSpec | ExpandedGrid, retry_failed: bool = False) -> list[Cell]:
+def cells_to_train(spec: GridSpec, retry_failed: bool = False) -> list[Cell]:
     """The cells of `spec` a run trains, in grid order: those whose status (`grid_status`, as
     `ablate status` shows it) is todo or running (claiming one decides whether its run is still
     alive), and failed ones with `retry_failed`; done and diverged cells never."""
     wanted = {"todo", "running"} | ({"failed"} if retry_failed else set())
     frame = grid_status(spec)
     status = dict(zip(frame["key"], frame["status"], strict=True))
-    return [cell for cell in spec.cells() if status[cell.key] in wanted]
+    return [cell for cell in spec.cells if status[cell.key] in wanted]
 
 
 def write_atomically(path: Path, data: bytes) -> Path:
@@ -127,16 +112,13 @@ def write_atomically(path: Path, data: bytes) -> Path:
     return path
 
 
-def keep_files(store: ResultsStore, key: str, outcome: dict) -> str | None:
-    """Take the trained weights and the attention maps (torch.save bytes) out of `outcome`
-    and write them beside the store: `checkpoint_path(key)` and `maps_path(key)`; why the
-    maps could not be recorded, if they could not."""
-    state, maps = outcome.pop("state", None), outcome.pop("maps", None)
-    if state is not None:
-        store.save_checkpoint(key, state)
-    if maps is not None:
-        write_atomically(store.maps_path(key), maps)
-    return outcome.pop("maps_error", None)
+def keep_files(store: ResultsStore, key: str, outcome: CellOutcome) -> None:
+    """Write the trained weights and the attention maps (torch.save bytes) of `outcome` beside
+    the store: `checkpoint_path(key)` and `maps_path(key)`."""
+    if outcome.state is not None:
+        store.save_checkpoint(key, outcome.state)
+    if outcome.maps is not None:
+        write_atomically(store.maps_path(key), outcome.maps)
 
 
 def run_grid(
@@ -151,11 +133,10 @@ def run_grid(
     """Check, then train every unfinished cell of `spec` (and the failed ones again with
     `retry_failed`) and record it; the counts of this run's outcomes by status. `interval`:
     seconds between status lines when `out` is not a terminal."""
-    grid = ExpandedGrid(spec)  # the only spec.cells() of the run
-    cells = grid.cells()
-    check_cells(grid)
+    cells = spec.cells
+    check_cells(spec)
     store = ResultsStore(spec.store)
-    todo = cells_to_train(grid, retry_failed)
+    todo = cells_to_train(spec, retry_failed)
     print(
         f"grid {spec.name!r}: {len(cells)} cells, {len(cells) - len(todo)} already finished, "
         f"{len(todo)} to run; store {spec.store}",
@@ -189,22 +170,24 @@ def run_grid(
                     progress.skipped(cell)  # finished meanwhile, or held by another live run
                     continue
                 claimed.add(cell.key)
-                running[pool.submit(cell.config(), spec.checkpoints)] = cell
+                running[pool.submit(cell, spec.checkpoints)] = cell
                 progress.started(cell.key, cell)
             for handle, outcome in pool.wait(list(running), timeout=1.0):
                 cell = running.pop(handle)
                 key = cell.key
-                if outcome["status"] == LOST:  # not the cell's doing: the next run retries it
+                if outcome.status == LOST:  # not the cell's doing: the next run retries it
                     released += store.release(key)
                     claimed.discard(key)
-                    progress.released(key, outcome.get("error"))
+                    progress.released(key, outcome.error)
                     continue
-                outcome["environment"] = dict(outcome.get("environment") or {}, commit=commit)
-                maps_error = keep_files(store, key, outcome)
-                if maps_error:  # the cell is kept; its report says the map is missing, and why
-                    progress.note(f"{cell_label(cell)}: attention maps not recorded: {maps_error}")
+                outcome.environment = {**outcome.environment, "commit": commit}
+                keep_files(store, key, outcome)
+                if outcome.maps_error:  # the cell is kept; its report says the map is missing
+                    progress.note(
+                        f"{cell_label(cell)}: attention maps not recorded: {outcome.maps_error}"
+                    )
                 try:
-                    store.finish(key, **outcome)
+                    store.finish(key, **outcome.record())
                 except ClaimError as err:  # our claim went stale and another run took it
                     claimed.discard(key)
                     progress.dropped(key, err)

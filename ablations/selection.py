@@ -30,7 +30,7 @@ import math
 import pandas as pd
 from scipy import stats
 
-from ablations.spec import training_settings
+from ablations.cell import training_settings
 
 AXIS_PREFIXES = {  # flattened store column prefix: swept-key section
     "config.training.": "training.",

@@ -1,5 +1,6 @@
-"""Grid specs: a TOML file naming tasks, model sizes, mechanisms, training settings and seeds,
-validated whole before anything runs, and expanded into cells.
+"""Loading a grid: a TOML file naming tasks, model sizes, mechanisms, training settings and
+seeds, `--set` overrides applied, validated whole before anything runs, and expanded into
+cells once (`GridSpec.cells`, ablations.cell).
 
     name = "demo"
     seeds = [0, 1, 2]                           # distinct ints in [0, 2**63); default [0]
@@ -50,19 +51,19 @@ Sweeps and overrides (README: "Sweeps, overrides and a fair comparison"): `[swee
 beyond task, size, mechanism and seed (``training.lr = [1e-3, 3e-3]``, ``model.pos_enc``,
 ``task_kwargs.n_train``, ``mechanism_kwargs.n_heads``); `[model]` sets model options
 (`ModelOptions`); a task or mechanism entry may set its own `training`, `model` and `sweep`.
-Fixed settings resolve grid < size < task < mechanism (`GridSpec.base`), a sweep beats a fixed
+Fixed settings resolve grid < size < task < mechanism (`_base`), a sweep beats a fixed
 value and a more specific sweep replaces a less specific one; steps and epochs are one setting.
-A cell's swept keys are its `axes` (labels, not part of its key: the resolved values are), so
+A cell's swept keys are its `swept` (labels, not part of its key: the resolved values are), so
 a swept value equal to the unswept setting is the same cell. `[selection]` is read by the
 report (ablations.selection).
 
-The file's schema is typed: `GridFile` and its tables (`TaskEntry`, `SizeEntry`,
-`MechanismEntry`, `Training`, `Resources`, `GridRules`) are strict pydantic models whose fields
-carry their type, default and range (`Valid`, shown in messages). Validation refuses, before
-anything is built or written, every value that could not train: unknown keys and names, wrong
-types (a bool is not an int; an int is a float), values out of range, duplicate seeds or
-labels, include/exclude entries whose keys are not axes (`AXES`) or whose labels do not exist,
-and a grid with no cells. Then each task
+The file's schema is typed (ablations.schema: `GridFile` and its tables, strict pydantic
+models whose fields carry their type, default and range). This module adds the checks across
+fields: validation refuses, before anything is built or written, every value that could not
+train: unknown keys and names, wrong types (a bool is not an int; an int is a float), values
+out of range, duplicate seeds or labels, include/exclude entries whose keys are neither labels
+(`LABEL_KEYS`) nor swept keys or whose labels do not exist, and a grid with no cells. Then each
+task
 of the grid is built with its kwargs and each (mechanism, size) pair as one attention layer,
 cheaply, so a bad kwarg value is refused too, blamed on the task or the mechanism it belongs
 to. Every error is a one-line `SpecError` naming the file, the key, the bad value and the
@@ -74,18 +75,20 @@ Training settings resolve into each cell's `training` (which keys it in the stor
   ceil(n_train / batch_size) steps, n_train being the task's (its kwargs' or its default), so a
   cell of a grid with `epochs` holds `epochs` and its resolved `steps`; batches are drawn at
   random, so an epoch is as many examples as the training split has, not one pass over each.
-- The keys added after stores existed (`ADDED_KEYS`: epochs, patience, device, precision,
-  compile, betas) enter a cell's `training` only when set to something other than their default:
-  a grid that does not set them, or sets them to their default, keeps every cell's key, and the
-  cells already in its store. Read a cell's settings with `training_settings(cell.training)`.
-- `device` is refused when this machine does not have it, with the reason (`device_problem`);
+- The keys added after stores existed (ablations.cell's `ADDED_KEYS`: epochs, patience,
+  device, precision, compile, betas) enter a cell's `training` only when set to something other
+  than their default: a grid that does not set them, or sets them to their default, keeps every
+  cell's key, and the cells already in its store. Read a cell's settings with
+  `training_settings(cell.training)`.
+- `device` is refused when this machine does not have it, with the reason
+  (ablations.devices);
   "auto" (CUDA where the worker has it, else CPU; MPS only when named) is resolved by each
   worker when it trains. `precision = "bf16"` (bfloat16 autocast; the weights and optimizer
   stay float32) runs on CUDA and on CPU (torch's CPU autocast), and is refused with "mps".
 - `[resources]` is not part of any cell: it says what each cell's Ray task asks for
   (`num_cpus`, default 1, also its torch threads; `num_gpus`, default 0); a fraction below 1
   shares a device, above 1 it must be whole. The local executor places its own workers
-  (one per GPU, ablations.executors.placements).
+  (one per GPU, ablations.devices.placements).
 
 The store path (in the file or from ``--set store=...``) is a string resolved relative to the
 folder of the grid file, not the working directory: a grid and its results move together and
@@ -101,401 +104,52 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Union, get_args, get_origin, get_type_hints
 
 import torch
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictFloat,
-    StrictInt,
-    StrictStr,
-    TypeAdapter,
-    ValidationError,
-)
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from ablations.models import build_model
+from ablations.cell import (
+    LABEL_KEYS,
+    LENGTH,
+    Cell,
+    resolve_training,
+    set_training,
+    training_settings,
+)
+from ablations.cell_model import build_cell_model
+from ablations.devices import DEVICES, RESOURCE_DEFAULTS, device_problem, precision_problem
 from ablations.references import REFERENCES
-from ablations.store import config_key
-from ablations.tasks import build_task, list_tasks, task_arguments
-from attn_zoo.mechanisms.registry import MECHANISMS, list_mechanisms
+from ablations.schema import (
+    SECTIONS,
+    SEED_RANGE,
+    GridFile,
+    GridRules,
+    MechanismEntry,
+    Seed,
+    Selection,
+    SizeEntry,
+    Sweep,
+    TaskEntry,
+    Training,
+    Valid,
+)
+from ablations.tasks import build_task, task_arguments
+from attn_zoo.mechanisms.registry import MECHANISMS
 from attn_zoo.models.block import build_attention
-from attn_zoo.models.feedforward import FF_ACTIVATIONS
-from attn_zoo.models.norms import NORMS
-from attn_zoo.models.positional import POSITIONAL
-from attn_zoo.symbols import list_symbol_retrievers
 
 
 class SpecError(ValueError):
     """A grid spec that cannot run, with the file, key, value and valid choices."""
-
-
-@dataclass(frozen=True)
-class Valid:
-    """What a field of the spec may be, as its error messages say: `text` ("int >= 1"), or
-    one of `choices` (a tuple, or a function giving them, e.g. the registered task names)."""
-
-    text: str = ""
-    choices: tuple | Callable[[], list[str]] = ()
-
-    def options(self) -> list[str]:
-        return list(self.choices() if callable(self.choices) else self.choices)
-
-
-def _checked(ok: Callable[[object], bool]) -> AfterValidator:
-    def check(value):
-        try:
-            good = ok(value)
-        except (OverflowError, TypeError):  # e.g. math.isfinite of an int beyond floats
-            good = False
-        if not good:
-            raise ValueError("out of range")
-        return value
-
-    return AfterValidator(check)
-
-
-# Strict: a bool is not an int, "16" not an int, 2.0 not an int; a float field takes an int as
-# given (it keys a cell as the file wrote it).
-Number = StrictInt | StrictFloat
-
-
-def rule(kind: object, valid: str, ok: Callable[[object], bool] = lambda value: True) -> object:
-    """A field type: `kind` with `ok(value)` true; `valid` says what it may be in messages."""
-    return Annotated[kind, _checked(ok), Valid(valid)]
-
-
-def choice(choices: tuple | Callable[[], list[str]]) -> object:
-    """A field type: a str, one of `choices` (a tuple, or a function giving them)."""
-    valid = Valid(choices=choices)
-    return Annotated[StrictStr, _checked(lambda v: v in valid.options()), valid]
-
-
-def whole(low: int, valid: str = "") -> object:
-    return rule(StrictInt, valid or f"int >= {low}", lambda v: v >= low)
-
-
-def finite(valid: str, ok: Callable[[float], bool]) -> object:
-    return rule(Number, f"a finite float {valid}", lambda v: math.isfinite(v) and ok(v))
-
-
-def resource(valid: str, ok: Callable[[float], bool]) -> object:
-    return finite(
-        f"{valid}: a fraction below 1 or a whole number",
-        lambda v: ok(v) and (v < 1 or float(v).is_integer()),
-    )
-
-
-Label = rule(StrictStr, "a non-empty str", lambda v: v != "")
-# A grid name names files (results/<name>.sqlite, reports/<name>/): no path, no hidden file
-Name = rule(
-    StrictStr,
-    "a file-name-safe str: letters, digits, '_', '-', '.', not starting with '.'",
-    lambda v: re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*", v) is not None,
-)
-SEED_RANGE = "int in [0, 2**63)"
-Seed = rule(StrictInt, SEED_RANGE, lambda v: 0 <= v < 2**63)
-Kwargs = Annotated[dict[str, Any], Valid("a table, e.g. { key = value }")]
-SCHEDULES = ("cosine", "constant")
-PRECISIONS = ("float32", "bf16")
-Betas = Annotated[
-    list[finite("in [0, 1) (one of AdamW's betas)", lambda v: 0 <= v < 1)],
-    Field(min_length=2, max_length=2),
-    Valid("two finite floats in [0, 1): AdamW's [beta1, beta2], e.g. [0.9, 0.99]"),
-]
-DEVICES = 'one of "auto", "cpu", "cuda", "cuda:N" (N an int >= 0), "mps"'
-
-
-def _device_name(value: str) -> bool:
-    return re.fullmatch(r"auto|cpu|cuda|cuda:\d+|mps", value) is not None
-
-
-def tables(entry: type, valid: str = "a non-empty list of tables", min_length: int = 1) -> object:
-    return Annotated[list[entry], Field(min_length=min_length), Valid(valid)]
-
-
-class Table(BaseModel):
-    """A table of the grid file: its keys typed, no other key."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class ModelOptions(Table):
-    """[model], and the options of a [[sizes]] entry or of a task's or mechanism's `model`:
-    `BlockConfig` settings and the model's own (pos_enc, pool, final_norm: only where the task
-    kind's model takes them, ablations.models). Unset: the model's default. A cell holds the
-    options set."""
-
-    dff: whole(1) | None = None
-    dropout: finite("in [0, 1)", lambda v: 0 <= v < 1) | None = None
-    activation: choice(FF_ACTIVATIONS) | None = None
-    norm_type: choice(NORMS.names) | None = None
-    norm_first: rule(StrictBool, "a bool (true: pre-norm, false: post-norm)") | None = None
-    bias: rule(StrictBool, "a bool (biases in the feed-forward)") | None = None
-    attention_residual: (
-        rule(StrictBool, "a bool (false: attention's output replaces the stream, no skip)") | None
-    ) = None
-    pos_enc: choice(POSITIONAL.names) | None = None
-    pool: choice(("mean", "first", "flatten", "cls")) | None = None
-    final_norm: rule(StrictBool, "a bool (false: no norm before a vision model's head)") | None = (
-        None
-    )
-    symbol_retrieval: choice(list_symbol_retrievers) | None = None
-    symbol_retrieval_kwargs: Kwargs = {}
-    shared_symbol_retriever: rule(StrictBool, "a bool (false: a retriever per layer)") | None = None
-
-
-class SizeEntry(ModelOptions):
-    """A [[sizes]] entry: a model size, and any model option."""
-
-    label: Label
-    d_model: whole(1)
-    n_layers: whole(1)
-
-
-class Training(Table):
-    """[training]: every key with its default and range."""
-
-    steps: whole(1) = 500  # or epochs: exactly one of the two
-    epochs: whole(1, "int >= 1 (an epoch: ceil(n_train / batch_size) steps)") | None = None
-    batch_size: whole(1) = 64
-    lr: finite("> 0", lambda v: v > 0) = 1e-3
-    weight_decay: finite(">= 0", lambda v: v >= 0) = 0.01
-    betas: Betas = [0.9, 0.999]  # AdamW's (beta1, beta2)
-    warmup_steps: whole(0) = 50
-    schedule: choice(SCHEDULES) = "cosine"
-    grad_clip: finite(">= 0 (the gradient-norm bound; 0: no clipping)", lambda v: v >= 0) = 1.0
-    eval_every: whole(1) = 50
-    early_stop_target: finite("in [0, 1] (0: never stop early)", lambda v: 0 <= v <= 1) = 0.0
-    patience: whole(
-        0,
-        "int >= 0 (evaluations without improvement of the validation metric before "
-        "stopping; 0: never)",
-    ) = 0
-    device: rule(StrictStr, DEVICES, _device_name) = "auto"
-    precision: choice(PRECISIONS) = "float32"
-    compile: rule(StrictBool, "a bool (true: train the torch.compile'd model)") = False
-
-
-Values = Annotated[list[Any], Field(min_length=1), Valid("a non-empty list of values")]
-
-
-class Sweep(Table):
-    """[sweep] (or an entry's `sweep`): axes of the grid, each a key and its values; a key is
-    a [training] or [model] key, or a task's or mechanism's kwarg."""
-
-    training: dict[str, Values] = {}
-    model: dict[str, Values] = {}
-    task_kwargs: dict[str, Values] = {}
-    mechanism_kwargs: dict[str, Values] = {}
-
-
-class TaskEntry(Table):
-    """A [[tasks]] entry: a registered task, its kwargs, its label (default: the name), and
-    training settings, model options and sweeps for its cells only."""
-
-    name: choice(list_tasks)
-    label: Label | None = None
-    kwargs: Kwargs = {}
-    training: Training = Training()
-    model: ModelOptions = ModelOptions()
-    sweep: Sweep = Sweep()
-
-
-def mechanism_names() -> list[str]:
-    """What a [[mechanisms]] entry may name: a registered mechanism or a reference model."""
-    return [*list_mechanisms(), *REFERENCES]
-
-
-class MechanismEntry(TaskEntry):
-    """A [[mechanisms]] entry: a registered mechanism, its kwargs (the model fills d_model and
-    backend), its label, and its own training settings, model options and sweeps; or a
-    reference model (ablations.references: "dual_attention.VisionTransformer", ...) and its
-    kwargs."""
-
-    name: choice(mechanism_names)
-
-
-class Resources(Table):
-    """[resources]: what each Ray task of a cell asks for (no part of any cell)."""
-
-    num_cpus: resource("> 0", lambda v: v > 0) = 1
-    num_gpus: resource(">= 0", lambda v: v >= 0) = 0
-
-
-class GridRules(Table):
-    """[grid]: cells taken out of the product and cells added to it (checked against the
-    grid's axes by `load_grid`)."""
-
-    exclude: tables(Kwargs, "a list of tables", 0) = []
-    include: tables(Kwargs, "a list of tables", 0) = []
-
-
-SELECTION_METRICS = ("val_acc", "val_loss")  # chosen on: the highest accuracy, lowest loss
-# A test metric: test_acc, test_exact, test_loss, or those of a task's other test splits
-# ("test_<what>_acc": relational_games' test_id_acc, test_ood_acc)
-REPORTED = (
-    'a test metric or a list of them: "test_acc", "test_exact", "test_loss", or '
-    '"test_<split>_acc" (and _exact, _loss) of a task with more test splits, e.g. "test_ood_acc"'
-)
-Reported = rule(
-    StrictStr, REPORTED, lambda v: re.fullmatch(r"test(_[A-Za-z0-9]+)*_(acc|exact|loss)", v)
-)
-
-
-class Selection(Table):
-    """[selection]: the report compares each mechanism at its best setting (per task and size)
-    of the axes `over` (default: every swept key), chosen on `metric` (its mean over seeds),
-    reporting `reported` there (one test metric or a list); `compare` names [a, b] mechanism
-    pairs whose paired difference (a - b, seed by seed, each at its own best setting) the
-    report gives."""
-
-    over: Annotated[list[StrictStr], Valid('a list of swept keys, e.g. ["training.lr"]')] = []
-    metric: choice(SELECTION_METRICS) = "val_acc"
-    reported: Annotated[
-        Reported | Annotated[list[Reported], Field(min_length=1)], Valid(REPORTED)
-    ] = "test_acc"
-    compare: Annotated[
-        list[Annotated[list[StrictStr], Field(min_length=2, max_length=2)]],
-        Valid('a list of [mechanism, mechanism] label pairs, e.g. [["relational", "standard"]]'),
-    ] = []
-
-    @property
-    def reported_metrics(self) -> list[str]:
-        return [self.reported] if isinstance(self.reported, str) else list(self.reported)
-
-
-class GridFile(Table):
-    """A grid file as written: the typed schema `load_grid` validates it with."""
-
-    name: Name
-    seeds: tables(Seed, f"a non-empty list of distinct ints ({SEED_RANGE})") = [0]
-    store: (
-        rule(StrictStr, "a non-empty str (a path, relative to the grid file's folder)", bool) | None
-    ) = None
-    checkpoints: rule(StrictBool, "a bool") = False
-    tasks: tables(TaskEntry)
-    sizes: tables(SizeEntry)
-    mechanisms: tables(MechanismEntry)
-    training: Training = Training()
-    model: ModelOptions = ModelOptions()
-    sweep: Sweep = Sweep()
-    selection: Selection | None = None
-    resources: Resources = Resources()
-    grid: GridRules = GridRules()
-
-
-# Added after stores existed: in a cell's training only when set to another value than the
-# default, so that the cells of a grid that does not use them keep their keys.
-ADDED_KEYS = ("epochs", "patience", "device", "precision", "compile", "betas")
-# Every cell's training holds these (the defaults of a grid with an empty [training]).
-TRAINING_DEFAULTS = {k: v for k, v in Training().model_dump().items() if k not in ADDED_KEYS}
-RESOURCE_DEFAULTS = Resources().model_dump()
-AXES = ("task", "size", "mechanism", "seed")
-# The sections of a swept key ("training.lr"): the table whose field it is (None: a kwarg,
-# checked by building the task or mechanism)
-SECTIONS: dict[str, type[Table] | None] = {
-    "training": Training, "model": ModelOptions, "task_kwargs": None, "mechanism_kwargs": None,
-}  # fmt: skip
-LENGTH = ("steps", "epochs")  # one setting: setting either replaces both
-
-
-def training_settings(training: dict) -> dict:
-    """A cell's `training` with every key of `Training`: the added keys it leaves out take
-    their defaults."""
-    return {**Training().model_dump(), **training}
-
-
-def device_problem(
-    device: str, cuda_devices: int | None = None, mps: bool | None = None
-) -> str | None:
-    """Why `device` cannot be trained on here (None: it can, or it is "auto"): "cuda" needs
-    CUDA, "cuda:N" N < the device count, "mps" the MPS backend. `cuda_devices` and `mps`
-    default to what torch sees on this machine."""
-    if device in ("auto", "cpu"):
-        return None
-    if device == "mps":
-        if mps is None:
-            mps = torch.backends.mps.is_available()
-        return None if mps else "torch.backends.mps.is_available() is False"
-    if cuda_devices is None:
-        cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if cuda_devices == 0:
-        return "torch.cuda.is_available() is False"
-    index = int(device.partition(":")[2] or 0)
-    if index >= cuda_devices:
-        return f"torch.cuda.device_count() is {cuda_devices}"
-    return None
-
-
-def precision_problem(precision: str, device: str) -> str | None:
-    """Why `precision` cannot be used on `device` (None: it can): bf16 autocast runs on CUDA
-    and CPU, not MPS. (Whether a CUDA GPU has bf16 is checked where the cell trains.)"""
-    if precision == "bf16" and device == "mps":
-        return "bf16 autocast runs on CUDA and CPU, not on MPS"
-    return None
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One training run of the grid, fully resolved. `axes`: the swept keys the cell has
-    beyond task, size, mechanism and seed (its labels; no part of its config or key)."""
-
-    grid: str
-    task: str  # its label
-    task_name: str
-    task_kwargs: dict
-    size: dict
-    mechanism: str  # its label
-    mechanism_name: str
-    mechanism_kwargs: dict
-    training: dict
-    seed: int
-    axes: tuple[str, ...] = ()
-
-    def config(self) -> dict:
-        """The resolved config that keys the cell in the results store."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "axes"}
-
-    @property
-    def key(self) -> str:
-        """The cell's key in the results store: a hash of its resolved config."""
-        return config_key(self.config())
-
-    def setting(self, key: str) -> object:
-        """The value of an axis: a label ("task", "size", "mechanism"), the seed, or a swept
-        key ("training.lr": its resolved value, the default where the cell does not set it;
-        "model.pos_enc", "task_kwargs.n_train", ...: None where it does not set it)."""
-        if key in AXES:
-            return self.labels[key]
-        section, _, name = key.partition(".")
-        if section == "training":
-            return training_settings(self.training).get(name)
-        table = {"model": self.size, "task_kwargs": self.task_kwargs}.get(section)
-        return (self.mechanism_kwargs if table is None else table).get(name)
-
-    @property
-    def labels(self) -> dict:
-        """Where the cell sits in the grid: task, size and mechanism labels, the values of its
-        swept keys, and the seed."""
-        labels = {"task": self.task, "size": self.size["label"], "mechanism": self.mechanism}
-        labels.update({key: self.setting(key) for key in self.axes})
-        return {**labels, "seed": self.seed}
-
-    def __str__(self) -> str:
-        return " / ".join(str(v) for v in self.labels.values())
 
 
 def _flat(sweep: Sweep) -> dict[str, list]:
@@ -505,14 +159,6 @@ def _flat(sweep: Sweep) -> dict[str, list]:
         for section in SECTIONS
         for key, values in getattr(sweep, section).items()
     }
-
-
-def _set_training(training: dict, key: str, value: object) -> None:
-    """Set a training key; steps and epochs are one setting (setting one drops the other)."""
-    if key in LENGTH:
-        for length in LENGTH:
-            training.pop(length, None)
-    training[key] = value
 
 
 @dataclass
@@ -531,97 +177,100 @@ class Base:
 
 @dataclass
 class GridSpec:
+    """A grid as `load_grid` returns it: its settings, and its cells, expanded once (the
+    product of tasks x sizes x mechanisms x swept values x seeds, minus grid.exclude, plus
+    grid.include), in grid order."""
+
     path: Path
     name: str
     seeds: list[int]
     store: Path  # the store's path joined to the grid file's folder
     file: GridFile  # the validated file (labels filled in)
     training: dict  # [training] resolved as the cells of a grid without overrides hold it
-    exclude: list[dict] = field(default_factory=list)  # rules, swept keys flattened
-    include: list[dict] = field(default_factory=list)
+    cells: list[Cell]
+    swept_keys: list[str]  # every swept key (any level, or named by an include), in order
     checkpoints: bool = False
     resources: dict = field(default_factory=lambda: dict(RESOURCE_DEFAULTS))  # no cell's part
     selection: Selection | None = None
 
-    def base(self, task: TaskEntry, size: SizeEntry, mech: MechanismEntry) -> Base:
-        training: dict = {}
-        for level in (self.file.training, task.training, mech.training):
-            for key, value in level.model_dump(exclude_unset=True).items():
-                _set_training(training, key, value)
-        options = {}
-        for level in (self.file.model, size, task.model, mech.model):
-            options.update(level.model_dump(exclude_unset=True))
-        sized = {"label": size.label, "d_model": size.d_model, "n_layers": size.n_layers}
-        sweep: dict[str, list] = {}
-        for level in (self.file.sweep, task.sweep, mech.sweep):
-            for key, values in _flat(level).items():
-                if key.removeprefix("training.") in LENGTH:
-                    sweep.pop("training.steps", None)
-                    sweep.pop("training.epochs", None)
-                sweep[key] = values
-        return Base(task, {**sized, **options}, mech, training, sweep)
 
-    def bases(self) -> Iterator[Base]:
-        for task, size, mech in itertools.product(
-            self.file.tasks, self.file.sizes, self.file.mechanisms
-        ):
-            yield self.base(task, size, mech)
+def _base(file: GridFile, task: TaskEntry, size: SizeEntry, mech: MechanismEntry) -> Base:
+    training: dict = {}
+    for level in (file.training, task.training, mech.training):
+        for key, value in level.model_dump(exclude_unset=True).items():
+            set_training(training, key, value)
+    options = {}
+    for level in (file.model, size, task.model, mech.model):
+        options.update(level.model_dump(exclude_unset=True))
+    sized = {"label": size.label, "d_model": size.d_model, "n_layers": size.n_layers}
+    sweep: dict[str, list] = {}
+    for level in (file.sweep, task.sweep, mech.sweep):
+        for key, values in _flat(level).items():
+            if key.removeprefix("training.") in LENGTH:
+                sweep.pop("training.steps", None)
+                sweep.pop("training.epochs", None)
+            sweep[key] = values
+    return Base(task, {**sized, **options}, mech, training, sweep)
 
-    def cells(self) -> list[Cell]:
-        """The product of tasks x sizes x mechanisms x swept values x seeds, minus exclude,
-        plus include."""
-        return self.expand()[0]
 
-    def expand(self) -> tuple[list[Cell], list[int]]:
-        """`cells()`, and the indices of the exclude rules that matched no cell of the
-        product (`load_grid` refuses those)."""
-        cells: dict[str, Cell] = {}
-        unmatched = set(range(len(self.exclude)))
-        for base in self.bases():
-            for values in _assignments(base.sweep):
-                for seed in self.seeds:
-                    cell = self.cell(base, values, seed)
-                    matched = {i for i, rule in enumerate(self.exclude) if _matches(rule, cell)}
-                    unmatched -= matched
-                    if not matched:
-                        cells.setdefault(cell.key, cell)
-        for rule in self.include:
-            base = self.base(*(
-                _by_label(getattr(self.file, f"{axis}s"))[rule[axis]]
-                for axis in ("task", "size", "mechanism")
-            ))  # fmt: skip
-            fixed = {k: v for k, v in rule.items() if k not in AXES}
-            sweep = {k: v for k, v in base.sweep.items() if k not in fixed}
-            for values in _assignments(sweep):
-                cell = self.cell(base, {**values, **fixed}, rule["seed"])
-                cells.setdefault(cell.key, cell)
-        return list(cells.values()), sorted(unmatched)
+def _bases(file: GridFile) -> Iterator[Base]:
+    for task, size, mech in itertools.product(file.tasks, file.sizes, file.mechanisms):
+        yield _base(file, task, size, mech)
 
-    def cell(self, base: Base, values: dict, seed: int) -> Cell:
-        """The cell of `base` with swept keys at `values`, for `seed`."""
-        training, size = dict(base.training), dict(base.size)
-        task_kwargs, mech_kwargs = dict(base.task.kwargs), dict(base.mechanism.kwargs)
-        for key, value in values.items():
-            section, _, name = key.partition(".")
-            if section == "training":
-                _set_training(training, name, value)
-            else:
-                target = {"model": size, "task_kwargs": task_kwargs}.get(section, mech_kwargs)
-                target[name] = value
-        training = _resolve_training(training)
-        if "epochs" in training:  # steps per epoch: the task's training-set size in batches
-            n_train = _task(self.path, base.task.label, base.task.name, task_kwargs).n_train
-            training["steps"] = training["epochs"] * math.ceil(n_train / training["batch_size"])
-        return Cell(
-            self.name, base.task.label, base.task.name, task_kwargs, size, base.mechanism.label,
-            base.mechanism.name, mech_kwargs, training, seed, tuple(values),
-        )  # fmt: skip
 
-    def swept_keys(self) -> list[str]:
-        """Every swept key of the grid (any level, or named by an include), in order."""
-        keys = [k for base in self.bases() for k in base.sweep]
-        keys += [k for rule in self.include for k in rule if k not in AXES]
-        return list(dict.fromkeys(keys))
+def _expand(
+    path: Path, file: GridFile, exclude: list[dict], include: list[dict]
+) -> tuple[list[Cell], list[int]]:
+    """The grid's cells, and the indices of the exclude rules that matched no cell of the
+    product (`load_grid` refuses those)."""
+    cells: dict[str, Cell] = {}
+    unmatched = set(range(len(exclude)))
+    for base in _bases(file):
+        for values in _assignments(base.sweep):
+            for seed in file.seeds:
+                cell = _cell(path, file.name, base, values, seed)
+                matched = {i for i, rule in enumerate(exclude) if _matches(rule, cell)}
+                unmatched -= matched
+                if not matched:
+                    cells.setdefault(cell.key, cell)
+    for rule in include:
+        base = _base(file, *(
+            _by_label(getattr(file, f"{key}s"))[rule[key]] for key in ("task", "size", "mechanism")
+        ))  # fmt: skip
+        fixed = {k: v for k, v in rule.items() if k not in LABEL_KEYS}
+        sweep = {k: v for k, v in base.sweep.items() if k not in fixed}
+        for values in _assignments(sweep):
+            cell = _cell(path, file.name, base, {**values, **fixed}, rule["seed"])
+            cells.setdefault(cell.key, cell)
+    return list(cells.values()), sorted(unmatched)
+
+
+def _cell(path: Path, grid: str, base: Base, values: dict, seed: int) -> Cell:
+    """The cell of `base` with swept keys at `values`, for `seed`."""
+    training, size = dict(base.training), dict(base.size)
+    task_kwargs, mech_kwargs = dict(base.task.kwargs), dict(base.mechanism.kwargs)
+    for key, value in values.items():
+        section, _, name = key.partition(".")
+        if section == "training":
+            set_training(training, name, value)
+        else:
+            target = {"model": size, "task_kwargs": task_kwargs}.get(section, mech_kwargs)
+            target[name] = value
+    training = resolve_training(training)
+    if "epochs" in training:  # steps per epoch: the task's training-set size in batches
+        n_train = _task(path, base.task.label, base.task.name, task_kwargs).n_train
+        training["steps"] = training["epochs"] * math.ceil(n_train / training["batch_size"])
+    return Cell(
+        grid, base.task.label, base.task.name, task_kwargs, size, base.mechanism.label,
+        base.mechanism.name, mech_kwargs, training, seed, tuple(values),
+    )  # fmt: skip
+
+
+def _swept_keys(file: GridFile, include: list[dict]) -> list[str]:
+    """Every swept key of the grid (any level, or named by an include), in order."""
+    keys = [k for base in _bases(file) for k in base.sweep]
+    keys += [k for rule in include for k in rule if k not in LABEL_KEYS]
+    return list(dict.fromkeys(keys))
 
 
 def _assignments(sweep: dict[str, list]) -> Iterator[dict]:
@@ -641,19 +290,6 @@ def _same(a: object, b: object) -> bool:
 
 def _by_label(entries: list) -> dict:
     return {entry.label: entry for entry in entries}
-
-
-def _resolve_training(given: dict) -> dict:
-    """A cell's training from the keys set: the keys of `TRAINING_DEFAULTS` always (but steps
-    where epochs are set), an added key (`ADDED_KEYS`) only when it is not its default."""
-    resolved = {**TRAINING_DEFAULTS, **given}
-    if "epochs" in given:
-        del resolved["steps"]
-    defaults = Training()
-    for key in ADDED_KEYS:
-        if key in resolved and resolved[key] == getattr(defaults, key):
-            del resolved[key]  # its default: keyed as a grid that does not name it
-    return resolved
 
 
 def _fail(path, key, value, valid, what: str = "") -> SpecError:
@@ -814,7 +450,7 @@ def _check_setting(path, where: str, key: str, value: object, at: str | None = N
     for its key (kwargs are checked by building)."""
     section, _, name = key.partition(".")
     if section not in SECTIONS or not name:
-        raise _fail(path, f"{where} (key)", key, [*AXES, *(f"{s}.<key>" for s in SECTIONS)])
+        raise _fail(path, f"{where} (key)", key, [*LABEL_KEYS, *(f"{s}.<key>" for s in SECTIONS)])
     table = SECTIONS[section]
     if table is None:
         return
@@ -926,13 +562,15 @@ def _check_grid_rules(path, grid: GridRules, valid: dict[str, list]) -> tuple[li
             where = f"grid.{kind}[{i}]"
             if not rule_:
                 raise SpecError(
-                    f"{path}: {where} = {{}} must name one or more of {', '.join(AXES)} or "
+                    f"{path}: {where} = {{}} must name one or more of {', '.join(LABEL_KEYS)} or "
                     f"swept keys"
                 )
-            if kind == "include" and not set(AXES) <= set(rule_):
-                raise SpecError(f"{path}: {where} = {rule_!r} must name all of {', '.join(AXES)}")
+            if kind == "include" and not set(LABEL_KEYS) <= set(rule_):
+                raise SpecError(
+                    f"{path}: {where} = {rule_!r} must name all of {', '.join(LABEL_KEYS)}"
+                )
             for axis, value in rule_.items():
-                if axis not in AXES:
+                if axis not in LABEL_KEYS:
                     _check_setting(path, f"{where}.{axis}", axis, value)
                     continue
                 if axis == "seed":
@@ -1010,7 +648,7 @@ def _check_builds(path, cells: list[Cell]) -> None:
             if model not in models:
                 models.add(model)
                 try:
-                    build_model(cell, tasks[task_id])
+                    build_cell_model(cell, tasks[task_id])
                 except Exception as err:
                     options = {k: v for k, v in cell.size.items() if k not in SIZE_FIELDS}
                     raise SpecError(
@@ -1053,22 +691,10 @@ def load_grid(
     exclude, include = _check_grid_rules(path, grid.grid, valid)
     given = {}
     for key, value in grid.training.model_dump(exclude_unset=True).items():
-        _set_training(given, key, value)
-    spec = GridSpec(
-        path,
-        grid.name,
-        grid.seeds,
-        Path(os.path.normpath(path.parent / (grid.store or f"results/{grid.name}.sqlite"))),
-        grid,
-        _resolve_training(given),
-        exclude,
-        include,
-        grid.checkpoints,
-        grid.resources.model_dump(),
-        grid.selection,
-    )
-    _check_selection(path, grid.selection, spec.swept_keys(), grid.mechanisms)
-    cells, unmatched = spec.expand()
+        set_training(given, key, value)
+    swept_keys = _swept_keys(grid, include)
+    _check_selection(path, grid.selection, swept_keys, grid.mechanisms)
+    cells, unmatched = _expand(path, grid, exclude, include)
     if not cells:
         raise SpecError(
             f"{path}: grid.exclude = {grid.grid.exclude!r} leaves no cell of the product of "
@@ -1081,4 +707,16 @@ def load_grid(
     if check_device:
         _check_training(path, cells)
     _check_builds(path, cells)
-    return spec
+    return GridSpec(
+        path,
+        grid.name,
+        grid.seeds,
+        Path(os.path.normpath(path.parent / (grid.store or f"results/{grid.name}.sqlite"))),
+        grid,
+        resolve_training(given),
+        cells,
+        swept_keys,
+        grid.checkpoints,
+        grid.resources.model_dump(),
+        grid.selection,
+    )

@@ -26,7 +26,7 @@ def grid_status(spec: GridSpec) -> pd.DataFrame:
     if spec.store.exists():
         rows = {row["key"]: row for row in ResultsStore(spec.store, readonly=True).rows()}
     records = []
-    for cell in spec.cells():
+    for cell in spec.cells:
         row = rows.get(cell.key, {})
         metrics = row.get("metrics") or {}
         error = row.get("error")
@@ -40,5 +40,5 @@ def grid_status(spec: GridSpec) -> pd.DataFrame:
                 "error": error_summary(error) if error else None,
             }
         )
-    columns = [*COLUMNS[:4], *spec.swept_keys(), *COLUMNS[4:]]
+    columns = [*COLUMNS[:4], *spec.swept_keys, *COLUMNS[4:]]
     return pd.DataFrame(records, columns=columns).astype({"steps": "Int64", "test_acc": float})

@@ -332,7 +332,7 @@ class ResultsStore:
 
     def maps_path(self, key: str) -> Path:
         """Where cell `key`'s attention maps are kept (recorded when it finished, in grids with
-        checkpoints = true; ablations.attention draws them)."""
+        checkpoints = true; ablations.attention_figures draws them)."""
         return self.path.parent / f"{self.path.stem}.maps" / f"{key}.pt"
 
     def save_checkpoint(self, key: str, state: bytes) -> Path:

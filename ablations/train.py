@@ -11,9 +11,9 @@ tested on every test split of its task ("test", and any "test_<what>": metrics "
 "test_<what>_acc", and so on). A NaN or inf loss ends the cell as `diverged` at its step. The
 same seed gives the same metrics on CPU.
 
-Where and how (`ablations.spec` validates these settings): the model is built on the CPU (the
-same initial weights everywhere) and moved with the data to the cell's device, "auto" resolved
-in the worker (`resolve_device`; an executor may place it, e.g. on its own GPU); with
+Where and how (ablations.devices says what is valid and what it resolves to): the model is
+built on the CPU (the same initial weights everywhere) and moved with the data to the cell's
+device, "auto" resolved in the worker (an executor may place it, e.g. on its own GPU); with
 `precision = "bf16"` the forward passes (training and evaluation) run under bfloat16 autocast,
 weights and optimizer in float32; with `compile = true` they run through `torch.compile(model)`,
 and an error compiling it fails the cell (no fallback to eager). The environment record says
@@ -21,7 +21,7 @@ the device and compute dtype the cell trained on. Weights and maps come back on 
 
 With `keep_maps`, a finished cell also returns the attention maps of its trained model on one
 fixed test example (`MAPS_EXAMPLE`, see `attention_record`), so that a report draws them without
-running a model (ablations.attention).
+running a model (ablations.attention_figures).
 """
 
 from __future__ import annotations
@@ -36,20 +36,56 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from ablations.models import build_model, forward
-from ablations.spec import Cell, training_settings
+from ablations.cell import Cell, training_settings
+from ablations.cell_model import build_cell_model, forward
+from ablations.devices import compute_dtype, resolve_device
 from ablations.tasks import IGNORE_INDEX, build_task
 from attn_zoo.maps import recording_attention
 
 
 @dataclass
 class CellResult:
+    """What `train_cell` returns, in the process that trained the cell."""
+
     status: str  # done | diverged
     metrics: dict
     curve: list = field(default_factory=list)  # [step, train_loss, val_loss, val_metric]
     environment: dict = field(default_factory=dict)
     state: dict | None = None  # the trained model's state_dict, when asked for
     maps: dict | None = None  # attention_record of the trained model, when asked for (done only)
+
+
+LOST = "lost"  # no result of the cell's (Ray lost the task, a worker was killed): not recorded
+
+
+@dataclass
+class CellOutcome:
+    """What a worker sends the driver for one cell (ablations.executors.run_cell): the record
+    of its outcome (`record()`: the keyword arguments of `ResultsStore.finish`) and, in a grid
+    that keeps checkpoints, the files the driver writes beside the store: the trained weights
+    (`state`) and attention maps (`maps`), as torch.save bytes, and why the maps could not be
+    recorded (`maps_error`). Status `LOST`: the infrastructure lost the cell; the driver
+    releases it and the next run trains it again."""
+
+    status: str  # done | diverged | failed | LOST
+    environment: dict = field(default_factory=dict)
+    metrics: dict | None = None
+    curve: list | None = None
+    error: str | None = None  # the traceback of a failed cell, the reason a cell was lost
+    state: bytes | None = None
+    maps: bytes | None = None
+    maps_error: str | None = None
+
+    def record(self) -> dict:
+        """The keyword arguments of `ResultsStore.finish` (status, metrics, curve, environment,
+        error)."""
+        return dict(
+            status=self.status,
+            metrics=self.metrics,
+            curve=self.curve,
+            environment=self.environment,
+            error=self.error,
+        )
 
 
 def environment(device: str | None = None, dtype: str | None = None) -> dict:
@@ -73,36 +109,6 @@ def environment(device: str | None = None, dtype: str | None = None) -> dict:
     if dtype is not None:
         env["dtype"] = dtype
     return env
-
-
-def resolve_device(setting: str) -> str:
-    """The device a cell whose `training.device` is `setting` trains on in this process:
-    "auto" is the current CUDA device where torch sees one, else "cpu" (never MPS); "cuda" the
-    current CUDA device (RuntimeError without one); others as they are."""
-    if setting in ("auto", "cuda"):
-        if torch.cuda.is_available():
-            return f"cuda:{torch.cuda.current_device()}"
-        if setting == "cuda":
-            raise RuntimeError(
-                "training.device = 'cuda' but torch.cuda.is_available() is False in this worker"
-            )
-        return "cpu"
-    return setting
-
-
-def compute_dtype(precision: str, device: str) -> torch.dtype:
-    """The dtype forward passes run in: bfloat16 for "bf16" (autocast; RuntimeError where it
-    cannot run: MPS, a CUDA GPU without bf16), else float32."""
-    if precision != "bf16":
-        return torch.float32
-    kind = torch.device(device).type
-    if kind == "mps":
-        raise RuntimeError("training.precision = 'bf16': bf16 autocast runs on CUDA and CPU")
-    if kind == "cuda" and not torch.cuda.is_bf16_supported():
-        raise RuntimeError(
-            f"training.precision = 'bf16' on {device}: torch.cuda.is_bf16_supported() is False"
-        )
-    return torch.bfloat16
 
 
 def _autocast(device: torch.device, dtype: torch.dtype):
@@ -130,7 +136,7 @@ def smoke_test(cell: Cell) -> None:
     torch.manual_seed(cell.seed)
     task = build_task(cell.task_name, **cell.task_kwargs)
     x, y = task.generate(2, torch.Generator().manual_seed(cell.seed))
-    _, loss, _ = forward(build_model(cell, task), task, x, y)
+    _, loss, _ = forward(build_cell_model(cell, task), task, x, y)
     loss.backward()
 
 
@@ -216,7 +222,7 @@ def train_cell(
         name: type(split)(split.inputs.to(device), split.targets.to(device))
         for name, split in task.splits(cell.seed).items()
     }
-    model = build_model(cell, task).to(device)  # built on the CPU: the same weights anywhere
+    model = build_cell_model(cell, task).to(device)  # built on the CPU: the same weights anywhere
     run = torch.compile(model) if t["compile"] else model
     opt = torch.optim.AdamW(
         model.parameters(), lr=t["lr"], betas=tuple(t["betas"]), weight_decay=t["weight_decay"]

@@ -9,26 +9,27 @@ import pytest
 import torch
 from grids import STD, tiny_grid
 
-from ablations import executors
+from ablations import devices, executors
+from ablations.cell import training_settings
 from ablations.cli import main
+from ablations.devices import (
+    compute_dtype,
+    device_problem,
+    placements,
+    precision_problem,
+    resolve_device,
+)
 from ablations.executors import (
     LocalExecutor,
     RayExecutor,
     make_executor,
-    placements,
     ray_options,
     ray_slots,
     run_cell,
 )
-from ablations.spec import (
-    SpecError,
-    device_problem,
-    load_grid,
-    precision_problem,
-    training_settings,
-)
+from ablations.spec import SpecError, load_grid
 from ablations.store import ResultsStore
-from ablations.train import compute_dtype, environment, resolve_device
+from ablations.train import CellOutcome, environment
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 
@@ -84,7 +85,7 @@ def test_bf16_with_mps_is_refused_at_load_time_where_mps_is_available(tmp_path, 
 @pytest.mark.parametrize("device", ["auto", "cpu"])
 def test_bf16_is_accepted_on_the_cpu(tmp_path, device):
     overrides = [f"training.device={device}", "training.precision=bf16"]
-    (cell, *_) = load_grid(tiny_grid(tmp_path), overrides).cells()
+    (cell, *_) = load_grid(tiny_grid(tmp_path), overrides).cells
     assert training_settings(cell.training)["precision"] == "bf16"
     assert compute_dtype("bf16", "cpu") == torch.bfloat16
 
@@ -122,22 +123,23 @@ def test_placements_put_one_worker_per_gpu(workers, n_gpus, device, expected):
 
 def test_the_local_executor_places_each_worker_by_its_index(monkeypatch):
     pool = LocalExecutor(3, gpus=2)
-    auto = {"training": {}}  # device at its default: "auto"
-    named = {"training": {"device": "cpu"}}
+    auto = types.SimpleNamespace(training={})  # device at its default: "auto"
+    named = types.SimpleNamespace(training={"device": "cpu"})
     workers = [types.SimpleNamespace(index=i) for i in range(3)]
     assert [pool._device(w, auto) for w in workers] == ["cuda:0", "cuda:1", "cuda:0"]
     # None: the cell's own setting decides ("cpu" here; "auto" on a machine without GPUs)
     assert [pool._device(w, named) for w in workers] == [None] * 3
     assert LocalExecutor(2, gpus=0)._device(workers[1], auto) is None
 
-    monkeypatch.setattr(executors, "gpu_count", lambda: 2)  # one worker per GPU by default
+    monkeypatch.setattr(devices, "gpu_count", lambda: 2)  # one worker per GPU by default
     assert make_executor("local").slots == 2
-    assert make_executor("local", device="cpu").slots == executors.usable_cpus()
+    assert make_executor("local", device="cpu").slots == devices.usable_cpus()
     assert make_executor("local", workers=5).slots == 5
 
 
 def test_local_workers_and_threads_follow_the_cores_this_process_may_use(monkeypatch):
-    monkeypatch.setattr(executors, "gpu_count", lambda: 0)
+    monkeypatch.setattr(devices, "gpu_count", lambda: 0)
+    monkeypatch.setattr(devices, "usable_cpus", lambda: 3)
     monkeypatch.setattr(executors, "usable_cpus", lambda: 3)
     default = make_executor("local")
     assert (default.slots, default.threads) == (3, 1)  # one worker per usable core
@@ -148,19 +150,19 @@ def test_local_workers_and_threads_follow_the_cores_this_process_may_use(monkeyp
 def test_the_local_executor_sends_each_worker_its_placement(tmp_path, monkeypatch):
     seen = []
 
-    def fake_run_cell(config, threads, progress=None, keep_state=False, device=None):
+    def fake_run_cell(cell, threads, progress=None, keep_state=False, device=None):
         seen.append(device)
-        return dict(status="failed", error="not trained", environment=environment(device))
+        return CellOutcome("failed", environment(device), error="not trained")
 
     monkeypatch.setattr(executors, "run_cell", fake_run_cell)
-    (cell, *_) = load_grid(tiny_grid(tmp_path)).cells()
+    (cell, *_) = load_grid(tiny_grid(tmp_path)).cells
     pool = LocalExecutor(1, gpus=3)  # a thread worker: the patched run_cell is the one called
     try:
-        handle = pool.submit(cell.config(), False)
+        handle = pool.submit(cell, False)
         ((_, outcome),) = pool.wait([handle], timeout=30)
     finally:
         pool.close()
-    assert seen == ["cuda:0"] and outcome["environment"]["device"] == "cuda:0"
+    assert seen == ["cuda:0"] and outcome.environment["device"] == "cuda:0"
 
 
 def test_ray_options_ask_for_the_grid_resources():
@@ -192,11 +194,11 @@ def test_the_ray_executor_submits_each_cell_with_its_options(tmp_path):
     pool = object.__new__(RayExecutor)  # no Ray instance: what submit hands to Ray
     pool.options, pool.threads, pool.progress = ray_options(spec.resources), 2, None
     pool.task, pool.in_flight = Task(), set()
-    cell = spec.cells()[0]
-    pool.submit(cell.config(), True)
+    cell = spec.cells[0]
+    pool.submit(cell, True)
     assert calls == [
         ("options", {"num_cpus": 2, "num_gpus": 0.25, "max_retries": 3}),
-        ("remote", (cell.config(), 2, None, True)),
+        ("remote", (cell, 2, None, True)),
     ]
 
 
@@ -210,16 +212,16 @@ def test_the_ray_executor_refuses_cuda_without_gpus_before_starting_ray():
 
 
 def test_run_cell_records_the_device_and_dtype_and_a_failed_cells_device(tmp_path):
-    (cell, *_) = load_grid(tiny_grid(tmp_path, mechanisms=[STD], seeds=[0])).cells()
-    done = run_cell(cell.config(), 1)
-    assert done["status"] == "done"
-    assert done["environment"]["device"] == "cpu" and done["environment"]["dtype"] == "float32"
+    (cell, *_) = load_grid(tiny_grid(tmp_path, mechanisms=[STD], seeds=[0])).cells
+    done = run_cell(cell, 1)
+    assert done.status == "done"
+    assert done.environment["device"] == "cpu" and done.environment["dtype"] == "float32"
     bf16 = dataclasses.replace(cell, training=dict(cell.training, precision="bf16"))
-    assert run_cell(bf16.config(), 1, device="cpu")["environment"]["dtype"] == "bfloat16"
+    assert run_cell(bf16, 1, device="cpu").environment["dtype"] == "bfloat16"
     # a placement that cannot be used here fails the cell, naming the device tried
-    failed = run_cell(cell.config(), 1, device="cuda:99")
-    assert failed["status"] == "failed" and "Traceback" in failed["error"]
-    assert failed["environment"]["device"] == "cuda:99"
+    failed = run_cell(cell, 1, device="cuda:99")
+    assert failed.status == "failed" and "Traceback" in failed.error
+    assert failed.environment["device"] == "cuda:99"
 
 
 def test_a_compile_error_fails_the_cell_without_falling_back_to_eager(tmp_path, monkeypatch):
@@ -228,11 +230,11 @@ def test_a_compile_error_fails_the_cell_without_falling_back_to_eager(tmp_path, 
 
     compile_ = torch.compile
     monkeypatch.setattr(torch, "compile", lambda model: compile_(model, backend=broken))
-    (cell, *_) = load_grid(tiny_grid(tmp_path, mechanisms=[STD], seeds=[0])).cells()
+    (cell, *_) = load_grid(tiny_grid(tmp_path, mechanisms=[STD], seeds=[0])).cells
     compiled = dataclasses.replace(cell, training=dict(cell.training, compile=True))
-    outcome = run_cell(compiled.config(), 1)
-    assert outcome["status"] == "failed" and "backend exploded" in outcome["error"]
-    assert run_cell(cell.config(), 1)["status"] == "done"  # eager cells never compile
+    outcome = run_cell(compiled, 1)
+    assert outcome.status == "failed" and "backend exploded" in outcome.error
+    assert run_cell(cell, 1).status == "done"  # eager cells never compile
 
 
 @NO_CUDA
@@ -246,7 +248,7 @@ def test_status_and_report_read_a_cuda_grid_on_a_machine_without_cuda(tmp_path, 
     assert "4 todo" in capsys.readouterr().out
     spec = load_grid(path, check_device=False)
     store = ResultsStore(spec.store)
-    for cell in spec.cells():  # as the GPU machine's run left them
+    for cell in spec.cells:  # as the GPU machine's run left them
         store.finish(store.claim(cell.config()), "done", {"test_acc": 0.5}, [], {})
     store.close()
     assert main(["report", str(path), "--out", str(tmp_path / "report")]) == 0

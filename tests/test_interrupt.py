@@ -21,6 +21,7 @@ from grids import MQAR_LONG, SAME_PAIR, STD, tiny_grid, with_heads
 from ablations import executors, runner
 from ablations.spec import load_grid
 from ablations.store import ResultsStore, StoreError
+from ablations.train import CellOutcome
 
 SUMMARY = re.compile(
     r"interrupted \((SIGINT|SIGTERM)\): (\d+) finished, (\d+) released, (\d+) not started; "
@@ -106,8 +107,8 @@ def kill_session(run: subprocess.Popen) -> None:
     run.wait()
 
 
-def fake_outcome(config: dict, threads: int, progress=None, keep_state: bool = False) -> dict:
-    return dict(status="done", metrics={"test_acc": 1.0, "steps": 1})
+def fake_outcome(cell, threads: int, progress=None, keep_state: bool = False) -> CellOutcome:
+    return CellOutcome("done", metrics={"test_acc": 1.0, "steps": 1})
 
 
 def slow_cells(store: Path, status: str) -> list[dict]:

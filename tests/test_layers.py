@@ -39,7 +39,7 @@ def test_the_layer_contracts_hold():
         ("attn_zoo/kernels/heads.py", "from attn_zoo.mechanisms import base"),
         ("attn_zoo/mechanisms/base.py", "from attn_zoo.models import block"),
         ("attn_zoo/models/common.py", "import ablations.store"),
-        ("attn_zoo/names.py", "import attn_zoo.kernels.dispatch"),
+        ("attn_zoo/registry.py", "import attn_zoo.kernels.dispatch"),
         ("attn_zoo/kernels/dispatch.py", "import pandas"),
     ],
 )

@@ -12,7 +12,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 
 import ablations.train
 import attn_zoo as az
-from ablations.attention import (
+from ablations.attention_figures import (
     MapsError,
     attention_blocks,
     cell_attention_figure,

@@ -1,8 +1,5 @@
 """One registry type for everything built by name; one block configuration; moved paths."""
 
-import importlib
-import sys
-
 import pytest
 import torch
 from torch import nn
@@ -13,7 +10,7 @@ from attn_zoo.mechanisms.registry import MECHANISMS
 from attn_zoo.models import BlockConfig, LanguageModel, SequenceClassifier
 from attn_zoo.models.norms import NORMS
 from attn_zoo.models.positional import POSITIONAL
-from attn_zoo.names import Registry
+from attn_zoo.registry import Registry
 from attn_zoo.symbols import SYMBOL_RETRIEVERS
 
 
@@ -102,23 +99,3 @@ def test_block_settings_are_checked(settings, match):
 def test_n_layers_is_checked():
     with pytest.raises(ValueError, match="n_layers=0: must be an integer >= 1"):
         LanguageModel(vocab_size=9, d_model=8, n_layers=0)
-
-
-@pytest.mark.parametrize(
-    "old, new",
-    [
-        ("attn_zoo.nn.block", "attn_zoo.models.block"),
-        ("attn_zoo.nn.feedforward", "attn_zoo.models.feedforward"),
-        ("attn_zoo.nn.norms", "attn_zoo.models.norms"),
-        ("attn_zoo.nn.positional", "attn_zoo.models.positional"),
-        ("attn_zoo.nn.rotary", "attn_zoo.kernels.rotary"),
-        ("attn_zoo.registry", "attn_zoo.mechanisms.registry"),
-        ("attn_zoo.cli", "ablations.cli"),
-        ("attn_zoo.bench", "ablations.bench"),
-    ],
-)
-def test_moved_modules_keep_their_old_path_with_a_warning(old, new):
-    sys.modules.pop(old, None)
-    with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}"):
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(new)

@@ -44,19 +44,18 @@ import os, sys
 from pathlib import Path
 from ablations import executors
 from ablations.cli import main
-from ablations.store import config_key
 
 MARKER, VICTIM_KEY = Path(sys.argv[1]), sys.argv[2]
 
-def run_cell(config, threads, progress=None, keep_state=False):
+def run_cell(cell, threads, progress=None, keep_state=False):
     from ablations.executors import run_cell as real  # in a Ray worker: the real one
-    if config_key(config) == VICTIM_KEY and not MARKER.exists():
+    if cell.key == VICTIM_KEY and not MARKER.exists():
         partial = MARKER.with_suffix(".partial")
         partial.write_text(str(os.getpid()))
         partial.replace(MARKER)
         while True:
-            real(config, threads, progress, keep_state)
-    return real(config, threads, progress, keep_state)
+            real(cell, threads, progress, keep_state)
+    return real(cell, threads, progress, keep_state)
 
 executors.run_cell = run_cell
 sys.exit(main(sys.argv[3:]))
@@ -165,7 +164,7 @@ def ray_workers_running_a_cell(sid: int) -> set[int]:
 def run_with_a_worker_killed(cluster: Cluster, folder: Path, cells: int) -> None:
     path = grid_of(folder, cells)
     spec = load_grid(path)
-    grid_cells = spec.cells()
+    grid_cells = spec.cells
     assert len(grid_cells) == cells
     victim = grid_cells[cells // 2]  # mid-grid: cells finished before the kill, and after
     marker = folder / "victim.pid"

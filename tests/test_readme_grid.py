@@ -20,7 +20,7 @@ def test_readme_grid_example_loads_and_every_cell_can_train(tmp_path):
     path = tmp_path / "readme.toml"
     path.write_text(block)
     spec = load_grid(path)
-    assert len(spec.cells()) == 3 - 1  # 3 seeds, one excluded
+    assert len(spec.cells) == 3 - 1  # 3 seeds, one excluded
     check_cells(spec)
 
 
@@ -30,11 +30,11 @@ def test_readme_sweep_example_is_the_shipped_grid_and_can_train():
     assert readme_grids()[1] in text  # the README shows the shipped file (after its comments)
     spec = load_grid(shipped)
     # standard: 3 lr x 2 pos_enc - 1 excluded; relational: its own 3 lr x 2 pos_enc; 3 seeds
-    assert len(spec.cells()) == (3 * 2 - 1 + 3 * 2) * 3
+    assert len(spec.cells) == (3 * 2 - 1 + 3 * 2) * 3
     assert spec.selection.over == ["training.lr"]
     check_cells(spec)
 
 
 @pytest.mark.parametrize("grid", sorted((ROOT / "ablations" / "grids").glob("*.toml")))
 def test_shipped_grids_load(grid):
-    assert load_grid(grid).cells()
+    assert load_grid(grid).cells

@@ -104,17 +104,17 @@ def test_without_the_package_the_error_says_how_to_install_it(monkeypatch):
 
 
 def test_final_norm_false_builds_our_model_as_the_reference_would(tmp_path):
-    from ablations.models import build_model
+    from ablations.cell_model import build_cell_model
     from attn_zoo.interop.dual_attention_models import VisionDualAttnTransformer as Builder
 
     dual = {"label": "dual", "name": "dual", "kwargs": {"n_heads_sa": 1, "n_heads_ra": 1}}
     size = {**SIZE, "final_norm": False, "dff": 24, "symbol_retrieval": "positional_symbols",
             "symbol_retrieval_kwargs": {"max_length": 10}}  # fmt: skip
     path = tiny_grid(tmp_path, seeds=[0], tasks=[GAMES], sizes=[size], mechanisms=[dual])
-    (cell,) = load_grid(path).cells()
+    (cell,) = load_grid(path).cells
     task = build_task("relational_games", **GAMES["kwargs"])
     torch.manual_seed(0)
-    ours = build_model(cell, task).eval()
+    ours = build_cell_model(cell, task).eval()
     torch.manual_seed(0)
     built = Builder((3, 15, 15), (5, 5), 2, 16, 2, 1, 1, 24, 0.1, "swiglu", True,
                     "positional_symbols", {"max_length": 10}, bias=False, pool="mean")  # fmt: skip

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import ablations.report
-from ablations.models import build_model
+from ablations.cell import Cell
+from ablations.cell_model import build_cell_model
 from ablations.report import write_report
 from ablations.report_pages import (
     Bullets,
@@ -27,7 +28,6 @@ from ablations.report_pages import (
     render_html,
     render_markdown,
 )
-from ablations.spec import Cell
 from ablations.store import ResultsStore
 from ablations.tasks import build_task
 from ablations.train import attention_record
@@ -201,7 +201,7 @@ def save_maps(store: ResultsStore, key: str, cell: dict, keep: float = 1.0) -> N
     """A real attention record of `cell`'s model as its maps file, cut to `keep` of its bytes."""
     cell_ = Cell(**cell)
     task = build_task(cell_.task_name, **cell_.task_kwargs)
-    record = attention_record(build_model(cell_, task), task, task.splits(cell_.seed)["test"])
+    record = attention_record(build_cell_model(cell_, task), task, task.splits(cell_.seed)["test"])
     buffer = io.BytesIO()
     torch.save(record, buffer)
     data = buffer.getvalue()

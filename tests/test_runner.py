@@ -15,13 +15,16 @@ from grids import REL, STD, tiny_grid
 from rich.console import Console
 
 from ablations import executors
+from ablations import spec as spec_module
+from ablations.cell import Cell
 from ablations.cli import main
 from ablations.executors import make_executor
 from ablations.progress import LiveProgress, Progress, make_progress
 from ablations.runner import check_cells, run_grid
-from ablations.spec import GridSpec, SpecError, load_grid
+from ablations.spec import SpecError, load_grid
 from ablations.status import grid_status
 from ablations.store import ResultsStore
+from ablations.train import CellOutcome
 
 
 def grid_file(tmp_path: Path, steps: int = 20) -> Path:
@@ -38,7 +41,7 @@ def test_every_cell_recorded_once_and_a_second_run_skips_them(tmp_path):
     counts = run_grid(spec, workers=1, out=out)
     assert counts == {"done": 4, "failed": 0, "diverged": 0}
     first = rows(spec)
-    assert sorted(r["key"] for r in first) == sorted(c.key for c in spec.cells())
+    assert sorted(r["key"] for r in first) == sorted(c.key for c in spec.cells)
     assert all(r["status"] == "done" and r["environment"]["commit"] for r in first)
     assert {(r["environment"]["device"], r["environment"]["dtype"]) for r in first} == {
         ("cpu", "float32")
@@ -158,7 +161,7 @@ def test_a_run_pinned_to_one_core_trains_with_one_thread(tmp_path):
 
 
 def test_progress_line_and_eta_by_kind_of_cell(tmp_path):
-    cells = load_grid(grid_file(tmp_path)).cells()  # std s0, std s1, rel s0, rel s1
+    cells = load_grid(grid_file(tmp_path)).cells  # std s0, std s1, rel s0, rel s1
     out = io.StringIO()
     progress = Progress(cells, total=6, slots=2, interval=0, out=out)
     progress.started("a", cells[0])
@@ -167,7 +170,7 @@ def test_progress_line_and_eta_by_kind_of_cell(tmp_path):
     line = progress.status_line()
     assert "[2/6 finished, 1 running" in line and "step 40 loss 0.250" in line
     assert "ETA -" in line  # nothing finished yet: no estimate
-    progress.finished("a", {"status": "done", "metrics": {"test_acc": 0.5, "steps": 40}})
+    progress.finished("a", CellOutcome("done", metrics={"test_acc": 0.5, "steps": 40}))
     assert "test_acc 0.500 in 40 steps" in out.getvalue()
     assert "[3/6 finished, 0 running, 0 failed" in progress.status_line()
 
@@ -180,7 +183,7 @@ def test_progress_line_and_eta_by_kind_of_cell(tmp_path):
 
 
 def test_on_a_terminal_the_progress_is_a_live_view_and_elsewhere_plain_lines(tmp_path):
-    cells = load_grid(grid_file(tmp_path, steps=300)).cells()
+    cells = load_grid(grid_file(tmp_path, steps=300)).cells
     assert type(make_progress(cells, 4, 1, 10.0, io.StringIO())) is Progress  # not a TTY
     screen = io.StringIO()
     console = Console(file=screen, force_terminal=True, width=120, color_system=None)
@@ -193,7 +196,7 @@ def test_on_a_terminal_the_progress_is_a_live_view_and_elsewhere_plain_lines(tmp
     assert "0/4 finished · 2 running · 0 failed · 0 diverged · ETA -" in drawn
     assert "same_pair/xs/std/seed0" in drawn and "150/300" in drawn and "0.412" in drawn
     assert "same_pair/xs/rel/seed0" in drawn and "0/300" in drawn
-    progress.finished("a", {"status": "done", "metrics": {"test_acc": 0.5, "steps": 300}})
+    progress.finished("a", CellOutcome("done", metrics={"test_acc": 0.5, "steps": 300}))
     progress.close()
     progress.print(progress.status_line())  # what run_grid ends with, as plain lines do
     lines = screen.getvalue().splitlines()
@@ -203,8 +206,8 @@ def test_on_a_terminal_the_progress_is_a_live_view_and_elsewhere_plain_lines(tmp
                               "same_pair/xs/rel/seed0 starting")  # fmt: skip
 
 
-def fake_outcome(config: dict, threads: int, progress=None, keep_state: bool = False) -> dict:
-    return dict(status="done", metrics={"test_acc": 1.0, "steps": 1})
+def fake_outcome(cell: Cell, threads: int, progress=None, keep_state: bool = False) -> CellOutcome:
+    return CellOutcome("done", metrics={"test_acc": 1.0, "steps": 1})
 
 
 def test_a_run_expands_the_grid_once_and_trains_the_cells_status_shows_unfinished(
@@ -212,25 +215,24 @@ def test_a_run_expands_the_grid_once_and_trains_the_cells_status_shows_unfinishe
 ):
     spec = load_grid(grid_file(tmp_path))
     store = ResultsStore(spec.store)
-    std0, std1, rel0, rel1 = spec.cells()
+    std0, std1, rel0, rel1 = spec.cells
     store.finish(store.claim(std0.config()), "done", metrics={"test_acc": 1.0, "steps": 1})
     store.finish(store.claim(std1.config()), "failed", error="RuntimeError: boom")
     store.finish(store.claim(rel0.config()), "diverged", metrics={"diverged_at": 3})
     assert list(grid_status(spec).status) == ["done", "failed", "diverged", "todo"]
-    expansions, cells = [], GridSpec.cells
-    monkeypatch.setattr(GridSpec, "cells", lambda self: expansions.append(1) or cells(self))
+    expansions, expand = [], spec_module._expand
+    monkeypatch.setattr(spec_module, "_expand", lambda *a: expansions.append(1) or expand(*a))
     trained = []
     monkeypatch.setattr(
         executors,
         "run_cell",
-        lambda config, *args: trained.append(config) or fake_outcome(config, 1),
+        lambda cell, *args: trained.append(cell) or fake_outcome(cell, 1),
     )
     out = io.StringIO()
     assert run_grid(spec, workers=1, out=out)["done"] == 1
-    assert "1 to run" in out.getvalue() and expansions == [1]
+    assert "1 to run" in out.getvalue() and expansions == []  # the cells load_grid expanded
     assert run_grid(spec, workers=1, retry_failed=True, out=io.StringIO())["done"] == 1
-    assert [config["seed"] for config in trained] == [rel1.seed, std1.seed]
-    assert [config["mechanism"] for config in trained] == ["rel", "std"]
+    assert trained == [rel1, std1]
     assert list(grid_status(spec).status) == ["done", "done", "diverged", "done"]
 
 

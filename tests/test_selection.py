@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from ablations import attention, report
+from ablations import attention_figures, report
 from ablations.cli import main
 from ablations.report import write_report
 from ablations.runner import run_grid
@@ -90,7 +90,7 @@ def test_axes_are_the_settings_that_vary_within_a_mechanism(tmp_path):
     path = tiny_grid(tmp_path, seeds=[0], mechanisms=[STD])
     path.write_text(path.read_text() + "[sweep]\ntraining.patience = [0, 2]\n")
     store = ResultsStore(tmp_path / "tiny.sqlite")
-    for cell in load_grid(path).cells():
+    for cell in load_grid(path).cells:
         store.finish(store.claim(cell.config()), "done", {}, [], {})
     found = axes(store.to_dataframe())
     assert list(found.columns) == ["training.patience"]  # not n_train, lr, ...: they do not vary
@@ -102,7 +102,7 @@ def test_steps_an_epoch_count_resolves_to_are_not_an_axis(tmp_path):
     text = path.read_text().replace("steps = 20\n", "")  # epochs instead of steps
     path.write_text(text + "[sweep]\ntask_kwargs.n_train = [64, 128]\n")
     store = ResultsStore(tmp_path / "tiny.sqlite")
-    cells = load_grid(path).cells()
+    cells = load_grid(path).cells
     assert len({cell.training["steps"] for cell in cells}) == 2  # the steps do vary
     for cell in cells:
         store.finish(store.claim(cell.config()), "done", {}, [], {})
@@ -242,17 +242,17 @@ def test_attention_maps_show_each_mechanisms_selected_setting(tmp_path, monkeypa
     spec = load_grid(path)
     run_grid(spec, workers=1)
     loaded = []
-    real = attention.load_cell_maps
+    real = attention_figures.load_cell_maps
 
     def recording(store, row):
         loaded.append(row["key"])
         return real(store, row)
 
-    monkeypatch.setattr(attention, "load_cell_maps", recording)
+    monkeypatch.setattr(attention_figures, "load_cell_maps", recording)
     out = write_report(spec.store, tmp_path / "report", selection=spec.selection)
     chosen = pd.read_csv(out / "selection.csv").set_index("mechanism").best
     want = {
-        cell.key for cell in spec.cells()
+        cell.key for cell in spec.cells
         if cell.seed == 0 and f"training.lr={cell.training['lr']}" == chosen[cell.mechanism]
     }  # fmt: skip
     assert sorted(loaded) == sorted(want) and len(want) == 2

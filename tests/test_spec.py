@@ -50,7 +50,7 @@ def write(tmp_path, text=GRID):
 
 def test_expansion_with_exclude_include_and_defaults(tmp_path):
     spec = load_grid(write(tmp_path))
-    cells = spec.cells()
+    cells = spec.cells
     labels = [(c.task, c.mechanism, c.seed) for c in cells]
     assert len(cells) == 2 * 2 * 2 - 2 + 1
     assert ("match_pattern", "std", 0) not in labels and ("match_pattern", "std", 7) in labels

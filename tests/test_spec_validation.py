@@ -8,8 +8,9 @@ import pytest
 import torch
 from grids import SAME_PAIR, STD, assert_refused, tiny_grid
 
+from ablations.cell import training_settings
 from ablations.cli import main
-from ablations.spec import SpecError, load_grid, training_settings
+from ablations.spec import SpecError, load_grid
 
 GRID = """\
 name = "v"
@@ -335,7 +336,7 @@ def test_a_bad_task_kwarg_is_blamed_on_the_task_not_the_mechanism(tmp_path, new,
 
 def test_a_valid_grid_loads_every_setting_unchanged(tmp_path):
     spec = load_grid(write(tmp_path))
-    cells = spec.cells()
+    cells = spec.cells
     assert [(c.task, c.size["label"], c.mechanism, c.seed) for c in cells] == [
         ("pairs", "xs", "std", 0),
         ("pairs", "xs", "std", 1),
@@ -375,7 +376,7 @@ def test_an_excluded_pair_that_cannot_be_built_is_not_built(tmp_path):
         load_grid(
             write(tmp_path, text.replace('exclude = [{ mechanism = "rel" }]', "exclude = []"))
         )
-    assert {c.mechanism for c in load_grid(write(tmp_path, text)).cells()} == {"std"}
+    assert {c.mechanism for c in load_grid(write(tmp_path, text)).cells} == {"std"}
 
 
 def test_load_grid_leaves_the_global_rng_alone(tmp_path):
@@ -460,14 +461,14 @@ TINY_KEYS = ["9d8cd390b825c377", "8546a34f940fe71e", "aa4fa11bfa2d53d1", "af7175
 
 
 def test_added_keys_keep_the_cell_keys_of_existing_grids_unless_set_otherwise(tmp_path):
-    assert [c.key for c in load_grid(tiny_grid(tmp_path)).cells()] == TINY_KEYS
+    assert [c.key for c in load_grid(tiny_grid(tmp_path)).cells] == TINY_KEYS
     defaults = {"patience": 0, "device": "auto", "precision": "float32", "compile": False}
     stated = tiny_grid(tmp_path, training=defaults, file="stated.toml")
     resources = ["resources.num_cpus=2", "resources.num_gpus=0.5"]
-    assert [c.key for c in load_grid(stated, resources).cells()] == TINY_KEYS
+    assert [c.key for c in load_grid(stated, resources).cells] == TINY_KEYS
     for key, value in [("patience", 3), ("device", "cpu"), ("precision", "bf16"),
                        ("compile", True)]:  # fmt: skip
-        cell = load_grid(stated, [f"training.{key}={_toml(value)}"]).cells()[0]
+        cell = load_grid(stated, [f"training.{key}={_toml(value)}"]).cells[0]
         assert cell.training[key] == value and cell.key != TINY_KEYS[0], key
         assert training_settings(cell.training)[key] == value
 
@@ -478,10 +479,10 @@ def test_epochs_resolve_to_steps_per_task_and_batch_size(tmp_path):
     text = path.read_text().replace("steps = 20", "epochs = 3")
     spec = load_grid(write(tmp_path, text, "epochs.toml"), ["training.batch_size=30"])
     assert "steps" not in spec.training and spec.training["epochs"] == 3
-    small, large = spec.cells()
+    small, large = spec.cells
     assert small.training["steps"] == 3 * 5 and large.training["steps"] == 3 * 67
     assert small.training["epochs"] == 3  # in the key: the same epochs, another n_train
-    assert load_grid(path).cells()[0].training["steps"] == 20  # neither: steps as given
+    assert load_grid(path).cells[0].training["steps"] == 20  # neither: steps as given
 
 
 def _toml(value) -> str:

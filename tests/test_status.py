@@ -18,13 +18,13 @@ def spec(tmp_path):
 def test_a_grid_without_a_store_is_all_todo_and_no_store_is_created(spec):
     frame = grid_status(spec)
     assert list(frame.columns) == COLUMNS
-    assert len(frame) == len(spec.cells()) and set(frame.status) == {"todo"}
-    assert list(frame.key) == [cell.key for cell in spec.cells()]
+    assert len(frame) == len(spec.cells) and set(frame.status) == {"todo"}
+    assert list(frame.key) == [cell.key for cell in spec.cells]
     assert not spec.store.exists()
 
 
 def test_statuses_and_metrics_come_from_the_store(spec):
-    cells = spec.cells()
+    cells = spec.cells
     store = ResultsStore(spec.store)
     done, failed, running = (store.claim(c.config()) for c in cells[:3])
     store.finish(done, "done", {"steps": 20, "test_acc": 0.75})

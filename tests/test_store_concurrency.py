@@ -19,6 +19,7 @@ from grids import SAME_PAIR, STD, XS, small, tiny_grid, with_heads
 from ablations import executors, runner
 from ablations.spec import load_grid
 from ablations.store import ClaimError, ResultsStore, config_key, new_owner
+from ablations.train import CellOutcome
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -180,15 +181,15 @@ def grid_spec(tmp_path: Path):
     )
 
 
-def fake_outcome(config: dict, threads: int, progress=None, keep_state: bool = False) -> dict:
-    return dict(status="done", metrics={"test_acc": 1.0, "steps": 1, "seed": config["seed"]})
+def fake_outcome(cell, threads: int, progress=None, keep_state: bool = False) -> CellOutcome:
+    return CellOutcome("done", metrics={"test_acc": 1.0, "steps": 1, "seed": cell.seed})
 
 
 def test_a_run_skips_cells_held_by_a_live_run_and_releases_its_claims_when_interrupted(
     tmp_path, monkeypatch
 ):
     spec = grid_spec(tmp_path)
-    configs = [cell.config() for cell in spec.cells()]
+    configs = [cell.config() for cell in spec.cells]
     monkeypatch.setattr(runner, "check_cells", lambda spec: None)
     monkeypatch.setattr(executors, "run_cell", fake_outcome)
     other = ResultsStore(spec.store)
@@ -241,7 +242,7 @@ def test_two_runs_of_one_grid_on_one_store_train_each_cell_once(tmp_path):
     outputs = [run.communicate(timeout=300)[0] for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     counts = [json.loads(output.splitlines()[-1]) for output in outputs]
-    cells = len(spec.cells())
+    cells = len(spec.cells)
     assert sum(count["done"] for count in counts) == cells  # each cell trained by one run
     rows = list(ResultsStore(spec.store, readonly=True).rows())
     assert len(rows) == cells and {row["status"] for row in rows} == {"done"}

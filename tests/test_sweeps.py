@@ -5,7 +5,7 @@ import pytest
 import torch
 from grids import REL, SAME_PAIR, STD, assert_refused, tiny_grid
 
-from ablations.models import build_model
+from ablations.cell_model import build_cell_model
 from ablations.spec import SpecError, load_grid
 from ablations.status import grid_status
 from ablations.store import ResultsStore
@@ -27,7 +27,7 @@ def grid(tmp_path, extra: str = "", **kwargs):
 
 
 def test_a_sweep_crosses_every_swept_value_with_the_other_axes(tmp_path):
-    cells = load_grid(grid(tmp_path, SWEEP)).cells()
+    cells = load_grid(grid(tmp_path, SWEEP)).cells
     assert len(cells) == 2 * 2 * 2 * 2  # mechanisms x lr x pos_enc x seeds
     assert len({c.key for c in cells}) == len(cells)
     labels = {tuple(c.labels.items()) for c in cells}
@@ -41,17 +41,17 @@ def test_a_sweep_crosses_every_swept_value_with_the_other_axes(tmp_path):
 
 
 def test_a_swept_value_equal_to_the_grid_setting_keeps_the_cell_key(tmp_path):
-    plain = {c.labels["mechanism"]: c.key for c in load_grid(grid(tmp_path)).cells()}
-    swept = load_grid(grid(tmp_path, "[sweep]\ntraining.lr = [1e-3, 1e-2]\n")).cells()
+    plain = {c.labels["mechanism"]: c.key for c in load_grid(grid(tmp_path)).cells}
+    swept = load_grid(grid(tmp_path, "[sweep]\ntraining.lr = [1e-3, 1e-2]\n")).cells
     same = [c for c in swept if c.training["lr"] == 1e-3]
-    assert {c.key for c in same} == {c.key for c in load_grid(grid(tmp_path)).cells()}
+    assert {c.key for c in same} == {c.key for c in load_grid(grid(tmp_path)).cells}
     assert plain  # and the others are new cells
     assert not {c.key for c in swept if c.training["lr"] == 1e-2} & set(plain.values())
 
 
 def test_a_store_written_without_sweeps_serves_the_cells_a_sweep_shares(tmp_path):
     store = ResultsStore(tmp_path / "tiny.sqlite")
-    for cell in load_grid(grid(tmp_path)).cells():  # as an earlier run finished them
+    for cell in load_grid(grid(tmp_path)).cells:  # as an earlier run finished them
         key = store.claim(cell.config())
         store.finish(key, "done", {"steps": 20, "test_acc": 0.5}, [], {})
     status = grid_status(load_grid(grid(tmp_path, "[sweep]\ntraining.lr = [1e-3, 1e-2]\n")))
@@ -63,7 +63,7 @@ def test_a_store_written_without_sweeps_serves_the_cells_a_sweep_shares(tmp_path
 def test_a_mechanism_sweep_replaces_the_grid_sweep_of_its_key_and_beats_fixed_values(tmp_path):
     rel = {**REL, "training": {"lr": 5e-3, "batch_size": 8}, "sweep": {"training": {"lr": [1e-2]}}}
     path = grid(tmp_path, "[sweep]\ntraining.lr = [1e-3, 3e-3]\n", mechanisms=[STD, rel])
-    cells = load_grid(path).cells()
+    cells = load_grid(path).cells
     lrs = {m: sorted({c.training["lr"] for c in cells if c.mechanism == m}) for m in ("std", "rel")}
     assert lrs == {"std": [1e-3, 3e-3], "rel": [1e-2]}
     assert {c.training["batch_size"] for c in cells if c.mechanism == "rel"} == {8}
@@ -72,27 +72,27 @@ def test_a_mechanism_sweep_replaces_the_grid_sweep_of_its_key_and_beats_fixed_va
 
 def test_steps_and_epochs_are_one_setting_across_levels(tmp_path):
     rel = {**REL, "training": {"epochs": 2}}  # the grid says steps = 20
-    cells = load_grid(grid(tmp_path, mechanisms=[STD, rel], seeds=[0])).cells()
+    cells = load_grid(grid(tmp_path, mechanisms=[STD, rel], seeds=[0])).cells
     by = {c.mechanism: c.training for c in cells}
     assert by["std"]["steps"] == 20 and "epochs" not in by["std"]
     assert by["rel"]["epochs"] == 2 and by["rel"]["steps"] == 2 * 128 // 16  # n_train 128
     swept = grid(tmp_path, "[sweep]\ntraining.epochs = [1, 3]\n", seeds=[0], file="e.toml")
-    assert sorted({c.training["steps"] for c in load_grid(swept).cells()}) == [8, 24]
+    assert sorted({c.training["steps"] for c in load_grid(swept).cells}) == [8, 24]
 
 
 def test_a_task_kwarg_sweep_resolves_epochs_per_training_set_size(tmp_path):
     path = grid(tmp_path, "[sweep]\ntask_kwargs.n_train = [64, 256]\n", seeds=[0],
                 training={"epochs": 1})  # fmt: skip
     path.write_text(path.read_text().replace("steps = 20\n", ""))
-    cells = load_grid(path).cells()
+    cells = load_grid(path).cells
     assert {(c.task_kwargs["n_train"], c.training["steps"]) for c in cells} == {(64, 4), (256, 16)}
 
 
 def test_model_options_reach_the_model(tmp_path):
     path = grid(tmp_path, '[model]\npos_enc = "rope"\nactivation = "swiglu"\nbias = false\n')
-    cell = load_grid(path).cells()[0]
+    cell = load_grid(path).cells[0]
     assert {"pos_enc": "rope", "activation": "swiglu", "bias": False}.items() <= cell.size.items()
-    model = build_model(cell, build_task(cell.task_name, **cell.task_kwargs))
+    model = build_cell_model(cell, build_task(cell.task_name, **cell.task_kwargs))
     assert any(isinstance(m, RotaryPositions) for m in model.modules())
     assert model.config.activation == "swiglu" and model.config.bias is False
 
@@ -100,7 +100,7 @@ def test_model_options_reach_the_model(tmp_path):
 def test_a_size_or_mechanism_sets_model_options_for_its_own_cells(tmp_path):
     xs = {"label": "xs", "d_model": 16, "n_layers": 1, "norm_type": "rmsnorm"}
     rel = {**REL, "model": {"norm_first": False}}
-    cells = load_grid(grid(tmp_path, sizes=[xs], mechanisms=[STD, rel], seeds=[0])).cells()
+    cells = load_grid(grid(tmp_path, sizes=[xs], mechanisms=[STD, rel], seeds=[0])).cells
     by = {c.mechanism: c.size for c in cells}
     assert by["std"]["norm_type"] == by["rel"]["norm_type"] == "rmsnorm"
     assert by["rel"]["norm_first"] is False and "norm_first" not in by["std"]
@@ -119,7 +119,7 @@ def test_include_and_exclude_name_swept_keys(tmp_path):
 exclude = [{ mechanism = "std", training.lr = 3e-3 }]
 include = [{ task = "same_pair", size = "xs", mechanism = "std", seed = 7, training.lr = 1e-2 }]
 """
-    cells = load_grid(grid(tmp_path, "[sweep]\ntraining.lr = [1e-3, 3e-3]\n" + rules)).cells()
+    cells = load_grid(grid(tmp_path, "[sweep]\ntraining.lr = [1e-3, 3e-3]\n" + rules)).cells
     std = sorted((c.training["lr"], c.seed) for c in cells if c.mechanism == "std")
     assert std == [(1e-3, 0), (1e-3, 1), (1e-2, 7)]
     assert len([c for c in cells if c.mechanism == "rel"]) == 4
@@ -129,7 +129,7 @@ include = [{ task = "same_pair", size = "xs", mechanism = "std", seed = 7, train
 
 def test_an_include_leaving_out_a_swept_key_takes_each_of_its_values(tmp_path):
     rules = '[grid]\ninclude = [{ task = "same_pair", size = "xs", mechanism = "rel", seed = 9 }]\n'
-    cells = load_grid(grid(tmp_path, "[sweep]\ntraining.lr = [1e-3, 3e-3]\n" + rules)).cells()
+    cells = load_grid(grid(tmp_path, "[sweep]\ntraining.lr = [1e-3, 3e-3]\n" + rules)).cells
     assert sorted(c.training["lr"] for c in cells if c.seed == 9) == [1e-3, 3e-3]
 
 
@@ -137,11 +137,11 @@ def test_set_addresses_list_entries_and_swept_keys(tmp_path):
     path = grid(tmp_path, SWEEP)
     spec = load_grid(path, ["mechanisms[0].kwargs.n_heads=4", "sweep.training.lr=[1e-2]",
                             "sweep.model.pos_enc=['rope']"])  # fmt: skip
-    cells = spec.cells()
+    cells = spec.cells
     assert {c.mechanism_kwargs["n_heads"] for c in cells if c.mechanism == "std"} == {4}
     assert {(c.training["lr"], c.size["pos_enc"]) for c in cells} == {(1e-2, "rope")}
     spec = load_grid(path, ["tasks[0].kwargs.n_train=96"])
-    assert {c.task_kwargs["n_train"] for c in spec.cells()} == {96}
+    assert {c.task_kwargs["n_train"] for c in spec.cells} == {96}
 
 
 @pytest.mark.parametrize(

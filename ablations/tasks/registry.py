@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from attn_zoo.names import Registry
+from attn_zoo.registry import Registry
 
 KINDS = ("classification", "language_model", "seq2seq", "image_classification")
 IGNORE_INDEX = -1

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from attn_zoo.mechanisms import AxialAttention
-from attn_zoo.names import unknown_name_error
+from attn_zoo.registry import unknown_name_error
 
 PORTED = ("AxialAttention",)
 KEY = re.compile(r"^(?:_orig_mod\.)?axial_attentions\.(\d+)\.fn\.(to_q|to_kv|to_out)\.(\w+)$")

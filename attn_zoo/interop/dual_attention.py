@@ -54,7 +54,7 @@ from attn_zoo.mechanisms import (
     RelationalAttention,
     StandardAttention,
 )
-from attn_zoo.names import unknown_name_error
+from attn_zoo.registry import unknown_name_error
 from attn_zoo.symbols import (
     PositionalSymbolRetriever,
     PositionRelativeSymbolRetriever,

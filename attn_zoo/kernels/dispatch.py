@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attn_zoo.names import Registry, unknown_name_error
+from attn_zoo.registry import Registry, unknown_name_error
 
 log = logging.getLogger("attn_zoo")
 

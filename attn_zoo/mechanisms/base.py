@@ -12,7 +12,7 @@ from typing import ClassVar
 from torch import nn
 
 from attn_zoo.kernels.dispatch import family
-from attn_zoo.names import unknown_name_error
+from attn_zoo.registry import unknown_name_error
 
 
 def check_int(name: str, value: object, low: int = 1, optional: bool = False) -> None:

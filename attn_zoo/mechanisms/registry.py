@@ -13,7 +13,7 @@ from collections.abc import Callable
 from torch import nn
 
 from attn_zoo.mechanisms.base import AttentionMechanism
-from attn_zoo.names import Registry
+from attn_zoo.registry import Registry
 
 MECHANISMS: Registry[type[AttentionMechanism]] = Registry("mechanism", base=AttentionMechanism)
 

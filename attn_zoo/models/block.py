@@ -32,7 +32,7 @@ from attn_zoo.mechanisms.registry import build, mechanism_kwargs
 from attn_zoo.mechanisms.standard import StandardAttention
 from attn_zoo.models.feedforward import FeedForward
 from attn_zoo.models.norms import create_norm
-from attn_zoo.names import unknown_name_error
+from attn_zoo.registry import unknown_name_error
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
-from attn_zoo.names import unknown_name_error
+from attn_zoo.registry import unknown_name_error
 
 ACTIVATIONS = {k: v for k, v in REL_ACTIVATIONS.items() if k != "softmax"}
 FF_ACTIVATIONS = (*ACTIVATIONS, "swiglu")  # every name FeedForward takes (swiglu is gated)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attn_zoo.names import Registry
+from attn_zoo.registry import Registry
 
 NORMS: Registry = Registry("norm_type")
 

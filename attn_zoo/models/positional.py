@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from attn_zoo.kernels.rotary import Rotary, rotary_tables
-from attn_zoo.names import Registry
+from attn_zoo.registry import Registry
 
 POSITIONAL: Registry = Registry("positional encoding")
 

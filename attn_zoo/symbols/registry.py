@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from attn_zoo.names import Registry
+from attn_zoo.registry import Registry
 
 SYMBOL_RETRIEVERS: Registry[type[nn.Module]] = Registry("symbol_retrieval", base=nn.Module)
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
-from ablations.models import build_model
+from ablations.cell import Cell
+from ablations.cell_model import build_cell_model
 from ablations.report_pages import label_file_name, path_in, plot_text
-from ablations.spec import Cell
 from ablations.store import ResultsStore, error_summary
 from ablations.tasks import build_task
 from attn_zoo.maps import plot_attention_maps
@@ -54,7 +54,7 @@ def load_cell_model(store: ResultsStore, row: dict) -> tuple[torch.nn.Module, ob
         )
     cell = Cell(**row["config"])
     task = build_task(cell.task_name, **cell.task_kwargs)
-    model = build_model(cell, task)
+    model = build_cell_model(cell, task)
     try:
         model.load_state_dict(torch.load(path, weights_only=True))
     except Exception as err:  # torch raises OSError, RuntimeError, EOFError, pickle errors...
@@ -154,7 +154,7 @@ def attention_blocks(
     keys: set[str] | None = None,
     prefer: set[str] | None = None,
 ) -> list[tuple]:
-    """Report blocks (see attn_zoo.report_pages) with one attention-map figure per (task, size,
+    """Report blocks (see ablations.report_pages) with one attention-map figure per (task, size,
     mechanism): its lowest-seed finished cell with recorded maps (among the cells of `prefer`
     where it has any, e.g. those of its selected setting), written into `folder` as
     attention_<slug>_<hash>.png; [] when no finished cell kept maps or a checkpoint. A map whose

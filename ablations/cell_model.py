@@ -1,5 +1,5 @@
 """The model a grid cell trains: the model family its task's kind needs (`MODEL_FOR_KIND`),
-sized and configured by the cell's `size` (ablations.spec: d_model, n_layers and the model
+sized and configured by the cell's `size` (ablations.cell: d_model, n_layers and the model
 options), with the cell's mechanism, and the forward call of one batch. A mechanism that names
 a reference model (ablations.references) builds that model instead.
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
+from ablations.cell import Cell
 from ablations.references import REFERENCES, build_reference
 from ablations.tasks import IGNORE_INDEX
 from attn_zoo.models import (
@@ -25,9 +25,6 @@ from attn_zoo.models import (
     SequenceClassifier,
     VisionClassifier,
 )
-
-if TYPE_CHECKING:
-    from ablations.spec import Cell
 
 # BlockConfig fields a grid may set (d_model, attention and its kwargs come from the cell)
 BLOCK_OPTIONS = (
@@ -118,7 +115,7 @@ MODEL_FOR_KIND: dict[str, KindModel] = {
 MODEL_OPTIONS = tuple(dict.fromkeys(o for kind in MODEL_FOR_KIND.values() for o in kind.options))
 
 
-def build_model(cell: Cell, task) -> nn.Module:
+def build_cell_model(cell: Cell, task) -> nn.Module:
     """The model family the task's kind needs, sized and configured by the cell's size, with
     its mechanism (or the reference model its mechanism names: ablations.references);
     ValueError naming a model option the kind's model does not take."""

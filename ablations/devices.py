@@ -1,0 +1,155 @@
+"""Devices and precision: what a grid may name, what it resolves to, where a cell is placed.
+
+A grid's `training.device` is "auto", "cpu", "cuda", "cuda:N" or "mps" (`DEVICES`).
+
+- Valid here (`device_problem`, `precision_problem`): checked when a grid loads, so a device
+  this machine lacks is refused before anything runs (status and report skip the check, to
+  read a grid trained elsewhere). bf16 autocast runs on CUDA and CPU, not MPS.
+- Resolved in the worker that trains a cell (`resolve_device`, `compute_dtype`): "auto" is the
+  current CUDA device where torch sees one, else the CPU (MPS only when named).
+- Placed by an executor (`local_placement`, `default_local_workers`, `ray_device_problem`):
+  the local executor puts worker i on cuda:(i mod GPUs) for "auto" and "cuda" cells where this
+  machine has GPUs, one worker per GPU by default; Ray shows a task only the GPUs it asked for
+  (`[resources]`, `RESOURCE_DEFAULTS`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import torch
+
+DEVICES = 'one of "auto", "cpu", "cuda", "cuda:N" (N an int >= 0), "mps"'
+# What each Ray task of a cell asks for unless the grid's [resources] says otherwise
+RESOURCE_DEFAULTS = {"num_cpus": 1, "num_gpus": 0}
+
+
+def is_device_name(value: str) -> bool:
+    """Whether `value` is one of `DEVICES` (whether this machine has it: `device_problem`)."""
+    return re.fullmatch(r"auto|cpu|cuda|cuda:\d+|mps", value) is not None
+
+
+def device_problem(
+    device: str, cuda_devices: int | None = None, mps: bool | None = None
+) -> str | None:
+    """Why `device` cannot be trained on here (None: it can, or it is "auto"): "cuda" needs
+    CUDA, "cuda:N" N < the device count, "mps" the MPS backend. `cuda_devices` and `mps`
+    default to what torch sees on this machine."""
+    if device in ("auto", "cpu"):
+        return None
+    if device == "mps":
+        if mps is None:
+            mps = torch.backends.mps.is_available()
+        return None if mps else "torch.backends.mps.is_available() is False"
+    if cuda_devices is None:
+        cuda_devices = gpu_count()
+    if cuda_devices == 0:
+        return "torch.cuda.is_available() is False"
+    index = int(device.partition(":")[2] or 0)
+    if index >= cuda_devices:
+        return f"torch.cuda.device_count() is {cuda_devices}"
+    return None
+
+
+def precision_problem(precision: str, device: str) -> str | None:
+    """Why `precision` cannot be used on `device` (None: it can): bf16 autocast runs on CUDA
+    and CPU, not MPS. (Whether a CUDA GPU has bf16 is checked where the cell trains.)"""
+    if precision == "bf16" and device == "mps":
+        return "bf16 autocast runs on CUDA and CPU, not on MPS"
+    return None
+
+
+def resolve_device(setting: str) -> str:
+    """The device a cell whose `training.device` is `setting` trains on in this process:
+    "auto" is the current CUDA device where torch sees one, else "cpu" (never MPS); "cuda" the
+    current CUDA device (RuntimeError without one); others as they are."""
+    if setting in ("auto", "cuda"):
+        if torch.cuda.is_available():
+            return f"cuda:{torch.cuda.current_device()}"
+        if setting == "cuda":
+            raise RuntimeError(
+                "training.device = 'cuda' but torch.cuda.is_available() is False in this worker"
+            )
+        return "cpu"
+    return setting
+
+
+def compute_dtype(precision: str, device: str) -> torch.dtype:
+    """The dtype forward passes run in: bfloat16 for "bf16" (autocast; RuntimeError where it
+    cannot run: MPS, a CUDA GPU without bf16), else float32."""
+    if precision != "bf16":
+        return torch.float32
+    kind = torch.device(device).type
+    if kind == "mps":
+        raise RuntimeError("training.precision = 'bf16': bf16 autocast runs on CUDA and CPU")
+    if kind == "cuda" and not torch.cuda.is_bf16_supported():
+        raise RuntimeError(
+            f"training.precision = 'bf16' on {device}: torch.cuda.is_bf16_supported() is False"
+        )
+    return torch.bfloat16
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on: its CPU affinity where the system has one (so that
+    ``taskset -c 1 attn-zoo ablate run ...`` beside another run takes one core), else every
+    core."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def gpu_count() -> int:
+    """The CUDA devices torch sees in this process (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def placement(index: int, n_gpus: int, device: str) -> str:
+    """The device local worker `index` trains a cell with `training.device` = `device` on,
+    where this machine has `n_gpus` GPUs: "auto" and "cuda" are cuda:(index mod n_gpus) when
+    there are GPUs ("auto": "cpu" when none); any other device is itself."""
+    if device in ("auto", "cuda") and n_gpus > 0:
+        return f"cuda:{index % n_gpus}"
+    return "cpu" if device == "auto" else device
+
+
+def placements(workers: int, n_gpus: int, device: str) -> list[str]:
+    """The device of each of `workers` local workers (`placement`): one worker per GPU,
+    round-robin when there are more workers than GPUs."""
+    return [placement(i, n_gpus, device) for i in range(workers)]
+
+
+def local_placement(index: int, n_gpus: int, device: str) -> str | None:
+    """The GPU local worker `index` is handed for a cell with `training.device` = `device`
+    (`placement`), or None where the cell's own setting decides (no GPU here, or a device it
+    names itself)."""
+    if device in ("auto", "cuda") and n_gpus:
+        return placement(index, n_gpus, device)
+    return None
+
+
+def default_local_workers(device: str) -> int:
+    """The local executor's workers for cells on `device`: one per GPU where they train on
+    this machine's GPUs ("auto", "cuda"), else one per core this process may use."""
+    on_gpus = gpu_count() if device in ("auto", "cuda") else 0
+    return on_gpus or usable_cpus()
+
+
+def attempted_device(setting: str, placed: str | None) -> str:
+    """The device a cell was to train on, for the record of a cell that failed: its placement,
+    else its setting resolved here (the setting itself where that fails)."""
+    try:
+        return placed or resolve_device(setting)
+    except Exception:
+        return setting
+
+
+def ray_device_problem(device: str, num_gpus: float) -> str | None:
+    """Why cells on `device` cannot run as Ray tasks asking for `num_gpus` GPUs (None: they
+    can): Ray hides every GPU from a task that asks for none."""
+    if device.startswith("cuda") and not num_gpus:
+        return (
+            f"training.device = {device!r} with executor='ray' needs resources.num_gpus > 0 "
+            "(Ray hides the GPUs from a task that asks for none); or use device 'auto'"
+        )
+    return None

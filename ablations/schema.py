@@ -1,0 +1,309 @@
+"""The grid file's schema: each table a strict pydantic model whose fields carry their type,
+default and range (`Valid`, which error messages quote).
+
+    GridFile.model_validate(tomllib.loads(text))   # ablations.spec.load_grid does this, then
+                                                   # the checks across fields and the expansion
+
+`GridFile` and its tables (`TaskEntry`, `SizeEntry`, `MechanismEntry`, `ModelOptions`,
+`Training`, `Sweep`, `Resources`, `GridRules`, `Selection`) refuse unknown keys, wrong types (a
+bool is not an int; an int is a float) and values out of range. Names are checked against the
+registries (tasks, mechanisms and reference models, norms, positions, symbol retrievers). The
+training defaults are ablations.cell's `DEFAULT_TRAINING`; what the keys mean is in the grid
+format's description (ablations/spec.py).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+)
+
+from ablations.cell import DEFAULT_TRAINING
+from ablations.devices import DEVICES, RESOURCE_DEFAULTS, is_device_name
+from ablations.references import REFERENCES
+from ablations.tasks import list_tasks
+from attn_zoo.mechanisms.registry import list_mechanisms
+from attn_zoo.models.feedforward import FF_ACTIVATIONS
+from attn_zoo.models.norms import NORMS
+from attn_zoo.models.positional import POSITIONAL
+from attn_zoo.symbols import list_symbol_retrievers
+
+
+@dataclass(frozen=True)
+class Valid:
+    """What a field of the spec may be, as its error messages say: `text` ("int >= 1"), or
+    one of `choices` (a tuple, or a function giving them, e.g. the registered task names)."""
+
+    text: str = ""
+    choices: tuple | Callable[[], list[str]] = ()
+
+    def options(self) -> list[str]:
+        return list(self.choices() if callable(self.choices) else self.choices)
+
+
+def _checked(ok: Callable[[object], bool]) -> AfterValidator:
+    def check(value):
+        try:
+            good = ok(value)
+        except (OverflowError, TypeError):  # e.g. math.isfinite of an int beyond floats
+            good = False
+        if not good:
+            raise ValueError("out of range")
+        return value
+
+    return AfterValidator(check)
+
+
+# Strict: a bool is not an int, "16" not an int, 2.0 not an int; a float field takes an int as
+# given (it keys a cell as the file wrote it).
+Number = StrictInt | StrictFloat
+
+
+def rule(kind: object, valid: str, ok: Callable[[object], bool] = lambda value: True) -> object:
+    """A field type: `kind` with `ok(value)` true; `valid` says what it may be in messages."""
+    return Annotated[kind, _checked(ok), Valid(valid)]
+
+
+def choice(choices: tuple | Callable[[], list[str]]) -> object:
+    """A field type: a str, one of `choices` (a tuple, or a function giving them)."""
+    valid = Valid(choices=choices)
+    return Annotated[StrictStr, _checked(lambda v: v in valid.options()), valid]
+
+
+def whole(low: int, valid: str = "") -> object:
+    return rule(StrictInt, valid or f"int >= {low}", lambda v: v >= low)
+
+
+def finite(valid: str, ok: Callable[[float], bool]) -> object:
+    return rule(Number, f"a finite float {valid}", lambda v: math.isfinite(v) and ok(v))
+
+
+def resource(valid: str, ok: Callable[[float], bool]) -> object:
+    return finite(
+        f"{valid}: a fraction below 1 or a whole number",
+        lambda v: ok(v) and (v < 1 or float(v).is_integer()),
+    )
+
+
+Label = rule(StrictStr, "a non-empty str", lambda v: v != "")
+# A grid name names files (results/<name>.sqlite, reports/<name>/): no path, no hidden file
+Name = rule(
+    StrictStr,
+    "a file-name-safe str: letters, digits, '_', '-', '.', not starting with '.'",
+    lambda v: re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*", v) is not None,
+)
+SEED_RANGE = "int in [0, 2**63)"
+Seed = rule(StrictInt, SEED_RANGE, lambda v: 0 <= v < 2**63)
+Kwargs = Annotated[dict[str, Any], Valid("a table, e.g. { key = value }")]
+SCHEDULES = ("cosine", "constant")
+PRECISIONS = ("float32", "bf16")
+Betas = Annotated[
+    list[finite("in [0, 1) (one of AdamW's betas)", lambda v: 0 <= v < 1)],
+    Field(min_length=2, max_length=2),
+    Valid("two finite floats in [0, 1): AdamW's [beta1, beta2], e.g. [0.9, 0.99]"),
+]
+
+
+def tables(entry: type, valid: str = "a non-empty list of tables", min_length: int = 1) -> object:
+    return Annotated[list[entry], Field(min_length=min_length), Valid(valid)]
+
+
+class Table(BaseModel):
+    """A table of the grid file: its keys typed, no other key."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ModelOptions(Table):
+    """[model], and the options of a [[sizes]] entry or of a task's or mechanism's `model`:
+    `BlockConfig` settings and the model's own (pos_enc, pool, final_norm: only where the task
+    kind's model takes them, ablations.cell_model). Unset: the model's default. A cell holds the
+    options set."""
+
+    dff: whole(1) | None = None
+    dropout: finite("in [0, 1)", lambda v: 0 <= v < 1) | None = None
+    activation: choice(FF_ACTIVATIONS) | None = None
+    norm_type: choice(NORMS.names) | None = None
+    norm_first: rule(StrictBool, "a bool (true: pre-norm, false: post-norm)") | None = None
+    bias: rule(StrictBool, "a bool (biases in the feed-forward)") | None = None
+    attention_residual: (
+        rule(StrictBool, "a bool (false: attention's output replaces the stream, no skip)") | None
+    ) = None
+    pos_enc: choice(POSITIONAL.names) | None = None
+    pool: choice(("mean", "first", "flatten", "cls")) | None = None
+    final_norm: rule(StrictBool, "a bool (false: no norm before a vision model's head)") | None = (
+        None
+    )
+    symbol_retrieval: choice(list_symbol_retrievers) | None = None
+    symbol_retrieval_kwargs: Kwargs = {}
+    shared_symbol_retriever: rule(StrictBool, "a bool (false: a retriever per layer)") | None = None
+
+
+class SizeEntry(ModelOptions):
+    """A [[sizes]] entry: a model size, and any model option."""
+
+    label: Label
+    d_model: whole(1)
+    n_layers: whole(1)
+
+
+_D = DEFAULT_TRAINING
+
+
+class Training(Table):
+    """[training]: every key with its range; its default is `DEFAULT_TRAINING`'s."""
+
+    steps: whole(1) = _D["steps"]  # or epochs: exactly one of the two
+    epochs: whole(1, "int >= 1 (an epoch: ceil(n_train / batch_size) steps)") | None = _D["epochs"]
+    batch_size: whole(1) = _D["batch_size"]
+    lr: finite("> 0", lambda v: v > 0) = _D["lr"]
+    weight_decay: finite(">= 0", lambda v: v >= 0) = _D["weight_decay"]
+    betas: Betas = _D["betas"]  # AdamW's (beta1, beta2)
+    warmup_steps: whole(0) = _D["warmup_steps"]
+    schedule: choice(SCHEDULES) = _D["schedule"]
+    grad_clip: finite(">= 0 (the gradient-norm bound; 0: no clipping)", lambda v: v >= 0) = _D[
+        "grad_clip"
+    ]
+    eval_every: whole(1) = _D["eval_every"]
+    early_stop_target: finite("in [0, 1] (0: never stop early)", lambda v: 0 <= v <= 1) = _D[
+        "early_stop_target"
+    ]
+    patience: whole(
+        0,
+        "int >= 0 (evaluations without improvement of the validation metric before "
+        "stopping; 0: never)",
+    ) = _D["patience"]
+    device: rule(StrictStr, DEVICES, is_device_name) = _D["device"]
+    precision: choice(PRECISIONS) = _D["precision"]
+    compile: rule(StrictBool, "a bool (true: train the torch.compile'd model)") = _D["compile"]
+
+
+Values = Annotated[list[Any], Field(min_length=1), Valid("a non-empty list of values")]
+
+
+class Sweep(Table):
+    """[sweep] (or an entry's `sweep`): axes of the grid, each a key and its values; a key is
+    a [training] or [model] key, or a task's or mechanism's kwarg."""
+
+    training: dict[str, Values] = {}
+    model: dict[str, Values] = {}
+    task_kwargs: dict[str, Values] = {}
+    mechanism_kwargs: dict[str, Values] = {}
+
+
+class TaskEntry(Table):
+    """A [[tasks]] entry: a registered task, its kwargs, its label (default: the name), and
+    training settings, model options and sweeps for its cells only."""
+
+    name: choice(list_tasks)
+    label: Label | None = None
+    kwargs: Kwargs = {}
+    training: Training = Training()
+    model: ModelOptions = ModelOptions()
+    sweep: Sweep = Sweep()
+
+
+def mechanism_names() -> list[str]:
+    """What a [[mechanisms]] entry may name: a registered mechanism or a reference model."""
+    return [*list_mechanisms(), *REFERENCES]
+
+
+class MechanismEntry(TaskEntry):
+    """A [[mechanisms]] entry: a registered mechanism, its kwargs (the model fills d_model and
+    backend), its label, and its own training settings, model options and sweeps; or a
+    reference model (ablations.references: "dual_attention.VisionTransformer", ...) and its
+    kwargs."""
+
+    name: choice(mechanism_names)
+
+
+class Resources(Table):
+    """[resources]: what each Ray task of a cell asks for (no part of any cell)."""
+
+    num_cpus: resource("> 0", lambda v: v > 0) = RESOURCE_DEFAULTS["num_cpus"]
+    num_gpus: resource(">= 0", lambda v: v >= 0) = RESOURCE_DEFAULTS["num_gpus"]
+
+
+class GridRules(Table):
+    """[grid]: cells taken out of the product and cells added to it (checked against the
+    grid's labels and swept keys by `load_grid`)."""
+
+    exclude: tables(Kwargs, "a list of tables", 0) = []
+    include: tables(Kwargs, "a list of tables", 0) = []
+
+
+SELECTION_METRICS = ("val_acc", "val_loss")  # chosen on: the highest accuracy, lowest loss
+# A test metric: test_acc, test_exact, test_loss, or those of a task's other test splits
+# ("test_<what>_acc": relational_games' test_id_acc, test_ood_acc)
+REPORTED = (
+    'a test metric or a list of them: "test_acc", "test_exact", "test_loss", or '
+    '"test_<split>_acc" (and _exact, _loss) of a task with more test splits, e.g. "test_ood_acc"'
+)
+Reported = rule(
+    StrictStr, REPORTED, lambda v: re.fullmatch(r"test(_[A-Za-z0-9]+)*_(acc|exact|loss)", v)
+)
+
+
+class Selection(Table):
+    """[selection]: the report compares each mechanism at its best setting (per task and size)
+    of the axes `over` (default: every swept key), chosen on `metric` (its mean over seeds),
+    reporting `reported` there (one test metric or a list); `compare` names [a, b] mechanism
+    pairs whose paired difference (a - b, seed by seed, each at its own best setting) the
+    report gives."""
+
+    over: Annotated[list[StrictStr], Valid('a list of swept keys, e.g. ["training.lr"]')] = []
+    metric: choice(SELECTION_METRICS) = "val_acc"
+    reported: Annotated[
+        Reported | Annotated[list[Reported], Field(min_length=1)], Valid(REPORTED)
+    ] = "test_acc"
+    compare: Annotated[
+        list[Annotated[list[StrictStr], Field(min_length=2, max_length=2)]],
+        Valid('a list of [mechanism, mechanism] label pairs, e.g. [["relational", "standard"]]'),
+    ] = []
+
+    @property
+    def reported_metrics(self) -> list[str]:
+        return [self.reported] if isinstance(self.reported, str) else list(self.reported)
+
+
+class GridFile(Table):
+    """A grid file as written: the typed schema `load_grid` validates it with."""
+
+    name: Name
+    seeds: tables(Seed, f"a non-empty list of distinct ints ({SEED_RANGE})") = [0]
+    store: (
+        rule(StrictStr, "a non-empty str (a path, relative to the grid file's folder)", bool) | None
+    ) = None
+    checkpoints: rule(StrictBool, "a bool") = False
+    tasks: tables(TaskEntry)
+    sizes: tables(SizeEntry)
+    mechanisms: tables(MechanismEntry)
+    training: Training = Training()
+    model: ModelOptions = ModelOptions()
+    sweep: Sweep = Sweep()
+    selection: Selection | None = None
+    resources: Resources = Resources()
+    grid: GridRules = GridRules()
+
+
+# Added after stores existed: in a cell's training only when set to another value than the
+
+
+# The sections of a swept key ("training.lr"): the table whose field it is (None: a kwarg,
+# checked by building the task or mechanism)
+SECTIONS: dict[str, type[Table] | None] = {
+    "training": Training, "model": ModelOptions, "task_kwargs": None, "mechanism_kwargs": None,
+}  # fmt: skip

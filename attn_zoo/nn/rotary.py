@@ -1,6 +1,0 @@
-"""Deprecated: moved to attn_zoo.kernels.rotary (this path is removed in attn_zoo 0.3)."""
-
-from attn_zoo.kernels import rotary as new
-from attn_zoo.names import deprecated_alias
-
-deprecated_alias(__name__, new)
