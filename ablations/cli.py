@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import shlex
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ablations.bench import DTYPES, SUITES
+
 if TYPE_CHECKING:
     import pandas as pd
-
-DTYPES = ("bfloat16", "float16", "float32")
-SUITES = ("softmax", "relational", "dual", "mechanisms")  # the default; and "generation"
-GENERATION_LENGTHS = [64, 256, 512]  # total tokens (prompt + generated)
-DEFAULT_LENGTHS = {"softmax": [256, 512, 1024, 2048, 4096], "relational": [512, 1024, 2048, 4096]}
 
 
 def number(kind: type, low: float, high: float | None = None, low_open: bool = False):
@@ -55,130 +52,14 @@ def number(kind: type, low: float, high: float | None = None, low_open: bool = F
 COUNT = number(int, 1)  # workers, repeats, sizes, lengths
 
 
-def _title(suite: str, args: argparse.Namespace, causal: bool) -> str:
-    causal = "causal" if causal else "non-causal"
-    if suite == "softmax":
-        return (
-            f"softmax attention kernel: batch {args.batch}, {args.heads} heads of width "
-            f"{args.head_dim}, {causal}, {args.dtype}"
-        )
-    if suite == "mechanisms":
-        return (
-            f"attention layers: d_model {args.d_model}, {args.heads} heads, batch 1, {causal}, "
-            "float32; ratios to standard attention on SDPA"
-        )
-    heads = args.ra_heads if suite == "relational" else f"{args.ra_heads}+{args.ra_heads}"
-    return (
-        f"{suite} attention layer: d_model {args.d_model}, {heads} heads, batch 1, {causal}, "
-        "float32; standard_sdpa: standard attention with the same heads on SDPA"
-    )
-
-
-def _command(args: argparse.Namespace) -> str:
-    """The bench command line that repeats this run, every setting spelled out."""
-    words = ["attn-zoo", "bench", "--suite", *args.suite]
-    if args.lengths:
-        words += ["--lengths", *map(str, args.lengths)]
-    if args.backends:
-        words += ["--backends", *args.backends]
-    if args.ra_backends:
-        words += ["--ra-backends", *args.ra_backends]
-    options = {
-        "--repeats": args.repeats, "--device": args.device, "--batch": args.batch,
-        "--heads": args.heads, "--head-dim": args.head_dim, "--dtype": args.dtype,
-        "--d-model": args.d_model, "--ra-heads": args.ra_heads,
-        "--csv-dir": args.csv_dir, "--report": args.report,
-    }  # fmt: skip
-    for option, value in options.items():
-        if value is not None:
-            words += [option, str(value)]
-    flags = {
-        "--no-causal": args.no_causal,
-        "--also-non-causal": args.also_non_causal,
-        "--no-memory": args.no_memory,
-    }
-    words += [flag for flag, on in flags.items() if on]
-    return shlex.join(words)
-
-
-def _bench_generation(args: argparse.Namespace) -> None:
-    """The generation suite: tokens per second, cached vs uncached (one torch thread)."""
-    import torch
-
-    from ablations.bench import bench_generation, machine, write_generation_report
-
-    torch.set_num_threads(1)  # for the whole run, so the machine line names it
-    print(f"machine: {machine()}")
-    d_model, layers, heads, prompt = 128, 4, 4, 16
-    table = bench_generation(
-        args.lengths or GENERATION_LENGTHS, args.repeats, d_model, layers, heads, prompt,
-        device=args.device, threads=None,
-    )  # fmt: skip
-    settings = (
-        f"LanguageModel: d_model {d_model}, {layers} layers, {heads} heads, vocabulary 256, "
-        f"RoPE, float32 on {args.device}, 1 torch thread; relational: symbolic_attention "
-        f"symbols (32); prompt {prompt} tokens, greedy; median of {args.repeats}"
-    )
-    print(f"\n{settings}")
-    print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
-    if args.report:
-        words = ["attn-zoo", "bench", "--suite", "generation", "--repeats", str(args.repeats)]
-        words += ["--lengths", *map(str, args.lengths)] if args.lengths else []
-        words += ["--device", args.device, "--report", args.report]
-        out = write_generation_report(table, args.report, settings, shlex.join(words))
-        print(f"\nwrote {out}/report.md, {out}/index.html, the CSV and the plots beside them")
-
-
 def _bench(args: argparse.Namespace) -> None:
-    if "generation" in args.suite:
-        if len(args.suite) > 1:
-            raise SystemExit("error: --suite generation runs on its own (its report differs)")
-        return _bench_generation(args)
-    from ablations.bench import (
-        bench_mechanisms,
-        bench_relational,
-        bench_softmax,
-        machine,
-        write_bench_report,
-    )
+    from ablations.bench.suites import BenchRun, run_bench
 
-    print(f"machine: {machine()}")
-    tables, settings = {}, {}
-    modes = [not args.no_causal] + ([False] if args.also_non_causal and not args.no_causal else [])
-    for suite, causal in ((suite, causal) for suite in args.suite for causal in modes):
-        lengths = args.lengths or DEFAULT_LENGTHS.get(suite, DEFAULT_LENGTHS["relational"])
-        name = suite if causal == modes[0] else f"{suite}_noncausal"
-        if suite == "softmax":
-            table = bench_softmax(
-                lengths=lengths, backends=args.backends, repeats=args.repeats, device=args.device,
-                batch=args.batch, heads=args.heads, head_dim=args.head_dim,
-                causal=causal, dtype=args.dtype, memory=not args.no_memory,
-            )  # fmt: skip
-        elif suite == "mechanisms":
-            table = bench_mechanisms(
-                lengths=lengths, repeats=args.repeats, d_model=args.d_model,
-                heads=args.heads, causal=causal, device=args.device,
-                memory=not args.no_memory,
-            )  # fmt: skip
-        else:
-            table = bench_relational(
-                suite, lengths=lengths, repeats=args.repeats, d_model=args.d_model,
-                heads=args.ra_heads, causal=causal, device=args.device,
-                memory=not args.no_memory, backends=args.ra_backends,
-            )  # fmt: skip
-        tables[name] = table
-        settings[name] = f"{_title(suite, args, causal)}, median of {args.repeats}"
-        print(f"\n{settings[name]}")
-        print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}", na_rep="-"))
-        if args.csv_dir:
-            path = Path(args.csv_dir) / f"bench_{name}.csv"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            table.to_csv(path, index=False)
-            print(f"wrote {path}")
-    if args.report:
-        title = f"Attention benchmarks: {', '.join(args.suite)} on {args.device}"
-        out = write_bench_report(tables, args.report, title, settings, _command(args))
-        print(f"\nwrote {out}/report.md, {out}/index.html and the CSVs and plots beside them")
+    bench = BenchRun(**{f.name: getattr(args, f.name) for f in fields(BenchRun)})
+    try:
+        run_bench(bench)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
 
 
 def _load_grid(path: str, overrides: list[str], here: bool = True):

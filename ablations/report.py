@@ -67,13 +67,13 @@ from ablations.report_pages import (
 from ablations.schema import Selection
 from ablations.selection import (
     GROUP,
-    axes,
     higher_is_better,
     interval,
     paired,
     select,
     setting_text,
-    varying_axes,
+    varying_per_task,
+    varying_settings,
 )
 from ablations.store import ResultsStore, error_summary
 from ablations.tasks import build_task
@@ -126,9 +126,9 @@ FIELDS = {  # tidy column of a cell: its column in the flattened store frame
 
 def _cells(df: pd.DataFrame) -> pd.DataFrame:
     """One tidy row per cell (the index of `df`): task label and name, other labels, status,
-    the numbers the report uses, the axes the cells vary in beyond task, size, mechanism and
-    seed (ablations.selection.axes: one column each, named as swept, e.g. "training.lr") and
-    `setting`, their values as one text ('' without axes)."""
+    the numbers the report uses, the settings the cells vary in beyond task, size, mechanism
+    and seed (ablations.selection.varying_settings: one column each, named as swept, e.g.
+    "training.lr") and `setting`, their values as one text ('' where none varies)."""
     flat = pd.json_normalize(df.to_dict("records"), sep=".").set_index(df.index)
     missing = pd.Series(float("nan"), index=flat.index)
     cells = {"task": flat.get("config.task", missing), "family": df.apply(_family, axis=1)}
@@ -138,9 +138,9 @@ def _cells(df: pd.DataFrame) -> pd.DataFrame:
         for column in flat.columns
         if column.startswith("metrics.test_") and column.removeprefix("metrics.") not in cells
     })  # fmt: skip
-    settings = axes(df)
+    settings = varying_settings(df)
     cells = pd.concat([pd.DataFrame(cells, index=df.index), settings], axis=1)
-    varying = varying_axes(cells, list(settings.columns))
+    varying = varying_per_task(cells, list(settings.columns))
     cells["setting"] = [
         setting_text(row, varying[task])
         for task, (_, row) in zip(cells.task, settings.iterrows(), strict=True)
@@ -327,7 +327,7 @@ def _plot_curves(
     return figure
 
 
-def _axis_columns(cells: pd.DataFrame) -> list[str]:
+def _setting_columns(cells: pd.DataFrame) -> list[str]:
     """The axis columns of `cells` (`_cells`): named as swept, with a "."."""
     return [c for c in cells.columns if "." in c]
 
@@ -335,7 +335,7 @@ def _axis_columns(cells: pd.DataFrame) -> list[str]:
 def _over(cells: pd.DataFrame, selection: Selection) -> list[str]:
     """The axis columns of `cells` that `selection` chooses a setting of: its `over`, or every
     axis where it names none."""
-    columns = _axis_columns(cells)
+    columns = _setting_columns(cells)
     return [c for c in selection.over or columns if c in columns]
 
 
@@ -349,7 +349,7 @@ def _curve_panels(
     if selection is None:
         return [(task, done)]
     over = _over(done, selection)
-    varying = varying_axes(done, _axis_columns(done)).get(task, [])
+    varying = varying_per_task(done, _setting_columns(done)).get(task, [])
     others = [c for c in varying if c not in over]
     if not others:
         return [(task, done)]
@@ -711,14 +711,14 @@ def report_page(
     # one section per task family and setting of the axes other than n_train (and the steps
     # an epoch count resolves to); with a selection, each mechanism at its selected setting
     # (per n_train) and the first reported metric
-    others = [c for c in _axis_columns(cells) if c not in N_TRAIN_AXES]
+    others = [c for c in _setting_columns(cells) if c not in N_TRAIN_AXES]
     described = "Test accuracy"
     if selection is not None:
         done = plotted
         over = _over(cells, selection)
         others = [c for c in others if c not in over]
         described = f"Each mechanism at its selected setting (see Selection): {metric}"
-    varying = varying_axes(done, others)
+    varying = varying_per_task(done, others)
     done = done.assign(
         others=[setting_text(row, varying[row.task]) for _, row in done.iterrows()] or ""
     )

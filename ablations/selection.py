@@ -3,11 +3,11 @@
 Read from the cells a store holds (`ResultsStore.to_dataframe()`), not from a grid file, so
 that any store can be read, one written before sweeps existed included:
 
-- `axes(frame)`: the settings the cells vary in beyond task, size, mechanism and seed: the
-  config keys taking more than one value among the cells of one (task, size, mechanism),
-  named as a grid file sweeps them ("training.lr", "model.pos_enc", "task_kwargs.n_train",
-  "mechanism_kwargs.n_heads"). A training key a cell leaves out holds its default; the steps
-  that `epochs` resolve to are not an axis.
+- `varying_settings(frame)`: the settings the cells vary in beyond task, size, mechanism and
+  seed: the config keys taking more than one value among the cells of one (task, size,
+  mechanism), named as a grid file sweeps them ("training.lr", "model.pos_enc",
+  "task_kwargs.n_train", "mechanism_kwargs.n_heads"). A training key a cell leaves out holds its
+  default; the steps that `epochs` resolve to are not a setting of theirs.
 - `select(cells, over, metric, reported)`: per task, size, mechanism and the other axes, the
   setting of the axes `over` whose cells have the best mean `metric` over seeds (the highest
   accuracy, the lowest loss), among the settings whose every cell finished; at that setting,
@@ -32,7 +32,7 @@ from scipy import stats
 
 from ablations.cell import training_settings
 
-AXIS_PREFIXES = {  # flattened store column prefix: swept-key section
+SETTING_PREFIXES = {  # flattened store column prefix: swept-key section
     "config.training.": "training.",
     "config.size.": "model.",
     "config.task_kwargs.": "task_kwargs.",
@@ -59,11 +59,11 @@ def interval(values: pd.Series, level: float = 0.95) -> tuple[float, float, floa
     return mean, mean - half, mean + half, n
 
 
-def axes(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell of `frame` (`ResultsStore.to_dataframe()`), one column per axis: the
-    settings that vary within some (task, size label, mechanism) of the store, by their
+def varying_settings(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell of `frame` (`ResultsStore.to_dataframe()`), one column per setting
+    that varies within some (task, size label, mechanism) of the store, by their
     swept-key names; values as text ("default" for a model option or kwarg not set). A cell
-    that counts `epochs` has its steps as "epochs": they follow from n_train, no axis of theirs."""
+    that counts `epochs` has its steps as "epochs": they follow from n_train."""
     if frame.empty:
         return pd.DataFrame(index=frame.index)
     records = frame.to_dict("records")
@@ -72,7 +72,7 @@ def axes(frame: pd.DataFrame) -> pd.DataFrame:
     flat = pd.json_normalize(records, sep=".").set_index(frame.index)
     values = {}
     for column in flat.columns:
-        for prefix, section in AXIS_PREFIXES.items():
+        for prefix, section in SETTING_PREFIXES.items():
             if column.startswith(prefix) and column != "config.size.label":
                 values[section + column.removeprefix(prefix)] = flat[column].map(_text)
     settings = pd.DataFrame(values, index=frame.index)
@@ -94,8 +94,8 @@ def setting_text(row: pd.Series, keys: list[str]) -> str:
     return ", ".join(f"{key}={row[key]}" for key in keys)
 
 
-def varying_axes(cells: pd.DataFrame, keys: list[str]) -> dict[str, list[str]]:
-    """Per task label of `cells`, the axes of `keys` taking more than one value among its
+def varying_per_task(cells: pd.DataFrame, keys: list[str]) -> dict[str, list[str]]:
+    """Per task label of `cells`, the settings of `keys` taking more than one value among its
     cells (the others name no choice there: left out of its settings' texts)."""
     return {
         task: [key for key in keys if group[key].nunique(dropna=False) > 1]
@@ -116,7 +116,7 @@ def select(cells: pd.DataFrame, over: list[str], metric: str, reported: str) -> 
     others = [key for key in axis_columns if key not in over]
     sign = 1 if higher_is_better(metric) else -1
     rows = []
-    shown = varying_axes(cells, others)
+    shown = varying_per_task(cells, others)
     for labels, group in cells.groupby(GROUP + others, sort=False, dropna=False):
         best, best_score, eligible = None, -math.inf, 0
         per_setting = group.groupby(over, sort=False) if over else [((), group)]

@@ -11,17 +11,15 @@ import pytest
 import torch
 from matplotlib.image import imread
 
-from ablations.bench import (
+from ablations.bench.measure import (
     Workload,
     add_ratios,
-    bench_mechanisms,
-    bench_relational,
-    bench_softmax,
     isolated_peak_memory_mb,
     machine,
     peak_memory_mb,
-    write_bench_report,
 )
+from ablations.bench.report import write_bench_report
+from ablations.bench.suites import bench_mechanisms, bench_relational, bench_softmax
 from ablations.cli import main, parser
 
 

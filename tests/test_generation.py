@@ -306,7 +306,8 @@ def test_recurrent_caches_serve_causal_calls_only():
 
 
 def test_generation_bench_suite_and_report(tmp_path):
-    from ablations.bench import bench_generation, write_generation_report
+    from ablations.bench.report import write_bench_report
+    from ablations.bench.suites import bench_generation
 
     table = bench_generation(lengths=(20, 24), repeats=1, d_model=16, n_layers=1, prompt=4)
     assert list(table.backend.unique()) == [
@@ -318,7 +319,7 @@ def test_generation_bench_suite_and_report(tmp_path):
     assert (table.tokens_per_s > 0).all() and (
         table[table.backend.str.endswith("uncached")].speedup == 1
     ).all()
-    write_generation_report(table, tmp_path, "settings", "python -m ablations.bench")
+    write_bench_report({"generation": table}, tmp_path, "t", {"generation": "settings"}, "cmd")
     markdown = (tmp_path / "report.md").read_text()
     assert "## Suite: generation" in markdown and "| 24 | relational:cached |" in markdown
     assert (tmp_path / "tokens_generation.png").exists()

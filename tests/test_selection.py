@@ -14,7 +14,7 @@ from ablations import attention_figures, report
 from ablations.cli import main
 from ablations.report import write_report
 from ablations.runner import run_grid
-from ablations.selection import axes, interval, paired, select
+from ablations.selection import interval, paired, select, varying_settings
 from ablations.spec import load_grid
 from ablations.store import ResultsStore
 
@@ -92,7 +92,7 @@ def test_axes_are_the_settings_that_vary_within_a_mechanism(tmp_path):
     store = ResultsStore(tmp_path / "tiny.sqlite")
     for cell in load_grid(path).cells:
         store.finish(store.claim(cell.config()), "done", {}, [], {})
-    found = axes(store.to_dataframe())
+    found = varying_settings(store.to_dataframe())
     assert list(found.columns) == ["training.patience"]  # not n_train, lr, ...: they do not vary
     assert sorted(found["training.patience"]) == ["0", "2"]  # 0: left out of the key, default
 
@@ -106,7 +106,7 @@ def test_steps_an_epoch_count_resolves_to_are_not_an_axis(tmp_path):
     assert len({cell.training["steps"] for cell in cells}) == 2  # the steps do vary
     for cell in cells:
         store.finish(store.claim(cell.config()), "done", {}, [], {})
-    assert list(axes(store.to_dataframe()).columns) == ["task_kwargs.n_train"]
+    assert list(varying_settings(store.to_dataframe()).columns) == ["task_kwargs.n_train"]
 
 
 def swept_grid(tmp_path, sweep_and_selection: str):

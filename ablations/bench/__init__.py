@@ -1,0 +1,12 @@
+"""Benchmarks: speed and memory of attention backends and layers, and of cached generation.
+
+measure.py   what is timed and how: `Workload`, interleaved medians, peak memory in a fresh
+             process, `measure` (a table per suite, ratios to baselines of the same run)
+suites.py    the suites (softmax, relational, dual, mechanisms, generation), their
+             defaults and titles, and `run_bench` (what ``attn-zoo bench`` does)
+report.py    `write_bench_report`: report.md, index.html, CSVs and plots of any suites
+"""
+
+# The CLI's choices (defined here so that `attn-zoo --help` imports neither torch nor pandas)
+SUITES = ("softmax", "relational", "dual", "mechanisms")  # the default; and "generation"
+DTYPES = ("bfloat16", "float16", "float32")
