@@ -625,6 +625,13 @@ def _check_builds(path, cells: list[Cell]) -> None:
             task_id = (cell.task, json.dumps(cell.task_kwargs, sort_keys=True, default=str))
             if task_id not in tasks:
                 tasks[task_id] = _task(path, cell.task, cell.task_name, cell.task_kwargs)
+                try:
+                    tasks[task_id].check_size()
+                except ValueError as err:
+                    raise SpecError(
+                        f"{path}: task {cell.task!r} (name {cell.task_name!r}) with kwargs "
+                        f"{cell.task_kwargs}: {_one_line(err)}"
+                    ) from None
             layer = json.dumps([cell.mechanism_name, cell.mechanism_kwargs, cell.size],
                                sort_keys=True, default=str)  # fmt: skip
             if layer not in layers and cell.mechanism_name not in REFERENCES:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import socket
 import sqlite3
@@ -307,6 +308,14 @@ class ResultsStore:
         handle's) still holds its claim; else ClaimError (it would overwrite another run's)."""
         if status not in FINISHED:
             raise ValueError(f"status={status!r}: a finished cell is one of {FINISHED}")
+        bad = [
+            k for k, v in (metrics or {}).items() if isinstance(v, float) and not math.isfinite(v)
+        ]
+        if status == "done" and bad:
+            raise ValueError(
+                f"cell {key}: metrics {', '.join(bad)} are not finite; a result is done only if "
+                "it is finite (record it as diverged)"
+            )
         owner = owner or self.owner
         with self._connect(write=True) as db:
             row = db.execute("SELECT status, owner FROM cells WHERE key=?", (key,)).fetchone()

@@ -8,8 +8,10 @@ cell keeps its last weights). The metric is accuracy: per example for classifica
 (sequences or images), per scored position for language-model and seq2seq tasks, which also
 get `exact` (the share of examples with every scored position right). A finished cell is
 tested on every test split of its task ("test", and any "test_<what>": metrics "test_acc",
-"test_<what>_acc", and so on). A NaN or inf loss ends the cell as `diverged` at its step. The
-same seed gives the same metrics on CPU.
+"test_<what>_acc", and so on). A NaN or inf loss ends the cell as `diverged` at its step; so
+do weights, validation or test metrics that are not finite at the end (a last update that made
+the weights NaN): a result is done only if it is finite. The same seed gives the same metrics
+on CPU.
 
 Where and how (ablations.devices says what is valid and what it resolves to): the model is
 built on the CPU (the same initial weights everywhere) and moved with the data to the cell's
@@ -259,6 +261,8 @@ def train_cell(
             best, stale = (val_metric, 0) if val_metric > best else (best, stale + 1)
             if t["patience"] and stale >= t["patience"]:
                 break
+    if status == "done" and not all(torch.isfinite(p).all() for p in model.parameters()):
+        status = "diverged"  # the last update made the weights non-finite
     wall = time.perf_counter() - start
     metrics = {
         "steps": step,
@@ -269,11 +273,16 @@ def train_cell(
         "val_acc": val_metric,
     }
     if status == "done":
+        tests = {}
         for name in (name for name in splits if name.startswith("test")):
             with _autocast(device, dtype):
                 test = evaluate(run, task, splits[name])
-            metrics.update({f"{name}_{k}": v for k, v in test.items()})
-    else:
+            tests.update({f"{name}_{k}": v for k, v in test.items()})
+        if all(math.isfinite(v) for v in (val_loss, val_metric, *tests.values())):
+            metrics.update(tests)
+        else:  # a result is done only if it is finite
+            status = "diverged"
+    if status == "diverged":
         metrics["diverged_at"] = step
     state = _to_cpu(model.state_dict()) if keep_state else None
     maps = None

@@ -428,7 +428,7 @@ def test_grammar_loss_floor_is_the_exact_conditional_entropy(unit, length):
         ),
         ("relational_games", {"shape_set": "test"}, r"shape_set.*train, heldout.*'test'"),
         ("relational_games", {"test_shape_set": "ood"}, r"test_shape_set.*heldout.*'ood'"),
-        ("relational_games", {"cell_size": 4}, r"cell_size must be >= 5.*got 4"),
+        ("relational_games", {"cell_size": 4}, r"cell_size must be in \[5, 128\].*got 4"),
         ("arithmetic", {"operation": "division"}, r"operation.*addition, multiplication.*'div"),
         ("arithmetic", {"max_digits": 0}, r"max_digits must be in 1..9.*got 0"),
         ("arithmetic", {"max_digits": 10}, r"max_digits.*got 10"),

@@ -2,13 +2,16 @@
 every task kind, bf16 autocast and torch.compile."""
 
 import dataclasses
+import io
 
 import pytest
 import torch
 from grids import STD, tiny_grid
 
 from ablations.cell import DEFAULT_TRAINING, Cell
+from ablations.runner import run_grid
 from ablations.spec import load_grid
+from ablations.store import ResultsStore
 from ablations.tasks import IGNORE_INDEX, build_task
 from ablations.train import MAPS_EXAMPLE, forward, lr_factor, train_cell
 
@@ -287,3 +290,22 @@ def test_every_test_split_of_the_task_is_evaluated():
     metrics = train_cell(games).metrics
     for split in ("test", "test_id", "test_ood"):
         assert 0 <= metrics[f"{split}_acc"] <= 1 and metrics[f"{split}_loss"] > 0
+
+
+def test_a_last_update_that_makes_the_weights_nan_is_diverged_not_done(tmp_path):
+    """The loss is checked before each update: with one step at lr 1e30 the only update makes
+    the weights NaN, and the validation and test metrics come out NaN (accuracy 0.5, the
+    argmax of NaN logits). Such a cell is diverged, and the store refuses it as done."""
+    wild = {"steps": 1, "eval_every": 1, "lr": 1e30, "warmup_steps": 0, "grad_clip": 0.0}
+    path = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training=wild)
+    (nan_cell,) = load_grid(path).cells
+    result = train_cell(nan_cell)
+    assert result.status == "diverged" and result.metrics["diverged_at"] == 1
+    assert not any(key.startswith("test") for key in result.metrics)
+    assert run_grid(load_grid(path), workers=1, out=io.StringIO())["diverged"] == 1
+    (row,) = ResultsStore(load_grid(path).store, readonly=True).rows()
+    assert row["status"] == "diverged"
+    store = ResultsStore(tmp_path / "guard.sqlite")
+    key = store.claim(nan_cell.config())
+    with pytest.raises(ValueError, match="val_loss are not finite; a result is done only"):
+        store.finish(key, "done", {"val_loss": float("nan"), "val_acc": 0.5})

@@ -37,18 +37,53 @@ answer tokens, an end token, then `IGNORE_INDEX` padding. Teacher forcing: the d
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar, TypeVar
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.data import Dataset
 
 from attn_zoo.registry import Registry
 
 KINDS = ("classification", "language_model", "seq2seq", "image_classification")
 IGNORE_INDEX = -1
+SPLIT_SIZES = ("n_train", "n_validation", "n_test")
+# The largest value of any other int setting of a task (vocab_size, lengths, dimensions): it
+# keeps the generation of one example, which measures what a split needs, small.
+MAX_SETTING = 2**16
+TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+ARTICLES = {"int": "an int", "float": "a float", "str": "a str", "bool": "a bool"}
+
+
+def memory_limit() -> int:
+    """The bytes a task's data may take: half of this machine's memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n < 2**50 else f"{n / 2**40:,.3g} TiB"
+
+
+class _Allocations(TorchDispatchMode):
+    """Counts the bytes of every tensor storage the ops run under it create."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes, self.seen = 0, set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, Tensor) and t.untyped_storage().data_ptr() not in self.seen:
+                self.seen.add(t.untyped_storage().data_ptr())
+                self.bytes += t.untyped_storage().nbytes()
+        return out
 
 
 @dataclass(frozen=True)
@@ -80,16 +115,60 @@ class Task:
     n_test: int = 500
 
     def __post_init__(self) -> None:
-        for f in ("n_train", "n_validation", "n_test"):
+        """Every setting of its annotated type (an int is no bool and no float; a float is
+        finite), split sizes >= 1, other ints <= `MAX_SETTING`; each task checks its own
+        ranges after this."""
+        for f in fields(self):
+            value, kinds = getattr(self, f.name), TYPES.get(str(f.type), (object,))
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                what = ARTICLES.get(str(f.type), str(f.type))
+                raise ValueError(f"{f.name}={value!r} must be {what} (got {type(value).__name__})")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name}={value!r} must be a finite float")
+        for f in SPLIT_SIZES:
             if getattr(self, f) < 1:
                 raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name not in SPLIT_SIZES and type(value) is int and value > MAX_SETTING:
+                raise ValueError(f"{f.name}={value} must be <= {MAX_SETTING}")
+
+    @property
+    def total_examples(self) -> int:
+        """Examples in all its splits."""
+        return self.n_train + self.n_validation + self.n_test
+
+    def data_bytes(self) -> int:
+        """About the most bytes generating and keeping its splits takes, from what generating
+        1 and 9 examples allocates after a first example (every tensor storage created,
+        intermediates included): one example's bytes, and the per-example growth times the
+        other `total_examples`."""
+        self.generate(1, torch.Generator().manual_seed(0))  # caches (tiles, grammars) filled
+        allocated = []
+        for n in (1, 9):
+            with _Allocations() as allocations:
+                self.generate(n, torch.Generator().manual_seed(0))
+            allocated.append(allocations.bytes)
+        per_example = max(allocated[1] - allocated[0], 0) / 8
+        return int(allocated[0] + per_example * (self.total_examples - 1))
+
+    def check_size(self) -> None:
+        """ValueError when its data would not fit `memory_limit()`, naming the limit."""
+        need, limit = self.data_bytes(), memory_limit()
+        if need > limit:
+            sizes = ", ".join(f"{f}={getattr(self, f):,}" for f in SPLIT_SIZES)
+            raise ValueError(
+                f"{type(self).__name__} with {sizes} needs about {_gib(need)} for its data; the "
+                f"limit is {_gib(limit)} (half of this machine's memory): use smaller splits"
+            )
 
     def generate(self, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """`n` examples drawn with `generator`: ``(inputs, targets)``."""
         raise NotImplementedError
 
     def splits(self, seed: int) -> dict[str, Split]:
-        """Train, validation and test splits, deterministic in `seed`."""
+        """Train, validation and test splits, deterministic in `seed` (`check_size` first)."""
+        self.check_size()
         generator = torch.Generator().manual_seed(seed)
         sizes = {"train": self.n_train, "validation": self.n_validation, "test": self.n_test}
         return {name: Split(*self.generate(n, generator)) for name, n in sizes.items()}

@@ -111,6 +111,9 @@ def shape_bank() -> tuple[Tensor, Tensor]:
     return torch.stack(masks), torch.tensor(colours)
 
 
+MAX_CELL = 128  # pixels per cell, at most
+
+
 @cache
 def tiles(cell_size: int) -> Tensor:
     """Every board id drawn as one cell: ``(EMPTY + 1, 3, cell_size, cell_size)`` in [0, 1]."""
@@ -234,8 +237,11 @@ class RelationalGames(Task):
                 raise ValueError(
                     f"{field} must be one of {', '.join(SHAPE_SETS)}; got {getattr(self, field)!r}"
                 )
-        if self.cell_size < 5:
-            raise ValueError(f"cell_size must be >= 5 (3 x 3 mask + margin), got {self.cell_size}")
+        if not 5 <= self.cell_size <= MAX_CELL:
+            raise ValueError(
+                f"cell_size must be in [5, {MAX_CELL}] (3 x 3 mask + margin; every tile of every "
+                f"shape is drawn at that size), got {self.cell_size}"
+            )
 
     @property
     def patch_size(self) -> int:
@@ -265,11 +271,16 @@ class RelationalGames(Task):
         boards, labels = self.generate_boards(n, generator, shape_set)
         return self.render(boards), labels
 
+    @property
+    def total_examples(self) -> int:
+        return self.n_train + self.n_validation + 3 * self.n_test
+
     def splits(self, seed: int) -> dict[str, Split]:
         """As `Task.splits`, but the test split draws its objects from `test_shape_set`; and
         two more test splits of `n_test` boards each: "test_id" from `shape_set` (in
         distribution) and "test_ood" from the other shape set (out of distribution), drawn
         after the first three (which stay as they were without them)."""
+        self.check_size()
         generator = torch.Generator().manual_seed(seed)
         (other,) = (s for s in SHAPE_SETS if s != self.shape_set)
         plan = {
