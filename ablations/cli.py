@@ -86,8 +86,9 @@ def _cell_table(spec) -> pd.DataFrame:
 
 
 def _ablate_run(args: argparse.Namespace) -> int:
-    from ablations.runner import check_cells, run_grid
+    from ablations.runner import RunStopped, check_cells, run_grid
     from ablations.spec import SpecError
+    from ablations.store import StoreError
 
     spec = _load_grid(args.grid, args.set)
     try:
@@ -102,8 +103,10 @@ def _ablate_run(args: argparse.Namespace) -> int:
             spec, executor=args.executor, workers=args.workers, address=args.address,
             retry_failed=args.retry_failed, interval=args.interval,
         )  # fmt: skip
-    except SpecError as err:
+    except (SpecError, StoreError) as err:
         raise SystemExit(f"error: {err}") from None
+    except RunStopped:  # its one line is printed
+        return 1
     return 1 if counts["failed"] else 0
 
 

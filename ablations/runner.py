@@ -9,11 +9,13 @@ as todo or running (a claim, perhaps of a dead run: claiming decides) and, with 
 failed: see `cells_to_train`. It claims a cell when it hands it to a worker
 (ablations.executors) and records its outcome when it comes back: a failing cell as `failed`
 with its traceback, a NaN/inf loss as `diverged` at its step; the grid goes on either way. In a
-grid that keeps checkpoints, it writes the cell's weights (`ResultsStore.checkpoint_path`) and
-the attention maps its worker recorded on the trained model (`ResultsStore.maps_path`, drawn by
-ablations.attention_figures) before recording it. A run killed at any point (SIGKILL included)
-loses no finished cell, and running the grid again trains only the cells that never finished.
-What it shows meanwhile: ablations.progress (a live view on a terminal, plain lines elsewhere).
+grid that keeps checkpoints, the cell's weights (`ResultsStore.checkpoint_path`) and the
+attention maps its worker recorded on the trained model (`ResultsStore.maps_path`, drawn by
+ablations.attention_figures) are written with its record, only while this run holds its claim. A
+run killed at any point (SIGKILL included) loses no finished cell, and running the grid again
+trains only the cells that never finished. A full disk, a file-size limit or a damaged store
+stops the run in one line (`RunStopped`), the cells in flight released. What it shows meanwhile:
+ablations.progress (a live view on a terminal, plain lines elsewhere).
 
 Stopping: while cells train, SIGINT (Ctrl-C) or SIGTERM stops the run within seconds: the
 workers are ended (processes terminated, the training thread stopped at its next module call,
@@ -26,6 +28,7 @@ not recorded: the next run trains it again.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -39,7 +42,7 @@ from ablations.executors import make_executor
 from ablations.progress import Progress, cell_label, make_progress
 from ablations.spec import GridSpec, SpecError
 from ablations.status import grid_status
-from ablations.store import FINISHED, ClaimError, ResultsStore, config_key
+from ablations.store import FINISHED, ClaimError, ResultsStore, StoreError, config_key
 from ablations.train import LOST, CellOutcome, smoke_test
 
 
@@ -102,23 +105,25 @@ def cells_to_train(spec: GridSpec, retry_failed: bool = False) -> list[Cell]:
     return [cell for cell in spec.cells if status[cell.key] in wanted]
 
 
-def write_atomically(path: Path, data: bytes) -> Path:
-    """Write `data` to `path` through a partial file renamed over it (like
-    `ResultsStore.save_checkpoint`): a reader sees the old file or the new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    partial.write_bytes(data)
-    partial.replace(path)
-    return path
+def kept_files(store: ResultsStore, key: str, outcome: CellOutcome) -> dict[Path, bytes]:
+    """The files `outcome` brings (torch.save bytes) by where they go beside the store: the
+    trained weights at `checkpoint_path(key)`, the attention maps at `maps_path(key)`."""
+    files = {store.checkpoint_path(key): outcome.state, store.maps_path(key): outcome.maps}
+    return {path: data for path, data in files.items() if data is not None}
 
 
-def keep_files(store: ResultsStore, key: str, outcome: CellOutcome) -> None:
-    """Write the trained weights and the attention maps (torch.save bytes) of `outcome` beside
-    the store: `checkpoint_path(key)` and `maps_path(key)`."""
-    if outcome.state is not None:
-        store.save_checkpoint(key, outcome.state)
-    if outcome.maps is not None:
-        write_atomically(store.maps_path(key), outcome.maps)
+STORAGE_HINTS = {  # what an OSError writing the store's files means, in the stop line
+    errno.ENOSPC: " (the disk is full)",
+    errno.EFBIG: " (a file-size limit: ulimit -f)",
+    errno.EDQUOT: " (the disk quota is used up)",
+}
+
+
+class RunStopped(RuntimeError):
+    """`run_grid` stopped because its store or the disk under it failed (a full disk, a
+    file-size limit, a damaged store): the cells in flight were released where the store
+    allowed it, no partial file is left, and running the grid again resumes. Its message is
+    the one line printed."""
 
 
 def run_grid(
@@ -136,6 +141,7 @@ def run_grid(
     cells = spec.cells
     check_cells(spec)
     store = ResultsStore(spec.store)
+    store.remove_dead_partials()
     todo = cells_to_train(spec, retry_failed)
     print(
         f"grid {spec.name!r}: {len(cells)} cells, {len(cells) - len(todo)} already finished, "
@@ -158,6 +164,7 @@ def run_grid(
         pool.close()
         raise
     stop.progress = progress
+    fault: Exception | None = None  # what stopped the run, when its store or disk failed
     running: dict[object, Cell] = {}  # executor handle -> its cell
     claimed: set[str] = set()  # claims of this run not yet finished or released
     released = 0  # claims given back unfinished
@@ -181,13 +188,12 @@ def run_grid(
                     progress.released(key, outcome.error)
                     continue
                 outcome.environment = {**outcome.environment, "commit": commit}
-                keep_files(store, key, outcome)
                 if outcome.maps_error:  # the cell is kept; its report says the map is missing
                     progress.note(
                         f"{cell_label(cell)}: attention maps not recorded: {outcome.maps_error}"
                     )
                 try:
-                    store.finish(key, **outcome.record())
+                    store.finish(key, **outcome.record(), files=kept_files(store, key, outcome))
                 except ClaimError as err:  # our claim went stale and another run took it
                     claimed.discard(key)
                     progress.dropped(key, err)
@@ -203,6 +209,8 @@ def run_grid(
             progress.tick()
     except KeyboardInterrupt:  # not through the handler (it was not installed, or replaced)
         stop.signum = stop.signum or signal.SIGINT
+    except (OSError, StoreError) as err:  # the disk is full, a file-size limit, a broken store
+        fault = err
     finally:
         try:
             if stop.signum is not None:
@@ -213,16 +221,31 @@ def run_grid(
             try:
                 pool.close()  # ends every worker: what was in flight is discarded
             finally:
+                unreleased = 0
                 for key in claimed:  # give the cells in flight back to any run
                     try:
                         released += store.release(key)
-                    except Exception as err:  # its claim goes stale when this process ends
-                        progress.print(f"could not release cell {key}: {err}")
+                    except Exception:  # its claim goes stale when this process ends
+                        unreleased += 1
+                if unreleased:
+                    progress.print(
+                        f"{unreleased} cells in flight could not be released; their claims go "
+                        "stale when this run ends, and the next run takes them over"
+                    )
                 stop.restore()
             _print_notes(pool, progress)
         finally:
             progress.close()
             store.close()
+    if fault is not None:
+        hint = STORAGE_HINTS.get(getattr(fault, "errno", None), "")
+        summary = (
+            f"stopped: {' '.join(f'{type(fault).__name__}: {fault}'.split())}{hint}; "
+            f"{sum(progress.counts.values())} finished, {released} released, {len(todo)} not "
+            "started; free space (or mend the store) and run again to resume"
+        )
+        progress.print(summary)
+        raise RunStopped(summary)
     if stop.signum is not None:
         summary = (
             f"interrupted ({signal.Signals(stop.signum).name}): "

@@ -385,6 +385,13 @@ def apply_overrides(raw: dict, overrides: list[str], path) -> dict:
             value = tomllib.loads(f"v = {text}")["v"]
         except tomllib.TOMLDecodeError:
             value = text
+        except RecursionError:
+            value = None  # nested too deep for the parser: refused below
+        if value is None:
+            raise SpecError(f"{path}: --set {key}: its value is nested more than {MAX_DEPTH} deep")
+        _check_depth(path, f"--set {key}", value)
+        if key.count(".") >= MAX_DEPTH:
+            raise SpecError(f"{path}: --set {key[:60]}...: a key of more than {MAX_DEPTH} parts")
         steps: list[str | int] = []
         for part in key.split("."):
             match = _PART.fullmatch(part)
@@ -415,6 +422,19 @@ def apply_overrides(raw: dict, overrides: list[str], path) -> dict:
             raise SpecError(f"{path}: --set {key}: {_step_name(steps[:-1])} is not a table")
         target[last] = value
     return raw
+
+
+MAX_DEPTH = 32  # tables and lists in a grid file or a --set value nest at most this deep
+
+
+def _check_depth(path, what: str, value: object, depth: int = 0) -> None:
+    """SpecError when `value` nests tables or lists more than `MAX_DEPTH` deep."""
+    if depth > MAX_DEPTH:
+        raise SpecError(f"{path}: {what} nests tables or lists more than {MAX_DEPTH} deep")
+    children = value.values() if isinstance(value, dict) else value
+    if isinstance(value, dict | list):
+        for child in children:
+            _check_depth(path, what, child, depth + 1)
 
 
 def _step_name(steps: list[str | int]) -> str:
@@ -677,8 +697,9 @@ def load_grid(
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-        raise SpecError(f"{path}: cannot read the grid spec: {_one_line(err)}") from err
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as err:
+        raise SpecError(f"{path}: cannot read the grid spec: {_one_line(err)}") from None
+    _check_depth(path, "the grid spec", raw)
     raw = apply_overrides(raw, overrides or [], path)
     try:
         grid = GridFile.model_validate(raw)

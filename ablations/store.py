@@ -118,6 +118,11 @@ def claim_is_stale(owner: str | None, heartbeat: float | None, lease: float = LE
     return host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid))
 
 
+def _partial_tag(pid: int | None = None) -> str:
+    """Names a partial file's writer: "{hostname}-{pid}" (dots in the hostname as "_")."""
+    return f"{socket.gethostname().replace('.', '_')}-{os.getpid() if pid is None else pid}"
+
+
 def _folder_writable(folder: Path) -> bool:
     """Whether files can be created in `folder`: writable for us and not marked read-only
     (no write bit at all, which root would otherwise ignore)."""
@@ -153,6 +158,8 @@ class ResultsStore:
                 if ("cells",) not in tables.fetchall():
                     raise StoreError(f"{self.path} is not a readable results store: no cells table")
         else:
+            if self.path.is_dir():
+                raise StoreError(f"{self.path} is a folder, not a results store file")
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._target = f"file:{quote(str(self.path.resolve()))}"
             with self._connect() as db:
@@ -225,6 +232,10 @@ class ResultsStore:
             what = f"is locked by another process (waited {TIMEOUT:.0f} s)"
         elif name.startswith("SQLITE_READONLY"):
             what = "cannot be written (read-only file or folder?)"
+        elif name.startswith("SQLITE_FULL"):
+            what = "cannot be written: its disk is full"
+        elif name.startswith("SQLITE_IOERR"):
+            what = "cannot be read or written (a full disk, a file-size limit, a failing disk?)"
         else:
             what = "is not a readable results store"
         return StoreError(f"{self.path} {what}: {type(err).__name__}: {err}")
@@ -303,9 +314,13 @@ class ResultsStore:
         error: str | None = None,
         *,
         owner: str | None = None,
+        files: Mapping[Path, bytes] | None = None,
     ) -> None:
         """Record the outcome of cell `key` in one transaction, only if `owner` (default: this
-        handle's) still holds its claim; else ClaimError (it would overwrite another run's)."""
+        handle's) still holds its claim; else ClaimError (it would overwrite another run's).
+        `files` ({path: bytes}: `checkpoint_path(key)`, `maps_path(key)`) are written to
+        partial files first and moved into place inside that transaction: a run that lost its
+        claim writes nothing, and an error (a full disk) leaves no partial file."""
         if status not in FINISHED:
             raise ValueError(f"status={status!r}: a finished cell is one of {FINISHED}")
         bad = [
@@ -317,21 +332,33 @@ class ResultsStore:
                 "it is finite (record it as diverged)"
             )
         owner = owner or self.owner
-        with self._connect(write=True) as db:
-            row = db.execute("SELECT status, owner FROM cells WHERE key=?", (key,)).fetchone()
-            if row is None:
-                raise ClaimError(f"no cell {key} in {self.path}: claim it first")
-            if row != ("running", owner):
-                raise ClaimError(
-                    f"cell {key} in {self.path} is {row[0]} and held by {row[1]}, not by "
-                    f"{owner}: finishing it would overwrite another run's result"
-                )
-            db.execute(
-                "UPDATE cells SET status=?, metrics=?, curve=?, environment=?, error=?, finished=? "
-                "WHERE key=?",
-                (status, json.dumps(metrics), json.dumps(curve), json.dumps(environment), error,
-                 time.time(), key),
-            )  # fmt: skip
+        partials = {}
+        try:
+            for path, data in (files or {}).items():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                partial = path.with_name(f"{path.name}.{_partial_tag()}.partial")
+                partials[partial] = path
+                partial.write_bytes(data)
+            with self._connect(write=True) as db:
+                row = db.execute("SELECT status, owner FROM cells WHERE key=?", (key,)).fetchone()
+                if row is None:
+                    raise ClaimError(f"no cell {key} in {self.path}: claim it first")
+                if row != ("running", owner):
+                    raise ClaimError(
+                        f"cell {key} in {self.path} is {row[0]} and held by {row[1]}, not by "
+                        f"{owner}: finishing it would overwrite another run's result"
+                    )
+                db.execute(
+                    "UPDATE cells SET status=?, metrics=?, curve=?, environment=?, error=?, "
+                    "finished=? WHERE key=?",
+                    (status, json.dumps(metrics), json.dumps(curve), json.dumps(environment),
+                     error, time.time(), key),
+                )  # fmt: skip
+                for partial, path in partials.items():
+                    partial.replace(path)
+        finally:
+            for partial in partials:
+                partial.unlink(missing_ok=True)
 
     # Checkpoints --------------------------------------------------------------------------
 
@@ -344,16 +371,19 @@ class ResultsStore:
         checkpoints = true; ablations.attention_figures draws them)."""
         return self.path.parent / f"{self.path.stem}.maps" / f"{key}.pt"
 
-    def save_checkpoint(self, key: str, state: bytes) -> Path:
-        """Write `state` (torch.save bytes) for cell `key` atomically; its path."""
-        if self.readonly:
-            raise StoreError(f"{self.path} is opened read-only: it cannot be written")
-        path = self.checkpoint_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        partial.write_bytes(state)
-        partial.replace(path)
-        return path
+    def remove_dead_partials(self) -> int:
+        """Delete the partial checkpoint and maps files that runs of this host which are no
+        longer alive left behind (killed between writing them and recording their cell); how
+        many."""
+        removed = 0
+        for folder in (self.checkpoint_path("k").parent, self.maps_path("k").parent):
+            for partial in folder.glob("*.partial") if folder.is_dir() else ():
+                tag = partial.name.rsplit(".", 2)[-2]
+                pid = tag.rpartition("-")[2]
+                if pid.isdigit() and tag == _partial_tag(int(pid)) and not _pid_alive(int(pid)):
+                    partial.unlink(missing_ok=True)
+                    removed += 1
+        return removed
 
     # Readers ------------------------------------------------------------------------------
 

@@ -1,0 +1,166 @@
+"""Faults leave the store usable, and no input a user can type ends in a traceback: a full disk
+(a real 256 KiB tmpfs) and a file-size limit stop `ablate run` in one line, with no cell left
+running and no partial file, and the next run finishes the grid; a run paused past its lease
+whose cell another run took over writes no checkpoint when it resumes; a corrupt store, a
+folder given as the store and overrides nested thousands deep are one-line errors."""
+
+import hashlib
+import os
+import resource
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from grids import MQAR_LONG, SAME_PAIR, STD, tiny_grid
+
+from ablations.cli import main
+from ablations.spec import load_grid
+from ablations.store import ResultsStore, StoreError
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "ablations.cli"]
+# Cells whose checkpoints (about 400 KB each) cannot fit a 256 KiB disk, or a 60 KB file limit
+BIG = {"label": "s", "d_model": 64, "n_layers": 2}
+FAST = {"steps": 2, "eval_every": 2, "batch_size": 8}
+
+
+def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [*CLI, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env, **kwargs
+    )
+
+
+def statuses(grid: Path) -> list[str]:
+    spec = load_grid(grid)
+    try:
+        rows = {r["key"]: r["status"] for r in ResultsStore(spec.store, readonly=True).rows()}
+    except (FileNotFoundError, StoreError):  # not created yet
+        rows = {}
+    return [rows.get(cell.key, "todo") for cell in spec.cells]
+
+
+def partials(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*.partial"))
+
+
+def one_line_stop(run: subprocess.CompletedProcess, what: str) -> None:
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "Traceback" not in run.stdout + run.stderr
+    (stop,) = [line for line in run.stdout.splitlines() if line.startswith("stopped:")]
+    assert what in stop and "run again to resume" in stop
+
+
+def test_a_full_disk_stops_the_run_in_one_line_and_the_next_run_resumes(tmp_path):
+    """Inside a user and mount namespace of its own (unshare), a 256 KiB tmpfs holds the store;
+    the first checkpoint does not fit. After the stop the tmpfs grows to 64 MiB (space is
+    back) and the same command finishes the grid."""
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
+        pytest.skip("unshare -rm (a user namespace with its own mounts) is not allowed here")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    grid = tiny_grid(tmp_path, mechanisms=[STD], sizes=[BIG], training=FAST, checkpoints=True)
+    python = f"PYTHONPATH={ROOT} {sys.executable} -m ablations.cli"
+    grid = f"{grid} --set store={disk}/full.sqlite"
+    script = f"""
+        mount -t tmpfs -o size=256k tmpfs {disk} || exit 99
+        {python} ablate run {grid} --workers 1 > {tmp_path}/run1.txt 2>&1; echo $? > {tmp_path}/rc1
+        {python} ablate status {grid} > {tmp_path}/status1.txt 2>&1
+        find {disk} -name '*.partial' > {tmp_path}/partials1.txt
+        mount -o remount,size=64m {disk}
+        {python} ablate run {grid} --workers 1 > {tmp_path}/run2.txt 2>&1; echo $? > {tmp_path}/rc2
+        {python} ablate status {grid} > {tmp_path}/status2.txt 2>&1
+    """
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=ROOT, timeout=600)
+    if done.returncode == 99:
+        pytest.skip("mounting a tmpfs in a user namespace is not allowed here")
+    first = subprocess.CompletedProcess([], int((tmp_path / "rc1").read_text()),
+                                        (tmp_path / "run1.txt").read_text(), "")  # fmt: skip
+    one_line_stop(first, "No space left on device (the disk is full)")
+    assert "running" not in (tmp_path / "status1.txt").read_text()  # released, not stuck
+    assert (tmp_path / "partials1.txt").read_text() == ""
+    assert (tmp_path / "rc2").read_text().strip() == "0", (tmp_path / "run2.txt").read_text()
+    assert "2 done" in (tmp_path / "status2.txt").read_text()
+
+
+def test_a_file_size_limit_stops_the_run_in_one_line_and_the_next_run_resumes(tmp_path):
+    grid = tiny_grid(tmp_path, mechanisms=[STD], sizes=[BIG], training=FAST, checkpoints=True)
+
+    def limit() -> None:  # 60 KB a file: the store fits, a checkpoint does not
+        resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))
+
+    one_line_stop(cli("ablate", "run", str(grid), "--workers", "1", preexec_fn=limit),
+                  "File too large (a file-size limit: ulimit -f)")  # fmt: skip
+    assert "running" not in statuses(grid) and not partials(tmp_path)
+    assert cli("ablate", "run", str(grid), "--workers", "1").returncode == 0
+    assert statuses(grid) == ["done"] * 2
+
+
+def test_a_run_that_lost_its_claim_writes_no_checkpoint_when_it_resumes(tmp_path):
+    """Run A is paused (SIGSTOP) while it trains a cell; its lease runs out (its heartbeat set
+    back by a minute, as a pause of a minute would leave it) and run B takes the cell over and
+    finishes it, checkpoint included. Resumed (SIGCONT), A must not rewrite B's checkpoint."""
+    slow = {**MQAR_LONG, "kwargs": {**MQAR_LONG["kwargs"], "seq_len": 256}}
+    grid = tiny_grid(tmp_path, mechanisms=[STD], tasks=[slow], seeds=[0], checkpoints=True,
+                     training={"steps": 60, "eval_every": 60})  # fmt: skip
+    spec = load_grid(grid)
+    (cell,) = spec.cells
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with (tmp_path / "a.txt").open("w") as out:
+        a = subprocess.Popen([*CLI, "ablate", "run", str(grid), "--workers", "1"], cwd=ROOT,
+                             stdout=out, stderr=subprocess.STDOUT, env=env)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while statuses(grid) != ["running"]:
+            assert a.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "a.txt"
+            ).read_text()
+            time.sleep(0.1)
+        os.kill(a.pid, signal.SIGSTOP)
+        with sqlite3.connect(spec.store) as db:
+            db.execute("UPDATE cells SET heartbeat = heartbeat - 120")
+        b = cli("ablate", "run", str(grid), "--workers", "1")
+        assert b.returncode == 0 and statuses(grid) == ["done"], b.stdout + b.stderr
+        checkpoint = ResultsStore(spec.store, readonly=True).checkpoint_path(cell.key)
+        written_by_b = hashlib.sha256(checkpoint.read_bytes()).hexdigest()
+        b_stat = checkpoint.stat()
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+    a.wait(timeout=300)
+    assert "dropped" in (tmp_path / "a.txt").read_text()
+    assert hashlib.sha256(checkpoint.read_bytes()).hexdigest() == written_by_b
+    assert checkpoint.stat().st_mtime_ns == b_stat.st_mtime_ns and not partials(tmp_path)
+
+
+def test_a_bad_store_or_deep_overrides_are_one_line_errors(tmp_path):
+    grid = tiny_grid(tmp_path, mechanisms=[STD], tasks=[SAME_PAIR], training=FAST)
+    corrupt = tmp_path / "corrupt.sqlite"
+    corrupt.write_bytes(b"not a database, " * 64)
+    folder = tmp_path / "folder.sqlite"
+    folder.mkdir()
+    deep_file = tmp_path / "deep.toml"
+    deep_file.write_text(grid.read_text() + "x = " + "[" * 3000 + "]" * 3000 + "\n")
+    cases = {
+        "is not a readable results store": ["--set", f"store={corrupt}"],
+        "is a folder, not a results store file": ["--set", f"store={folder}"],
+        "a key of more than 32 parts": ["--set", "a." * 3000 + "b=1"],
+        "its value is nested more than 32 deep": ["--set", "x=" + "[" * 3000 + "]" * 3000],
+        "nests tables or lists more than 32 deep": [
+            "--set", "tasks[0].kwargs.x=" + "[" * 40 + "]" * 40
+        ],
+    }  # fmt: skip
+    for message, args in cases.items():  # in this process: the CLI's own code path
+        with pytest.raises(SystemExit) as stopped:
+            main(["ablate", "run", str(grid), *args])
+        assert str(stopped.value.code).startswith("error:") and message in str(stopped.value.code)
+        assert len(str(stopped.value.code).splitlines()) == 1
+    with pytest.raises(SystemExit, match="cannot read the grid spec: RecursionError"):
+        main(["ablate", "run", str(deep_file), "--dry-run"])
+    run = cli("ablate", "run", str(grid), "--set", f"store={corrupt}")  # and as a user runs it
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.startswith("error:") and len(run.stderr.strip().splitlines()) == 1
+    assert corrupt.read_bytes() == b"not a database, " * 64  # never turned into a store
