@@ -83,8 +83,13 @@ def choice(choices: tuple | Callable[[], list[str]]) -> object:
     return Annotated[StrictStr, _checked(lambda v: v in valid.options()), valid]
 
 
-def whole(low: int, valid: str = "") -> object:
-    return rule(StrictInt, valid or f"int >= {low}", lambda v: v >= low)
+def whole(low: int, valid: str = "", high: int | None = None) -> object:
+    """An int >= `low` and <= `high` (default: below 2**31, beyond any run on one machine)."""
+    text = f"int >= {low} and <= {high:,}" if high else f"int >= {low} (below 2**31)"
+    return rule(StrictInt, valid or text, lambda v: low <= v <= (high or 2**31 - 1))
+
+
+WIDTH = 2**16  # d_model and dff: a 65,536-wide layer already holds billions of weights
 
 
 def finite(valid: str, ok: Callable[[float], bool]) -> object:
@@ -133,7 +138,7 @@ class ModelOptions(Table):
     kind's model takes them, ablations.cell_model). Unset: the model's default. A cell holds the
     options set."""
 
-    dff: whole(1) | None = None
+    dff: whole(1, high=WIDTH) | None = None
     dropout: finite("in [0, 1)", lambda v: 0 <= v < 1) | None = None
     activation: choice(FF_ACTIVATIONS) | None = None
     norm_type: choice(NORMS.names) | None = None
@@ -156,8 +161,8 @@ class SizeEntry(ModelOptions):
     """A [[sizes]] entry: a model size, and any model option."""
 
     label: Label
-    d_model: whole(1)
-    n_layers: whole(1)
+    d_model: whole(1, high=WIDTH)
+    n_layers: whole(1, high=1024)
 
 
 _D = DEFAULT_TRAINING
@@ -168,7 +173,7 @@ class Training(Table):
 
     steps: whole(1) = _D["steps"]  # or epochs: exactly one of the two
     epochs: whole(1, "int >= 1 (an epoch: ceil(n_train / batch_size) steps)") | None = _D["epochs"]
-    batch_size: whole(1) = _D["batch_size"]
+    batch_size: whole(1, high=2**20) = _D["batch_size"]
     lr: finite("> 0", lambda v: v > 0) = _D["lr"]
     weight_decay: finite(">= 0", lambda v: v >= 0) = _D["weight_decay"]
     betas: Betas = _D["betas"]  # AdamW's (beta1, beta2)

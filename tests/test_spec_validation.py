@@ -451,7 +451,7 @@ def test_ablate_run_exit_status_and_stderr_from_the_command_line(tmp_path):
     run = [sys.executable, "-m", "ablations.cli", "ablate", "run", str(path)]
     done = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr == f"error: {path}: training.steps = 0 must be int >= 1\n"
+    assert done.stderr == f"error: {path}: training.steps = 0 must be int >= 1 (below 2**31)\n"
     assert not (tmp_path / "out").exists() and not (tmp_path / "results").exists()
 
 

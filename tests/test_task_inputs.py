@@ -70,3 +70,17 @@ def test_a_dry_run_refuses_them_in_one_line(tmp_path, value, message):
         )  # fmt: skip
         assert run.returncode == 1 and "Traceback" not in run.stderr
         assert run.stderr.strip().startswith("error:") and len(run.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("sizes[0].d_model=100000", r"sizes\[0\].d_model = 100000 must be int >= 1 and <= 65,536"),
+        ("sizes[0].n_layers=5000", "n_layers = 5000 must be int >= 1 and <= 1,024"),
+        ("training.batch_size=10000000", "batch_size = 10000000 must be int >= 1 and <= 1,048,"),
+        ("training.steps=10000000000", r"steps = 10000000000 must be int >= 1 \(below 2\*\*31\)"),
+    ],
+)
+def test_model_and_training_sizes_are_bounded(tmp_path, override, message):
+    with pytest.raises(SpecError, match=message):
+        load_grid(tiny_grid(tmp_path), [override])
