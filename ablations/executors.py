@@ -36,9 +36,11 @@ import math
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from multiprocessing.connection import wait as wait_connections
 
 import torch
@@ -53,6 +55,7 @@ from ablations.devices import (
     ray_device_problem,
     usable_cpus,
 )
+from ablations.plugins import import_plugins
 from ablations.store import error_summary
 from ablations.train import LOST, CellOutcome, environment, train_cell
 
@@ -80,9 +83,11 @@ def run_cell(
     progress=None,
     keep_state: bool = False,
     device: str | None = None,
+    imports: Sequence[str] = (),
 ) -> CellOutcome:
     """Train `cell` here with `threads` torch threads, on `device` (the GPU an executor placed
-    it on; default: the cell's device resolved here); never raises.
+    it on; default: the cell's device resolved here), after importing the grid's plugins
+    (`imports`, ablations.plugins: once per process); never raises.
 
     With `keep_state` (a grid that keeps checkpoints) the outcome carries the trained weights
     and, for a finished cell, the attention maps of the trained model
@@ -104,6 +109,7 @@ def run_cell(
 
     placed = {} if device is None else {"device": device}
     try:
+        import_plugins(imports)
         result = train_cell(
             cell, on_progress=report, keep_state=keep_state, keep_maps=keep_state, **placed
         )
@@ -149,15 +155,17 @@ class _ThreadProgress(_PipeProgress):
         super().put(item)
 
 
-def _run(cell: Cell, threads: int, progress, keep_state: bool, device: str | None) -> CellOutcome:
+def _run(
+    cell: Cell, threads: int, progress, keep_state: bool, device: str | None, imports: Sequence[str]
+) -> CellOutcome:
     """run_cell, given a device only when the executor placed the cell on a GPU."""
     placed = {} if device is None else {"device": device}
-    return run_cell(cell, threads, progress, keep_state, **placed)
+    return run_cell(cell, threads, progress, keep_state, **placed, imports=imports)
 
 
 def _train_in_thread(conn, cell: Cell, threads: int, keep_state: bool, device, stop) -> None:
-    try:
-        outcome = _run(cell, threads, _ThreadProgress(conn, stop), keep_state, device)
+    try:  # the driver's process: its plugins are imported
+        outcome = _run(cell, threads, _ThreadProgress(conn, stop), keep_state, device, ())
     except CellInterrupted:
         return
     except BaseException:  # run_cell catches Exception; the driver must still hear back
@@ -173,8 +181,9 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _worker_main(conn, threads: int, parent: int) -> None:
-    """A spawned worker process: train the cells sent down `conn` until None or EOF."""
+def _worker_main(conn, threads: int, parent: int, imports: Sequence[str]) -> None:
+    """A spawned worker process: train the cells sent down `conn` until None or EOF, the
+    grid's plugins (`imports`) imported before the first."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the driver, which decides
     if hasattr(signal, "pthread_sigmask"):  # blocked by the driver while it started us
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
@@ -185,7 +194,7 @@ def _worker_main(conn, threads: int, parent: int) -> None:
             job = conn.recv()
             if job is None:
                 return
-            outcome = _run(job[0], threads, progress, job[1], job[2])
+            outcome = _run(job[0], threads, progress, job[1], job[2], imports)
             conn.send(("outcome", outcome))
         except (EOFError, OSError):  # the driver is gone
             return
@@ -196,7 +205,7 @@ class _Worker:
     process per cell, and the pipe its progress events and outcome come back on; `index`
     places it (`placement`)."""
 
-    def __init__(self, threads: int, process: bool, index: int = 0):
+    def __init__(self, threads: int, process: bool, index: int = 0, imports: Sequence[str] = ()):
         self.threads = threads
         self.index = index
         self.busy = False
@@ -208,7 +217,7 @@ class _Worker:
             context = mp.get_context("spawn")
             self.conn, child = context.Pipe()
             self.process = context.Process(
-                target=_worker_main, args=(child, threads, os.getpid()), daemon=True
+                target=_worker_main, args=(child, threads, os.getpid(), imports), daemon=True
             )
             masked = hasattr(signal, "pthread_sigmask")
             if masked:  # the child starts with SIGINT blocked until it ignores it
@@ -217,7 +226,8 @@ class _Worker:
                 resource_tracker.ensure_running()  # starting it later would unblock SIGINT
                 old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
-                self.process.start()
+                with _without_main_script():
+                    self.process.start()
             finally:
                 if masked:
                     signal.pthread_sigmask(signal.SIG_SETMASK, old)
@@ -283,14 +293,34 @@ class _Worker:
                 os.kill(self.process.pid, signal.SIGKILL)
 
 
+@contextlib.contextmanager
+def _without_main_script():
+    """While a worker process starts: this process's __main__ (a user's script, perhaps without
+    an ``if __name__ == "__main__":`` guard) hidden from multiprocessing's spawn, which would
+    run the script again in the worker. What a worker needs of a script are its plugins,
+    imported by name (ablations.plugins)."""
+    main = sys.modules["__main__"]
+    saved = {
+        name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__
+    }
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
 class LocalExecutor:
     """`workers` spawned processes with usable_cpus() // workers torch threads each (one worker:
     a thread of this process, which keeps the driver free to show progress), worker i on
     `placement(i, gpus, the cell's device)`. Handles are the workers themselves; progress and
     outcomes come up one pipe per worker."""
 
-    def __init__(self, workers: int, gpus: int | None = None):
+    def __init__(self, workers: int, gpus: int | None = None, imports: Sequence[str] = ()):
         self.slots = workers
+        self.imports = list(imports)
         self.gpus = gpu_count() if gpus is None else gpus
         self.threads = max(1, usable_cpus() // workers)
         self.processes = workers > 1
@@ -311,7 +341,7 @@ class LocalExecutor:
                 self._drop(idle[0])
         taken = {worker.index for worker in self.workers}
         index = min(i for i in range(len(self.workers) + 1) if i not in taken)
-        worker = _Worker(self.threads, self.processes, index)
+        worker = _Worker(self.threads, self.processes, index, self.imports)
         self.workers.append(worker)
         worker.start(cell, keep_state, self._device(worker, cell))
         return worker
@@ -428,8 +458,10 @@ class RayExecutor:
         retries: int = 3,
         resources: dict | None = None,
         device: str = "auto",
+        imports: Sequence[str] = (),
     ):
         self.options = ray_options(resources, retries)
+        self.imports = list(imports)
         cpus, gpus = self.options["num_cpus"], self.options["num_gpus"]
         from ablations.spec import SpecError  # the driver's: workers need no grid schema
 
@@ -478,7 +510,7 @@ class RayExecutor:
 
     def submit(self, cell: Cell, keep_state: bool):
         ref = self.task.options(**self.options).remote(
-            cell, self.threads, self.progress, keep_state
+            cell, self.threads, self.progress, keep_state, None, self.imports
         )
         self.in_flight.add(ref)
         return ref
@@ -535,9 +567,11 @@ def make_executor(
     address: str | None = None,
     resources: dict | None = None,
     device: str = "auto",
+    imports: Sequence[str] = (),
 ):
     """The executor `name` (one of `EXECUTORS`) for a grid whose `training.device` is
-    `device` and whose `[resources]` are `resources` (Ray); ValueError naming the valid ones.
+    `device`, whose `[resources]` are `resources` (Ray) and whose plugins `imports` (every
+    worker imports them); ValueError naming the valid ones.
     The local executor's default `workers`: one per GPU where the cells train on this
     machine's GPUs, else one per core it may use (ablations.devices.default_local_workers)."""
     if workers is not None and workers < 1:
@@ -545,7 +579,7 @@ def make_executor(
     if name == "local":
         if address is not None:
             raise ValueError(f"address={address!r} is for executor='ray', not 'local'")
-        return LocalExecutor(workers or default_local_workers(device))
+        return LocalExecutor(workers or default_local_workers(device), imports=imports)
     if name == "ray":
-        return RayExecutor(workers, address, resources=resources, device=device)
+        return RayExecutor(workers, address, resources=resources, device=device, imports=imports)
     raise ValueError(f"executor={name!r} is not valid; valid: {', '.join(EXECUTORS)}")

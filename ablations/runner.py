@@ -38,12 +38,15 @@ import time
 from pathlib import Path
 
 from ablations.cell import Cell, training_settings
+from ablations.devices import default_local_workers
 from ablations.executors import make_executor
 from ablations.progress import Progress, cell_label, make_progress
 from ablations.spec import GridSpec, SpecError
 from ablations.status import grid_status
 from ablations.store import FINISHED, ClaimError, ResultsStore, StoreError, config_key
+from ablations.tasks.registry import TASKS
 from ablations.train import LOST, CellOutcome, smoke_test
+from attn_zoo.mechanisms.registry import MECHANISMS
 
 
 class GridInterrupted(KeyboardInterrupt, SystemExit):
@@ -155,7 +158,9 @@ def run_grid(
     commit = source_commit()
     stop = _StopSignals()  # before ray.init, which sets its own SIGTERM handler
     device = training_settings(spec.training)["device"]  # where the local workers go
-    pool = make_executor(executor, workers, address, spec.resources, device)
+    if executor == "ray" or (workers or default_local_workers(device)) > 1:
+        _check_importable(spec)  # before any worker starts
+    pool = make_executor(executor, workers, address, spec.resources, device, spec.imports)
     stop.install(pool)
     try:
         progress = make_progress(todo, len(cells), pool.slots, interval, out)
@@ -256,6 +261,23 @@ def run_grid(
         raise GridInterrupted(stop.signum, summary, progress.counts)
     progress.print(progress.status_line())
     return progress.counts
+
+
+def _check_importable(spec: GridSpec) -> None:
+    """SpecError when a name of the grid is defined in the script that runs
+    it (module __main__): other worker processes cannot import a script, so they would fail
+    every cell with an unknown name."""
+    names = {("mechanism", MECHANISMS, cell.mechanism_name) for cell in spec.cells} | {
+        ("task", TASKS, cell.task_name) for cell in spec.cells
+    }
+    for kind, registry, name in sorted(names, key=str):
+        if name in registry and getattr(registry[name], "__module__", "") == "__main__":
+            raise SpecError(
+                f"{spec.path}: {kind} {name!r} is defined in the script that runs the grid "
+                "(__main__), which worker processes cannot import: move it into a module and "
+                "name that module in the grid's imports = [...] (or --import), or run the grid "
+                "with workers=1 (one worker trains in this process)"
+            )
 
 
 def _print_notes(pool, progress: Progress) -> None:

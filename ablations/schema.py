@@ -288,6 +288,10 @@ class GridFile(Table):
     """A grid file as written: the typed schema `load_grid` validates it with."""
 
     name: Name
+    imports: Annotated[
+        list[Label],
+        Valid('a list of modules or .py files, e.g. ["my_attention"] (ablations.plugins)'),
+    ] = []
     seeds: tables(Seed, f"a non-empty list of distinct ints ({SEED_RANGE})") = [0]
     store: (
         rule(StrictStr, "a non-empty str (a path, relative to the grid file's folder)", bool) | None

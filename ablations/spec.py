@@ -128,6 +128,7 @@ from ablations.cell import (
 )
 from ablations.cell_model import build_cell_model
 from ablations.devices import DEVICES, RESOURCE_DEFAULTS, device_problem, precision_problem
+from ablations.plugins import import_plugins, resolve
 from ablations.references import REFERENCES
 from ablations.schema import (
     SECTIONS,
@@ -146,6 +147,7 @@ from ablations.schema import (
 from ablations.tasks import build_task, task_arguments
 from attn_zoo.mechanisms.registry import MECHANISMS
 from attn_zoo.models.block import build_attention
+from attn_zoo.registry import PluginError
 
 
 class SpecError(ValueError):
@@ -192,6 +194,7 @@ class GridSpec:
     checkpoints: bool = False
     resources: dict = field(default_factory=lambda: dict(RESOURCE_DEFAULTS))  # no cell's part
     selection: Selection | None = None
+    imports: list[str] = field(default_factory=list)  # plugins, as workers import them
 
 
 def _base(file: GridFile, task: TaskEntry, size: SizeEntry, mech: MechanismEntry) -> Base:
@@ -689,11 +692,16 @@ SIZE_FIELDS = ("label", "d_model", "n_layers")
 
 
 def load_grid(
-    path: str | Path, overrides: list[str] | None = None, check_device: bool = True
+    path: str | Path,
+    overrides: list[str] | None = None,
+    check_device: bool = True,
+    imports: list[str] | None = None,
 ) -> GridSpec:
     """Read, override, validate and return the grid at `path`; raises SpecError.
     `check_device=False` accepts a device this machine lacks (to read the status or report of
-    a grid trained elsewhere, e.g. on a GPU)."""
+    a grid trained elsewhere, e.g. on a GPU). The plugins the grid's `imports` and `imports`
+    here (the CLI's --import, resolved against the working folder) name are imported first
+    (ablations.plugins), so that their names are valid."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
@@ -701,6 +709,18 @@ def load_grid(
         raise SpecError(f"{path}: cannot read the grid spec: {_one_line(err)}") from None
     _check_depth(path, "the grid spec", raw)
     raw = apply_overrides(raw, overrides or [], path)
+    try:
+        named = TypeAdapter(GridFile.model_fields["imports"].annotation).validate_python(
+            raw.get("imports", [])
+        )
+    except ValidationError as err:
+        raise _spec_error(path, err, key="imports") from None
+    plugins = [*resolve(named, path.parent), *resolve(imports or [])]
+    try:
+        import_plugins(named, path.parent, f"{path.name} imports")
+        import_plugins(imports or [], where="--import")
+    except PluginError as err:
+        raise SpecError(f"{path}: {err}") from None
     try:
         grid = GridFile.model_validate(raw)
     except ValidationError as err:
@@ -747,4 +767,5 @@ def load_grid(
         grid.checkpoints,
         grid.resources.model_dump(),
         grid.selection,
+        plugins,
     )

@@ -19,9 +19,41 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Callable, Iterable, Iterator
+from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+PLUGIN_GROUP = "attn_zoo.plugins"  # the entry-point group installed packages register through
+_plugins_loaded = False
+
+
+class PluginError(ImportError):
+    """A plugin (an entry point of `PLUGIN_GROUP`, or a module a grid or the CLI names) that
+    cannot be imported; the message names it and says why in one line."""
+
+
+def load_entry_point_plugins() -> list[str]:
+    """Import every module that an installed package registers under the entry-point group
+    `PLUGIN_GROUP` (``[project.entry-points."attn_zoo.plugins"] mine = "my_package.attention"``),
+    once per process; the names loaded. Every registry calls it before answering a question
+    about its names, so an installed plugin's mechanisms, backends, tasks and retrievers are
+    there in any process (a grid's workers included) without an import of its own."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return []
+    _plugins_loaded = True  # before loading: a plugin that lists a registry does not recurse
+    loaded = []
+    for entry in entry_points(group=PLUGIN_GROUP):
+        try:
+            entry.load()
+        except Exception as err:
+            _plugins_loaded = False  # the next question raises again, not a silent miss
+            raise PluginError(
+                f"plugin {entry.name!r} ({entry.value}, entry point group {PLUGIN_GROUP!r}) "
+                f"cannot be imported: {' '.join(f'{type(err).__name__}: {err}'.split())}"
+            ) from err
+        loaded.append(entry.name)
+    return loaded
 
 
 def unknown_name_error(kind: str, name: object, valid: Iterable[str]) -> ValueError:
@@ -76,21 +108,26 @@ class Registry(Generic[T]):
         return add if entry is None else add(entry)
 
     def __getitem__(self, name: str) -> T:
+        if isinstance(name, str) and name not in self._entries:
+            load_entry_point_plugins()
         if not isinstance(name, str) or name not in self._entries:
             raise unknown_name_error(self.kind, name, self._entries)
         return self._entries[name]
 
     def __contains__(self, name: object) -> bool:
+        if name not in self._entries:
+            load_entry_point_plugins()
         return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._entries))
+        return iter(self.names())
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.names())
 
     def names(self) -> list[str]:
-        """Every registered name, sorted."""
+        """Every registered name (installed plugins' included), sorted."""
+        load_entry_point_plugins()
         return sorted(self._entries)
 
     def unregister(self, name: str) -> T:

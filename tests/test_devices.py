@@ -150,7 +150,7 @@ def test_local_workers_and_threads_follow_the_cores_this_process_may_use(monkeyp
 def test_the_local_executor_sends_each_worker_its_placement(tmp_path, monkeypatch):
     seen = []
 
-    def fake_run_cell(cell, threads, progress=None, keep_state=False, device=None):
+    def fake_run_cell(cell, threads, progress=None, keep_state=False, device=None, imports=()):
         seen.append(device)
         return CellOutcome("failed", environment(device), error="not trained")
 
@@ -193,12 +193,12 @@ def test_the_ray_executor_submits_each_cell_with_its_options(tmp_path):
     spec = load_grid(tiny_grid(tmp_path), ["resources.num_cpus=2", "resources.num_gpus=0.25"])
     pool = object.__new__(RayExecutor)  # no Ray instance: what submit hands to Ray
     pool.options, pool.threads, pool.progress = ray_options(spec.resources), 2, None
-    pool.task, pool.in_flight = Task(), set()
+    pool.task, pool.in_flight, pool.imports = Task(), set(), []
     cell = spec.cells[0]
     pool.submit(cell, True)
     assert calls == [
         ("options", {"num_cpus": 2, "num_gpus": 0.25, "max_retries": 3}),
-        ("remote", (cell, 2, None, True)),
+        ("remote", (cell, 2, None, True, None, [])),
     ]
 
 

@@ -21,7 +21,7 @@ from grids import MQAR_LONG, SAME_PAIR, STD, tiny_grid, with_heads
 from ablations import executors, runner
 from ablations.spec import load_grid
 from ablations.store import ResultsStore, StoreError
-from ablations.train import CellOutcome
+from ablations.train import LOST, CellOutcome
 
 SUMMARY = re.compile(
     r"interrupted \((SIGINT|SIGTERM)\): (\d+) finished, (\d+) released, (\d+) not started; "
@@ -107,7 +107,9 @@ def kill_session(run: subprocess.Popen) -> None:
     run.wait()
 
 
-def fake_outcome(cell, threads: int, progress=None, keep_state: bool = False) -> CellOutcome:
+def fake_outcome(
+    cell, threads: int, progress=None, keep_state: bool = False, **placed
+) -> CellOutcome:
     return CellOutcome("done", metrics={"test_acc": 1.0, "steps": 1})
 
 
@@ -257,7 +259,7 @@ def test_a_cell_the_executor_lost_is_released_not_recorded_failed(tmp_path, monk
         out = real_wait(self, handles, timeout)
         if out and not lost:
             lost.append(True)
-            return [(out[0][0], {"status": executors.LOST, "error": "WorkerCrashedError: gone"})]
+            return [(out[0][0], CellOutcome(LOST, error="WorkerCrashedError: gone"))]
         return out
 
     monkeypatch.setattr(executors.LocalExecutor, "wait", lose_the_first)

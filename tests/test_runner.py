@@ -206,7 +206,9 @@ def test_on_a_terminal_the_progress_is_a_live_view_and_elsewhere_plain_lines(tmp
                               "same_pair/xs/rel/seed0 starting")  # fmt: skip
 
 
-def fake_outcome(cell: Cell, threads: int, progress=None, keep_state: bool = False) -> CellOutcome:
+def fake_outcome(
+    cell: Cell, threads: int, progress=None, keep_state: bool = False, **placed
+) -> CellOutcome:
     return CellOutcome("done", metrics={"test_acc": 1.0, "steps": 1})
 
 
@@ -226,7 +228,7 @@ def test_a_run_expands_the_grid_once_and_trains_the_cells_status_shows_unfinishe
     monkeypatch.setattr(
         executors,
         "run_cell",
-        lambda cell, *args: trained.append(cell) or fake_outcome(cell, 1),
+        lambda cell, *args, **kwargs: trained.append(cell) or fake_outcome(cell, 1),
     )
     out = io.StringIO()
     assert run_grid(spec, workers=1, out=out)["done"] == 1

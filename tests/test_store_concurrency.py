@@ -181,7 +181,9 @@ def grid_spec(tmp_path: Path):
     )
 
 
-def fake_outcome(cell, threads: int, progress=None, keep_state: bool = False) -> CellOutcome:
+def fake_outcome(
+    cell, threads: int, progress=None, keep_state: bool = False, **placed
+) -> CellOutcome:
     return CellOutcome("done", metrics={"test_acc": 1.0, "steps": 1, "seed": cell.seed})
 
 
