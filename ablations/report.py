@@ -37,9 +37,13 @@ Failed, diverged and unfinished cells are listed in their own section, never dro
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
+import re
 import shutil
+import sys
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -75,7 +79,7 @@ from ablations.selection import (
     varying_per_task,
     varying_settings,
 )
-from ablations.store import ResultsStore, error_summary
+from ablations.store import ResultsStore, _pid_alive, error_summary
 from ablations.tasks import build_task
 
 SUMMARY_COLUMNS = [
@@ -557,16 +561,19 @@ def write_report(
 
     The folder belongs to the report and is written whole or not at all: the report is written
     into a new hidden sibling folder (``.<name>.partial-<pid>-<random>``), which then replaces
-    `out_dir` (the old folder is renamed away, the new one renamed in, the old one deleted), so
-    files in `out_dir` that this report does not write are deleted with the previous report,
-    and an error on the way leaves the previous report as it was and no partial folder behind.
+    `out_dir` (`_replace_folder`: swapped in one step where the file system can), so files in
+    `out_dir` that this report does not write are deleted with the previous report, an error
+    on the way leaves the previous report as it was and no partial folder behind, and a kill
+    at any instant leaves the old or the new report; the next report into `out_dir` deletes
+    what killed reports left (`_recover`).
     To keep other files safe, `out_dir` must be missing, empty, or a previous report: a folder
     of .md, .html, .csv and .png files holding report.md (FileExistsError otherwise)."""
     store = _open(store)
     final = Path(out_dir).resolve()
+    _recover(final)
     _check_replaceable(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    partial = final.with_name(f".{final.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    partial = _hidden(final, "partial")
     partial.mkdir()
     try:
         page = report_page(store, partial, title, target, note, selection, keys)
@@ -601,21 +608,72 @@ def _check_replaceable(folder: Path) -> None:
         )
 
 
+def _hidden(final: Path, kind: str) -> Path:
+    """A new hidden sibling folder name of `final` for this process: `.<name>.<kind>-<pid>-<hex>`
+    (`kind`: "partial", a report being written, or "old", the previous one set aside)."""
+    return final.with_name(f".{final.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _recover(final: Path) -> None:
+    """Clean up after reports into `final` that were killed: where `final` is missing but a dead
+    run set the previous report aside (``.<name>.old-<pid>-*``), put it back; then delete the
+    hidden folders of dead runs (of this host: the pid in the name). A live run's are kept."""
+    pattern = re.compile(rf"\.{re.escape(final.name)}\.(partial|old)-(\d+)-[0-9a-f]{{8}}")
+    dead = []
+    for path in final.parent.iterdir() if final.parent.is_dir() else []:
+        match = pattern.fullmatch(path.name)
+        if match and path.is_dir() and not path.is_symlink() and not _pid_alive(int(match[2])):
+            dead.append((match[1], path))
+    olds = [path for kind, path in dead if kind == "old"]
+    if olds and not (final.exists() or final.is_symlink()):
+        max(olds, key=lambda path: path.stat().st_mtime_ns).rename(final)
+    for _, path in dead:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+RENAME_EXCHANGE = 2  # renameat2 flag: swap the two paths in one step (Linux 3.15)
+AT_FDCWD = -100
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap the folders `first` and `second` in one step (Linux renameat2 RENAME_EXCHANGE), so
+    that at every instant each path holds one of them: whether it was done (False where the
+    system or the file system has no such call)."""
+    if sys.platform != "linux":
+        return False
+    rename = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if rename is None:  # a C library older than glibc 2.28
+        return False
+    paths = (AT_FDCWD, os.fsencode(first), AT_FDCWD, os.fsencode(second), RENAME_EXCHANGE)
+    if rename(*paths) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(first), None, str(second))
+
+
 def _replace_folder(new: Path, final: Path) -> None:
-    """Put folder `new` in the place of `final`: rename the old one away, rename `new` in,
-    then delete the old one (renaming the old one back if `new` cannot be renamed in)."""
-    old = None
-    if final.exists() or final.is_symlink():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        final.rename(old)
+    """Put the complete folder `new` in the place of `final` so that a kill at any instant
+    leaves a whole report there, the old or the new one: swap them in one step (`_exchange`)
+    and delete the old one, now at `new`. Where the file system cannot swap: rename the old
+    one aside (``.<name>.old-*``), rename `new` in (renaming the old one back on an error),
+    delete the old one; a kill between the two renames leaves `final` missing until the next
+    report puts the old one back (`_recover`)."""
+    if not (final.exists() or final.is_symlink()):
+        new.rename(final)
+        return
+    if _exchange(new, final):
+        shutil.rmtree(new, ignore_errors=True)
+        return
+    old = _hidden(final, "old")
+    final.rename(old)
     try:
         new.rename(final)
     except BaseException:
-        if old is not None:
-            old.rename(final)
+        old.rename(final)
         raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _new_file(folder: Path, name: str) -> Path:
@@ -628,12 +686,14 @@ def _new_file(folder: Path, name: str) -> Path:
 
 
 def _open(store: str | Path | ResultsStore) -> ResultsStore:
-    """`store`, or the ResultsStore at that path (FileNotFoundError without one)."""
+    """`store`, or the ResultsStore at that path opened read-only: a report creates and
+    changes nothing beside its folder (FileNotFoundError without a store, StoreError for a
+    file that is not one)."""
     if isinstance(store, ResultsStore):
         return store
     if not Path(store).is_file():
         raise FileNotFoundError(f"no results store at {store}")
-    return ResultsStore(store)
+    return ResultsStore(store, readonly=True)
 
 
 def report_page(

@@ -1,0 +1,217 @@
+"""Reports and status under hostile inputs, each as it failed: a database that is not a results
+store, a read-only mount, a SIGKILL in the report's folder swap, NaN results, cells compared with
+different settings, swept values that print alike, and labels that are links, formulas or very
+long. Real files, mounts, processes and signals throughout."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_report_safety import add_done, config, files_under
+
+from ablations.cli import main
+from ablations.report import _recover, write_report
+from ablations.store import ResultsStore
+
+REPO = Path(__file__).resolve().parents[1]
+WHOLE = ("report.md", "index.html", "summary.csv", "cells.csv")  # what every report holds
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """`python -m ablations.cli ARGS` in a process of its own."""
+    command = [sys.executable, "-m", "ablations.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def hidden(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def whole_report(folder: Path) -> str:
+    """report.md of the complete report in `folder` (every file there, index.html ended)."""
+    assert {name for name in WHOLE} <= {p.name for p in folder.iterdir()}
+    assert (folder / "index.html").read_text().endswith("</html>\n")
+    return (folder / "report.md").read_text()
+
+
+# Read means read --------------------------------------------------------------------------
+
+
+def test_report_refuses_a_database_that_is_not_a_results_store_and_changes_nothing(tmp_path):
+    notes = tmp_path / "notes.sqlite"
+    with sqlite3.connect(notes) as db:
+        db.execute("CREATE TABLE notes (day TEXT, text TEXT)")
+        db.execute("INSERT INTO notes VALUES ('monday', 'buy milk')")
+    db.close()
+    empty = tmp_path / "empty.sqlite"
+    empty.touch()
+    before = files_under(tmp_path)
+    for path, why in ((notes, "no cells table (tables: notes)"), (empty, "an empty file")):
+        run = cli("report", str(path), "--out", str(tmp_path / "out"))
+        assert run.returncode != 0 and "Traceback" not in run.stderr
+        assert run.stderr == f"error: {path} is not an attn_zoo results store: {why}\n"
+        assert files_under(tmp_path) == before  # the same bytes, no -wal, -shm nor out folder
+
+
+def test_a_missing_store_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", str(tmp_path / "none.sqlite"), "--out", str(tmp_path / "out")])
+    assert str(exit_.value) == f"error: no results store at {tmp_path / 'none.sqlite'}"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def read_only_mount(tmp_path):
+    """A tmpfs mounted at tmp_path/ro, to be filled then made read-only by `remount_read_only`
+    (skips where this process cannot mount: root does not heed chmod, a mount stops it too)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(folder)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)
+
+
+def remount_read_only(folder: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+    with pytest.raises(OSError):  # read-only for root too
+        (folder / "probe").touch()
+
+
+def test_report_and_status_read_a_store_on_a_read_only_mount(read_only_mount, tmp_path, capsys):
+    from grids import tiny_grid
+
+    from ablations.spec import load_grid
+
+    grid = tiny_grid(read_only_mount, seeds=[0], training={"steps": 10})
+    spec = load_grid(grid)
+    store = ResultsStore(spec.store)
+    for final, cell in zip((0.6, 0.8), spec.cells, strict=True):
+        add_done(store, cell.config(), final)
+    store.close()  # as a finished run leaves it: no -wal or -shm file
+    remount_read_only(read_only_mount)
+    before = files_under(read_only_mount)
+    assert main(["report", str(spec.store), "--out", str(tmp_path / "out")]) == 0
+    assert "## Task: same_pair" in whole_report(tmp_path / "out")
+    assert main(["report", str(grid), "--out", str(tmp_path / "grid_out")]) == 0
+    assert main(["ablate", "status", str(grid)]) == 0
+    assert "2 done" in capsys.readouterr().out
+    assert files_under(read_only_mount) == before
+
+
+def test_report_and_status_create_no_file_beside_a_closed_store(tmp_path, capsys):
+    from grids import tiny_grid
+
+    from ablations.spec import load_grid
+
+    (tmp_path / "grid").mkdir()
+    grid = tiny_grid(tmp_path / "grid", seeds=[0], training={"steps": 10})
+    spec = load_grid(grid)
+    store = ResultsStore(spec.store)
+    add_done(store, spec.cells[0].config(), 0.7)
+    store.close()
+    before = files_under(tmp_path / "grid")
+    assert main(["report", str(spec.store), "--out", str(tmp_path / "out")]) == 0
+    assert main(["ablate", "status", str(grid)]) == 0
+    assert main(["ablate", "run", str(grid), "--dry-run"]) == 0
+    assert files_under(tmp_path / "grid") == before  # no -wal or -shm file, the same bytes
+
+
+# A kill in the folder swap ----------------------------------------------------------------
+
+CHILD = """
+import os, sys, time
+from pathlib import Path
+import ablations.report as report
+
+store, out, ready, point = sys.argv[1:]
+
+
+def pause():
+    Path(ready).write_text(str(os.getpid()))
+    time.sleep(600)
+
+
+if point == "swapped":  # the new report swapped in, the old one not deleted yet
+    exchange = report._exchange
+
+    def swap_then_pause(first, second):
+        assert exchange(first, second)
+        pause()
+
+    report._exchange = swap_then_pause
+else:  # a file system that cannot swap: the old report renamed aside, the new one not in yet
+    report._exchange = lambda first, second: False
+    rename = Path.rename
+
+    def rename_then_pause(self, target):
+        moved = rename(self, target)
+        if Path(target).name.startswith(f".{Path(out).name}.old-"):
+            pause()
+        return moved
+
+    Path.rename = rename_then_pause
+report.write_report(store, out)
+"""
+
+
+def start_killed_report(store: Path, out: Path, point: str) -> subprocess.Popen:
+    """A process writing the report of `store` into `out` that stops at `point` of the swap."""
+    ready = out.with_name(f"ready-{point}")
+    command = [sys.executable, "-c", CHILD, str(store), str(out), str(ready), point]
+    child = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    child.ready = ready
+    return child
+
+
+def kill_when_ready(child: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 300
+    while not child.ready.exists():
+        assert child.poll() is None, child.stderr.read()
+        assert time.monotonic() < deadline, "the report never reached its swap"
+        time.sleep(0.1)
+    os.kill(child.pid, signal.SIGKILL)
+    assert child.wait() == -signal.SIGKILL
+    child.ready.unlink()
+
+
+def test_a_report_killed_in_its_folder_swap_leaves_a_whole_report(tmp_path):
+    """Killed just after swapping the new report in (where the file system swaps in one step)
+    and just after setting the old one aside (where it cannot): the target holds a whole
+    report, or gets the old one back from the next report, which leaves no hidden folder."""
+    store = ResultsStore(tmp_path / "store.sqlite")
+    add_done(store, config(task="first"), 0.6)
+    folders = {point: tmp_path / point.replace(" ", "_") / "rep" for point in ("swapped", "aside")}
+    for out in folders.values():
+        write_report(store, out)
+    old = {point: files_under(out) for point, out in folders.items()}
+    add_done(store, config(task="second"), 0.8)
+    children = {point: start_killed_report(store.path, out, point) for point, out in
+                folders.items()}  # fmt: skip
+    for child in children.values():  # both start at once: they spend most of it importing
+        kill_when_ready(child)
+
+    swapped = folders["swapped"]
+    assert "## Task: second" in whole_report(swapped)  # the new report, whole
+    assert [name.split("-")[0] for name in hidden(swapped.parent)] == [".rep.partial"]
+
+    aside = folders["aside"]
+    assert not aside.exists()  # the old way's gap: the report folder is gone
+    assert [name.split("-")[0] for name in hidden(aside.parent)] == [".rep.old", ".rep.partial"]
+    _recover(aside)  # what the next report does first: the old report back, the rest deleted
+    assert files_under(aside) == old["aside"] and hidden(aside.parent) == []
+
+    for out in folders.values():  # the next report
+        write_report(store, out)
+        assert "## Task: second" in whole_report(out) and hidden(out.parent) == []
