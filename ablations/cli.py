@@ -109,8 +109,10 @@ def _ablate_run(args: argparse.Namespace) -> int:
 
 def _ablate_status(args: argparse.Namespace) -> int:
     spec = _load_grid(args.grid, args.set, here=False)
+    from ablations.status import status_text
+
     table = _cell_table(spec)
-    print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}", na_rep="-"))
+    print(status_text(table, spec.swept_keys))
     counts = table["status"].value_counts()
     print(f"\ngrid {spec.name!r}, store {spec.store}: " + ", ".join(
         f"{n} {status}" for status, n in counts.items()

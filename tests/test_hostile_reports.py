@@ -215,3 +215,28 @@ def test_a_report_killed_in_its_folder_swap_leaves_a_whole_report(tmp_path):
     for out in folders.values():  # the next report
         write_report(store, out)
         assert "## Task: second" in whole_report(out) and hidden(out.parent) == []
+
+
+# Status ---------------------------------------------------------------------------------
+
+
+def test_status_prints_swept_values_apart_and_a_dash_for_steps_not_run(tmp_path, capsys):
+    from grids import STD, tiny_grid
+
+    from ablations.spec import load_grid
+
+    grid = tiny_grid(tmp_path, seeds=[0], mechanisms=[STD])
+    grid.write_text(grid.read_text() + "[sweep]\ntraining.lr = [1e-5, 3e-5, 1e-4]\n")
+    spec = load_grid(grid)
+    store = ResultsStore(spec.store)
+    key = store.claim(spec.cells[0].config())
+    store.finish(key, "done", {"steps": 20, "test_acc": 0.6251})
+    assert main(["ablate", "status", str(grid)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header, *rows = lines[: 1 + len(spec.cells)]
+    assert header.split() == ["task", "size", "mechanism", "training.lr", "seed", "status",
+                              "steps", "test_acc"]  # fmt: skip
+    cells = [row.split() for row in rows]
+    assert [cell[3] for cell in cells] == ["1e-05", "3e-05", "0.0001"]
+    assert cells[0][5:] == ["done", "20", "0.625"]
+    assert cells[1][5:] == cells[2][5:] == ["todo", "-", "-"]  # not <NA>
