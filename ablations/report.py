@@ -53,6 +53,7 @@ from matplotlib.figure import Figure
 
 from ablations.attention_figures import attention_blocks
 from ablations.report_pages import (
+    TITLE_LABEL,
     Bullets,
     Image,
     Page,
@@ -66,6 +67,8 @@ from ablations.report_pages import (
     path_in,
     plot_text,
     plot_title,
+    short_label,
+    write_csv,
     write_pages,
 )
 from ablations.schema import Selection
@@ -325,7 +328,7 @@ def _plot_curves(
         ylabel, what = f"validation {metric} − floor ({floor:.3f})", f"{metric} above the floor"
     elif floor is not None:
         ax.axhline(floor, color="black", linestyle=":", label="floor (no model can be lower)")
-    title = plot_title(f"{task}: learning curves ({what})")
+    title = plot_title(f"{short_label(task, TITLE_LABEL)}: learning curves ({what})")
     ax.set(xlabel="step", ylabel=ylabel, title=title)
     legend(figure, ax)
     return figure
@@ -368,7 +371,9 @@ def _curve_panels(
 
 def _curve_label(mechanism: str, size: str, setting: str, sizes: bool) -> str:
     """'relational (small; training.lr=0.001)': the size where a plot has several, the
-    setting where the cells have one."""
+    setting where the cells have one; a mechanism or size label of over LABEL_CHARS
+    characters shortened (report_pages.short_label)."""
+    mechanism, size = short_label(mechanism), short_label(size)
     details = ([size] if sizes else []) + ([setting] if setting else [])
     return f"{mechanism} ({'; '.join(details)})" if details else mechanism
 
@@ -423,7 +428,7 @@ def _plot_vs_params(
     ax.set_xscale("log")
     name = _metric_name(metric)
     ax.set(xlabel="parameters", ylabel="test accuracy" if metric == "test_acc" else name)
-    ax.set_title(plot_title(f"{task}: {name} vs parameters"))
+    ax.set_title(plot_title(f"{short_label(task, TITLE_LABEL)}: {name} vs parameters"))
     legend(figure, ax)
     return figure
 
@@ -465,7 +470,7 @@ def _plot_vs_train_size(
             lambda values: pd.Series(interval(values)[:3], index=["mean", "low", "high"])
         ).unstack()  # fmt: skip
         half = (stats["high"] - stats["mean"]).fillna(0.0)
-        label = plot_text(mechanism if len(sizes) == 1 else f"{mechanism} ({size})")
+        label = plot_text(_curve_label(mechanism, size, "", len(sizes) > 1))
         style = LINESTYLES[sizes.index(size) % len(LINESTYLES)]
         ax.errorbar(
             stats.index, stats["mean"], yerr=half, fmt="o" + style, capsize=3,
@@ -476,7 +481,9 @@ def _plot_vs_train_size(
     ax.set_xticks(n_train, labels=[f"{n:.0f}" for n in n_train])
     ax.minorticks_off()
     ax.set(xlabel="training examples (n_train)", ylabel=metric.replace("_", " "))
-    ax.set_title(plot_title(f"{task_name}: {metric} vs training-set size"))
+    ax.set_title(
+        plot_title(f"{short_label(task_name, TITLE_LABEL)}: {metric} vs training-set size")
+    )
     legend(figure, ax)
     return figure
 
@@ -717,8 +724,8 @@ def report_page(
     cells = _cells(frame)
     summary = summary_table(frame, target)
 
-    _cells_csv(frame).to_csv(_new_file(folder, "cells.csv"), index=False)
-    summary.to_csv(_new_file(folder, "summary.csv"), index=False)
+    write_csv(_cells_csv(frame), _new_file(folder, "cells.csv"))
+    write_csv(summary, _new_file(folder, "summary.csv"))
     page = _page(store, frame, cells, title, note)
     if left_out:
         page.facts.insert(2, f"Left out: {left_out} cells of the store that are not in the grid")
@@ -851,11 +858,15 @@ def _selection_section(
         )
         for name in reported
     }
-    pd.concat([c.assign(reported=name) for name, c in chosen.items()]).drop(
-        columns=["seeds", "rows"], errors="ignore"
-    ).to_csv(_new_file(folder, "selection.csv"), index=False)
-    pd.concat([p.assign(reported=name) for name, p in pairs.items()]).to_csv(
-        _new_file(folder, "paired.csv"), index=False
+    write_csv(
+        pd.concat([c.assign(reported=name) for name, c in chosen.items()]).drop(
+            columns=["seeds", "rows"], errors="ignore"
+        ),
+        _new_file(folder, "selection.csv"),
+    )
+    write_csv(
+        pd.concat([p.assign(reported=name) for name, p in pairs.items()]),
+        _new_file(folder, "paired.csv"),
     )
     first = chosen[reported[0]]  # the settings: the same for every reported metric
     better = "highest" if higher_is_better(metric) else "lowest"

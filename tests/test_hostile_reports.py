@@ -5,6 +5,7 @@ long. Real files, mounts, processes and signals throughout."""
 
 from __future__ import annotations
 
+import csv
 import os
 import signal
 import sqlite3
@@ -240,3 +241,68 @@ def test_status_prints_swept_values_apart_and_a_dash_for_steps_not_run(tmp_path,
     assert [cell[3] for cell in cells] == ["1e-05", "3e-05", "0.0001"]
     assert cells[0][5:] == ["done", "20", "0.625"]
     assert cells[1][5:] == cells[2][5:] == ["todo", "-", "-"]  # not <NA>
+
+
+# Pages are plain text ---------------------------------------------------------------------
+
+LINK = "![x](http://evil.example/t.png) [click](http://evil.example) www.evil.example *em* `c`"
+FORMULAS = ['=HYPERLINK("http://evil.example")', "+1+cmd", "-2+3", "@SUM(A1)", "\tx", "\rx"]
+LONG = "".join(f"label {i} " for i in range(1_200))[:10_000]  # 10,000 characters
+
+
+def finish(store: ResultsStore, cell: dict, status: str, **metrics) -> str:
+    """Record `cell` with `status` and `metrics` (validation and test accuracy and loss, steps,
+    parameters, ms per step: 0.5, 0.5, 0.7, 0.7, 40, 1000, 1.0 unless given); its key."""
+    values = dict(val_acc=0.5, test_acc=0.5, val_loss=0.7, test_loss=0.7, steps=40,
+                  params=1000, step_ms=1.0) | metrics  # fmt: skip
+    curve = [[step, 0.7, values["val_loss"], values["val_acc"]] for step in (20, 40)]
+    key = store.claim(cell)
+    store.finish(key, status, values, curve, {"torch": "9.9.9"})
+    return key
+
+
+def test_labels_are_plain_text_in_markdown_csvs_and_plots(tmp_path):
+    from markdown_it import MarkdownIt
+    from matplotlib.image import imread
+
+    from ablations.report_pages import FORMULA_START, short_label
+    from ablations.schema import Selection
+
+    store = ResultsStore(tmp_path / "hostile.sqlite")
+    mechanisms = {LINK: FORMULAS, LONG: [LONG + "a", LONG + "b"]}
+    for task, labels in mechanisms.items():
+        for i, mechanism in enumerate(labels):
+            for seed in (0, 1):
+                accuracy = 0.6 + i / 20 + seed / 100
+                finish(store, config(task=task, mechanism=mechanism, seed=seed),
+                       "done", val_acc=accuracy, test_acc=accuracy)  # fmt: skip
+    compare = [[FORMULAS[0], FORMULAS[1]]]
+    out = write_report(store, tmp_path / "out", selection=Selection(compare=compare))
+
+    markdown = (out / "report.md").read_text()
+    parser = MarkdownIt("commonmark").enable(["table", "strikethrough"])
+    tokens = [t for block in parser.parse(markdown) for t in [block, *(block.children or [])]]
+    assert not [t for t in tokens if t.type == "link_open"]  # no link: not one
+    images = [t.attrs["src"] for t in tokens if t.type == "image"]
+    assert images and all(out.joinpath(src).is_file() for src in images)  # the report's PNGs only
+    assert "http://" not in markdown and "www.evil" not in markdown  # no bare URL to link
+    shown = parser.render(markdown)
+    assert f"<h2>Task: {LINK}</h2>" in shown  # shown as written (no <em>, no <code>)
+
+    csvs = {path.name: path for path in out.glob("*.csv")}
+    assert sorted(csvs) == ["cells.csv", "paired.csv", "selection.csv", "summary.csv"]
+    for name, path in csvs.items():
+        with path.open(newline="") as file:
+            fields = {field for row in csv.reader(file) for field in row}
+        for field in fields:  # a formula only behind a quote; numbers as they are
+            if field.startswith(FORMULA_START) and field != "-":
+                float(field)
+        shown = FORMULAS[:2] if name == "paired.csv" else FORMULAS  # paired: the pair compared
+        assert {"'" + label.replace("\r", "\n") for label in shown} <= fields, name
+
+    pngs = sorted(out.glob("*.png"))
+    assert len(pngs) >= 4
+    for png in pngs:  # the 10,000-character labels made a plot 70,061 pixels wide
+        assert imread(png).shape[1] < 3000, png.name
+    short = [short_label(LONG + "a"), short_label(LONG + "b")]
+    assert short[0] != short[1] and {len(s) for s in short} == {60}
