@@ -40,6 +40,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import json
+import math
 import os
 import re
 import shutil
@@ -74,6 +75,7 @@ from ablations.report_pages import (
 from ablations.schema import Selection
 from ablations.selection import (
     GROUP,
+    UNFINISHED,
     higher_is_better,
     interval,
     paired,
@@ -102,6 +104,7 @@ SUMMARY_COLUMNS = [
     "samples_to_target",
     "params",
     "step_ms",
+    "why",
 ]
 SPLIT_SIZES = ("n_train", "n_validation", "n_test")
 REPORT_SUFFIXES = (".md", ".html", ".csv", ".png")  # what a report folder may hold
@@ -132,9 +135,11 @@ FIELDS = {  # tidy column of a cell: its column in the flattened store frame
 
 
 def _cells(df: pd.DataFrame) -> pd.DataFrame:
-    """One tidy row per cell (the index of `df`): task label and name, other labels, status,
-    the numbers the report uses, the settings the cells vary in beyond task, size, mechanism
-    and seed (ablations.selection.varying_settings: one column each, named as swept, e.g.
+    """One tidy row per cell (the index of `df`): task label and name, other labels, status
+    (a done cell with a NaN or infinite metric, named in the `non_finite` column of `df`
+    that `_non_finite` gives, counts as diverged), the numbers the report uses, the settings
+    the cells vary in beyond task, size, mechanism and seed
+    (ablations.selection.varying_settings: one column each, named as swept, e.g.
     "training.lr") and `setting`, their values as one text ('' where none varies)."""
     flat = pd.json_normalize(df.to_dict("records"), sep=".").set_index(df.index)
     missing = pd.Series(float("nan"), index=flat.index)
@@ -145,8 +150,11 @@ def _cells(df: pd.DataFrame) -> pd.DataFrame:
         for column in flat.columns
         if column.startswith("metrics.test_") and column.removeprefix("metrics.") not in cells
     })  # fmt: skip
+    cells["non_finite"] = df.get("non_finite", pd.Series("", index=df.index)).fillna("")
     settings = varying_settings(df)
     cells = pd.concat([pd.DataFrame(cells, index=df.index), settings], axis=1)
+    cells["status"] = cells.status.mask((cells.status == "done") & (cells.non_finite != ""),
+                                        "diverged")  # fmt: skip
     varying = varying_per_task(cells, list(settings.columns))
     cells["setting"] = [
         setting_text(row, varying[task])
@@ -179,7 +187,8 @@ def summary_table(df: pd.DataFrame, target: float | None = None) -> pd.DataFrame
     ablations.selection.interval; NaN below 2 seeds); the target validation accuracy
     (`target`, else the cells' nonzero training.early_stop_target, else none), how many seeds
     `reached` it and their mean steps and samples (steps x batch size) to first reach it; mean
-    parameters and ms per step. Rows follow the order the cells started in."""
+    parameters and ms per step; `why` a value is missing (e.g. "no seed finished: 1 diverged
+    (at step 5), 2 failed"; '' where none is). Rows follow the order the cells started in."""
     cells = _cells(df)
     rows = []
     for (task, size, mechanism, setting), group in cells.groupby(
@@ -196,6 +205,14 @@ def summary_table(df: pd.DataFrame, target: float | None = None) -> pd.DataFrame
                     steps.append(step)
                     samples.append(step * batch_size)
         mean, low, high, _ = interval(done.test_acc)
+        why = []
+        if done.empty:
+            why.append(f"no seed finished: {_outcomes(group)}")
+        else:
+            if pd.notna(goal) and not steps:
+                why.append(f"no seed reached val acc ≥ {goal:g}")
+            why += [f"{name} not recorded" for name in ("test_acc", "params", "step_ms")
+                    if done[name].isna().all()]  # fmt: skip
         rows.append(
             {
                 "task": task,
@@ -214,6 +231,7 @@ def summary_table(df: pd.DataFrame, target: float | None = None) -> pd.DataFrame
                 "samples_to_target": pd.Series(samples, dtype=float).mean(),
                 "params": done.params.mean(),
                 "step_ms": done.step_ms.mean(),
+                "why": "; ".join(why),
             }
         )
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
@@ -269,14 +287,33 @@ def _task_table(table: pd.DataFrame) -> Table:
     texts["params"] = table.params.map(_whole)
     texts["step_ms"] = table.step_ms.map(lambda ms: "-" if pd.isna(ms) else f"{ms:.1f}")
     headers |= {"params": "params", "step_ms": "ms/step"}
+    if table.why.astype(bool).any():  # a '-' says why
+        texts["why"] = table.why
+        headers["why"] = "why -"
     data = pd.DataFrame(texts, index=table.index)
     return Table(data.rename(columns=headers), _best(table)[list(texts)].rename(columns=headers))
+
+
+def _outcomes(cells: pd.DataFrame) -> str:
+    """How the cells of `cells` that are not done ended: '2 diverged (at steps 5, 7), 1 failed'."""
+    parts = []
+    for status, group in cells[cells.status != "done"].groupby("status", sort=False):
+        text = f"{len(group)} {UNFINISHED.get(status, status)}"
+        steps = (
+            [f"{step:.0f}" for step in group.diverged_at.dropna()] if status == "diverged" else []
+        )
+        if steps:
+            text += f" (at step{'s' * (len(steps) > 1)} {', '.join(steps)})"
+        parts.append(text)
+    return ", ".join(parts) or "no cell"
 
 
 def _detail(cell: pd.Series) -> str:
     """Why a cell is not in the tables: the traceback's last line, or its divergence step."""
     if cell.status == "failed":
         return error_summary(cell.error)
+    if cell.status == "diverged" and cell.non_finite:
+        return f"stored done with a non-finite {cell.non_finite}: counted as diverged"
     if cell.status == "diverged":
         step = cell.diverged_at
         return "loss diverged" if pd.isna(step) else f"loss diverged at step {step:.0f}"
@@ -500,10 +537,22 @@ def _environment(store: ResultsStore) -> str:
     return "; ".join(seen) or "not recorded"
 
 
+def _non_finite(store: ResultsStore) -> dict[str, str]:
+    """Per key of a done cell with NaN or infinite metrics (a store written before training
+    recorded such a cell as diverged), those metrics' names: 'val_loss, test_loss'."""
+    found = {}
+    for row in store.rows():
+        metrics = row["metrics"] or {}
+        names = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+        if row["status"] == "done" and names:
+            found[row["key"]] = ", ".join(names)
+    return found
+
+
 def _cells_csv(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per cell, config and metrics flattened to sorted dotted columns, no curve."""
     flat = pd.json_normalize(frame.to_dict("records"), sep=".")
-    flat = flat.drop(columns="curve", errors="ignore")
+    flat = flat.drop(columns=["curve", "non_finite"], errors="ignore")
     first = [c for c in ("key", "status") if c in flat]
     last = [c for c in ("error", "started", "finished") if c in flat]
     return flat[first + sorted(c for c in flat if c not in first + last) + last]
@@ -717,6 +766,7 @@ def report_page(
     `report_pages.write_pages`); the arguments are `write_report`'s."""
     store, folder = _open(store), Path(folder)
     frame = store.to_dataframe()
+    frame["non_finite"] = frame.key.map(_non_finite(store)).fillna("")
     left_out = 0
     if keys is not None:
         mine = frame.key.isin(keys)
@@ -796,12 +846,20 @@ def report_page(
             name = label_file_name("vs_train_size", str(heading))
             figure = _plot_vs_train_size(heading, group, colours, metric)
             figure.savefig(_new_file(folder, name), dpi=100)
+            table = _train_size_table(group, metric)
+            dash = (table.data == "-").to_numpy().any()
             parts = [
                 Paragraph(
                     f"{described}, mean [95% CI] (seeds), error bars the same interval; bold: "
                     "the best mechanism per row."
-                ),
-                _train_size_table(group, metric),
+                    + (
+                        " -: no cell of that mechanism finished at that n_train (not run, or "
+                        "see Cells not in the tables)."
+                        if dash
+                        else ""
+                    )
+                ),  # fmt: skip
+                table,
                 Image(name, f"{heading}: {metric} vs training-set size"),
             ]
             page.sections.append(Section(f"Training-set size: {heading}", parts))
@@ -850,7 +908,7 @@ def _selection_section(
                 f"selection.reported names {name!r}, which no cell of the report has "
                 f"(test metrics there: {', '.join(have) or 'none'})"
             )
-    chosen = {name: select(cells, over, metric, name) for name in reported}
+    chosen = {name: select(cells, over, metric, name, tuple(reported)) for name in reported}
     pairs = {
         name: pd.concat(
             [paired(cells, chosen[name], a, b, name) for a, b in selection.compare]
@@ -873,7 +931,8 @@ def _selection_section(
     parts: list = [Paragraph(
         f"Each mechanism at its best setting of {', '.join(over) or 'no axis (nothing swept)'}: "
         f"the setting with the {better} mean {metric} over seeds, among the settings whose "
-        f"every seed finished (eligible of tried), per task, size and other axes; "
+        f"every seed finished with finite metrics (eligible of tried; the others excluded, "
+        f"with why), per task, size and other axes; "
         f"{', '.join(reported)} at that setting: mean and 95% confidence interval over seeds "
         f"(Student's t). Bold: the best of its task, size and other axes. Data: selection.csv."
     )]  # fmt: skip
@@ -902,6 +961,11 @@ def _selection_section(
         data["eligible of tried"] = [
             f"{c} of {t}" for c, t in zip(first.candidates, first.settings, strict=True)
         ]
+        if first.excluded.astype(bool).any():  # which settings are not eligible, and why
+            data["excluded (why)"] = [
+                f"no eligible setting: {why}" if best == "-" else why
+                for best, why in zip(first.best, first.excluded, strict=True)
+            ]
         marks = pd.DataFrame(False, index=data.index, columns=data.columns)
         for column, best in bold.items():
             marks[column] = best.to_numpy()
@@ -930,6 +994,11 @@ def _selection_section(
                 else "no clear difference"
                 for a, b, lo, hi in zip(pair.a, pair.b, pair.low, pair.high, strict=True)
             ]  # fmt: skip
+        if (head.n < 2).any():  # a '-' says why
+            table["why"] = [
+                "" if n >= 2 else "n < 2: no interval" if n else "no seed both finished"
+                for n in head.n
+            ]
         parts.append(Table(table.reset_index(drop=True)))
     rows = {i for found in first.get("rows", pd.Series(dtype=object)).dropna() for i in found}
     return Section("Selection: each mechanism at its best setting", parts), rows

@@ -6,6 +6,7 @@ long. Real files, mounts, processes and signals throughout."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import sqlite3
@@ -14,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from test_report_safety import add_done, config, files_under
 
@@ -306,3 +308,92 @@ def test_labels_are_plain_text_in_markdown_csvs_and_plots(tmp_path):
         assert imread(png).shape[1] < 3000, png.name
     short = [short_label(LONG + "a"), short_label(LONG + "b")]
     assert short[0] != short[1] and {len(s) for s in short} == {60}
+
+
+# A result is done only if it is finite ----------------------------------------------------
+
+NAN = float("nan")
+
+
+def lr_cell(mechanism: str, lr: float, seed: int) -> dict:
+    training = {"steps": 40, "batch_size": 8, "early_stop_target": 0.9, "lr": lr}
+    return config(mechanism=mechanism, seed=seed, training=training)
+
+
+def old_done_with_nan(store: ResultsStore, cell: dict) -> None:
+    """`cell` stored done with NaN losses and accuracy 0.5, as training stored a cell whose
+    last update made the weights NaN before it recorded such a cell as diverged (the store
+    now refuses it: written here in SQL, as an old store holds it)."""
+    metrics = {"val_acc": 0.5, "test_acc": 0.5, "val_loss": NAN, "test_loss": NAN, "steps": 40,
+               "params": 1000, "step_ms": 1.0}  # fmt: skip
+    key = store.claim(cell)
+    with sqlite3.connect(store.path) as db:
+        db.execute("UPDATE cells SET status='done', metrics=?, curve='[]' WHERE key=?",
+                   (json.dumps(metrics), key))  # fmt: skip
+    db.close()
+
+
+def tables_of(page) -> list:
+    from ablations.report_pages import Table
+
+    return [(s, p) for s in page.sections for p in s.parts if isinstance(p, Table)]
+
+
+def test_a_nan_result_is_never_selected_and_every_dash_says_why(tmp_path):
+    from ablations.report import report_page
+    from ablations.schema import Selection
+
+    store = ResultsStore(tmp_path / "nan.sqlite")
+    for seed in (0, 1, 2):  # std: lr 1e-3 real, 1e30 NaN weights stored done (an old store)
+        finish(store, lr_cell("std", 1e-3, seed), "done", val_acc=0.40 + seed / 100,
+               test_acc=0.4, test_loss=0.9 + seed / 100)  # fmt: skip
+        old_done_with_nan(store, lr_cell("std", 1e30, seed))
+        old_done_with_nan(store, lr_cell("nan_only", 1e30, seed))
+        if seed == 1:  # lr 0.1: one seed diverged as training now records it
+            key = store.claim(lr_cell("std", 0.1, seed))
+            store.finish(key, "diverged", {"diverged_at": 3, "val_loss": NAN}, [], {})
+        else:
+            finish(store, lr_cell("std", 0.1, seed), "done", val_acc=0.9)
+    finish(store, lr_cell("one", 1e-3, 0), "done", test_loss=1.0)
+    compare = [["std", "one"], ["std", "nan_only"]]
+    selection = Selection(over=["training.lr"], reported="test_loss", compare=compare)
+    (tmp_path / "page").mkdir()
+    page = report_page(store, tmp_path / "page", selection=selection)
+    chosen = pd.read_csv(tmp_path / "page" / "selection.csv").set_index("mechanism")
+
+    std = chosen.loc["std"]  # not 1e30 (acc 0.5 of NaN weights), nor 0.1 (a seed diverged)
+    assert std.best == "training.lr=0.001" and std.candidates == 1 and std.settings == 3
+    assert std.n == 3 and std["mean"] == pytest.approx(0.91)
+    assert std.excluded == ("training.lr=1e+30: 3 of 3 seeds diverged; "
+                            "training.lr=0.1: 1 of 3 seeds diverged")  # fmt: skip
+    none = chosen.loc["nan_only"]
+    assert none.best == "-" and none.candidates == 0 and pd.isna(none["mean"])
+    assert none.excluded == "training.lr=1e+30: 3 of 3 seeds diverged"
+
+    sections = {section.heading: section for section in page.sections}
+    (table,) = [p for p in sections["Selection: each mechanism at its best setting"].parts
+                if hasattr(p, "data") and "best setting" in p.data]  # fmt: skip
+    rows = table.data.set_index("mechanism")
+    assert rows.loc["nan_only", "excluded (why)"] == (
+        "no eligible setting: training.lr=1e+30: 3 of 3 seeds diverged"
+    )
+    assert not table.bold.to_numpy()[list(table.data.mechanism).index("nan_only")].any()
+    for section, table in tables_of(page):  # every '-' of every table says why
+        why = [c for c in table.data.columns if str(c).startswith(("why", "excluded"))]
+        legend = any("-: " in getattr(part, "text", "") for part in section.parts)
+        for i, row in table.data.iterrows():
+            if any(str(text).startswith("-") for text in row) and not legend:
+                assert why and any(row[c] for c in why), (section.heading, list(row))
+            marks = table.bold.loc[i]
+            assert not any(marks[c] and str(row[c]).startswith("-") for c in row.index)
+
+    summary = pd.read_csv(tmp_path / "page" / "summary.csv")
+    nan_rows = summary[summary.setting == "training.lr=1e+30"]
+    assert set(nan_rows.seeds) == {0} and nan_rows.test_acc_mean.isna().all()
+    assert set(nan_rows.why) == {"no seed finished: 3 diverged"}
+    (unfinished,) = sections["Cells not in the tables"].parts
+    details = set(unfinished.data.detail)
+    assert "stored done with a non-finite val_loss, test_loss: counted as diverged" in details
+    assert "loss diverged at step 3" in details
+    pairs = pd.read_csv(tmp_path / "page" / "paired.csv")
+    assert list(pairs.b) == ["one"] and list(pairs.n) == [1]  # nan_only has no setting to pair
