@@ -76,6 +76,7 @@ from ablations.schema import Selection
 from ablations.selection import (
     GROUP,
     UNFINISHED,
+    differing_settings,
     higher_is_better,
     interval,
     paired,
@@ -766,7 +767,8 @@ def report_page(
     `report_pages.write_pages`); the arguments are `write_report`'s."""
     store, folder = _open(store), Path(folder)
     frame = store.to_dataframe()
-    frame["non_finite"] = frame.key.map(_non_finite(store)).fillna("")
+    non_finite = _non_finite(store)
+    frame["non_finite"] = [non_finite.get(key, "") for key in frame.key]
     left_out = 0
     if keys is not None:
         mine = frame.key.isin(keys)
@@ -780,17 +782,21 @@ def report_page(
     if left_out:
         page.facts.insert(2, f"Left out: {left_out} cells of the store that are not in the grid")
 
+    differing = differing_settings(frame)  # e.g. a mechanism with its own learning rate
     colours = label_colours(cells.mechanism.dropna())
     done = cells[cells.status == "done"]
     chosen_keys = None  # the cells of each mechanism's selected setting: their maps are shown
     plotted, metric = done, "test_acc"  # the cells the task plots draw, the metric they show
     if selection is not None:
         section, rows = _selection_section(cells, selection, folder)
+        section.parts[1:1] = [_differing(task, keys) for task, keys in differing.items()]
         page.sections.append(section)
         chosen_keys = set(frame.loc[sorted(rows), "key"])
         plotted, metric = done.loc[done.index.isin(rows)], selection.reported_metrics[0]
     for task, table in summary.groupby("task", sort=False):
         section = Section(f"Task: {task}", [_task_table(table.reset_index(drop=True))])
+        if str(task) in differing:
+            section.parts.append(_differing(str(task), differing[str(task)]))
         if selection is not None:
             section.parts.append(Paragraph(
                 "The table: every setting. The plots: each mechanism at its selected "
@@ -873,6 +879,15 @@ def report_page(
         part = Table(data.assign(detail=unfinished.apply(_detail, axis=1)))
     page.sections.append(Section("Cells not in the tables", [part]))
     return page
+
+
+def _differing(task: str, settings: list[str]) -> Paragraph:
+    """The note on `task`'s settings that differ between the mechanisms it compares
+    (ablations.selection.differing_settings)."""
+    return Paragraph(
+        f"Not one setting: {task}'s mechanisms were trained with different settings that no "
+        f"column shows (each mechanism's cells share them): {'; '.join(settings)}."
+    )
 
 
 def _interval_text(

@@ -66,8 +66,40 @@ def varying_settings(frame: pd.DataFrame) -> pd.DataFrame:
     that varies within some (task, size label, mechanism) of the store, by their
     swept-key names; values as text ("default" for a model option or kwarg not set). A cell
     that counts `epochs` has its steps as "epochs": they follow from n_train."""
+    settings, group = _all_settings(frame)
+    if settings.empty:
+        return settings
+    varies = settings.groupby(group, dropna=False).nunique().max() > 1
+    return settings.loc[:, varies[varies].index.tolist()]
+
+
+def differing_settings(frame: pd.DataFrame) -> dict[str, list[str]]:
+    """Per task label of `frame` (`ResultsStore.to_dataframe()`), the settings that differ
+    between its mechanisms (or sizes) but not within one (so not `varying_settings`: no table
+    names them), each as 'training.lr: std 0.001, rel 0.003' (a mechanism's values joined
+    by '/'); tasks without any left out. E.g. a mechanism entry with its own training, or a
+    grid edited between runs."""
+    settings, group = _all_settings(frame)
+    if settings.empty:
+        return {}
+    varying = set(varying_settings(frame).columns)
+    found: dict[str, list[str]] = {}
+    task, mechanism = group[0], group[2]
+    for label, cells in settings.groupby(task, sort=False):
+        for key in cells.columns:
+            if key in varying or cells[key].nunique(dropna=False) < 2:
+                continue
+            values = cells[key].groupby(mechanism.loc[cells.index], sort=False).unique()
+            text = ", ".join(f"{m} {'/'.join(map(str, v))}" for m, v in values.items())
+            found.setdefault(str(label), []).append(f"{key}: {text}")
+    return found
+
+
+def _all_settings(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[pd.Series]]:
+    """Every setting of every cell of `frame` as text, one column per swept-key name, and the
+    cells' (task, size label, mechanism) columns."""
     if frame.empty:
-        return pd.DataFrame(index=frame.index)
+        return pd.DataFrame(index=frame.index), []
     records = frame.to_dict("records")
     for record in records:  # training keys left out hold their defaults
         record["config.training"] = training_settings(record.get("config.training") or {})
@@ -80,9 +112,9 @@ def varying_settings(frame: pd.DataFrame) -> pd.DataFrame:
     settings = pd.DataFrame(values, index=frame.index)
     if "config.training.epochs" in flat:  # steps derived from epochs: not a setting of theirs
         settings.loc[flat["config.training.epochs"].notna(), "training.steps"] = "epochs"
-    group = [flat.get(f"config.{k}") for k in ("task", "size.label", "mechanism")]
-    varies = settings.groupby(group, dropna=False).nunique().max() > 1
-    return settings.loc[:, varies[varies].index.tolist()]
+    missing = pd.Series(math.nan, index=frame.index)
+    group = [flat.get(f"config.{k}", missing) for k in ("task", "size.label", "mechanism")]
+    return settings, group
 
 
 def _text(value: object) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from test_report_safety import add_done, config, files_under
+from test_report_safety import section as section_of
 
 from ablations.cli import main
 from ablations.report import _recover, write_report
@@ -397,3 +398,43 @@ def test_a_nan_result_is_never_selected_and_every_dash_says_why(tmp_path):
     assert "loss diverged at step 3" in details
     pairs = pd.read_csv(tmp_path / "page" / "paired.csv")
     assert list(pairs.b) == ["one"] and list(pairs.n) == [1]  # nan_only has no setting to pair
+
+
+# Cells compared with different settings ---------------------------------------------------
+
+
+def steps_cell(mechanism: str, seed: int, lr: float = 1e-3, steps: int = 40) -> dict:
+    training = {"steps": steps, "batch_size": 8, "early_stop_target": 0.9, "lr": lr}
+    return config(mechanism=mechanism, seed=seed, training=training)
+
+
+def test_a_report_of_a_store_shows_the_settings_its_mechanisms_differ_in(tmp_path):
+    from ablations.schema import Selection
+
+    store = ResultsStore(tmp_path / "mixed.sqlite")
+    for seed in (0, 1):  # rel has its own learning rate: constant within each mechanism
+        finish(store, steps_cell("std", seed, lr=1e-3), "done", val_acc=0.6 + seed / 10)
+        finish(store, steps_cell("rel", seed, lr=3e-3), "done", val_acc=0.7 + seed / 10)
+    selection = Selection(compare=[["rel", "std"]])
+    out = write_report(store, tmp_path / "out", selection=selection)
+    markdown = (out / "report.md").read_text()
+    note = "training.lr: std 0.001, rel 0.003"
+    assert note in section_of(markdown, "## Task: same_pair")
+    assert note in section_of(markdown, "## Selection: each mechanism at its best setting")
+    pairs = pd.read_csv(out / "paired.csv")  # still paired, seed by seed
+    assert list(pairs.a) == ["rel"] and list(pairs.n) == [2]
+    assert pd.read_csv(out / "summary.csv").setting.isna().all()  # no setting column added
+
+
+def test_seeds_of_one_mechanism_trained_for_different_steps_are_told_apart(tmp_path):
+    store = ResultsStore(tmp_path / "steps.sqlite")
+    for seed, steps in ((0, 40), (1, 80)):  # the grid edited between runs
+        finish(store, steps_cell("std", seed, steps=steps), "done")
+        finish(store, steps_cell("rel", seed, steps=40), "done")
+    out = write_report(store, tmp_path / "out")
+    summary = pd.read_csv(out / "summary.csv")
+    std = summary[summary.mechanism == "std"]
+    assert sorted(std.setting) == ["training.steps=40", "training.steps=80"]
+    assert list(std.cells) == [1, 1]  # not one setting of 2 seeds
+    rel = summary[summary.mechanism == "rel"]
+    assert list(rel.cells) == [2] and list(rel.setting) == ["training.steps=40"]
