@@ -75,23 +75,24 @@ def varying_settings(frame: pd.DataFrame) -> pd.DataFrame:
 
 def differing_settings(frame: pd.DataFrame) -> dict[str, list[str]]:
     """Per task label of `frame` (`ResultsStore.to_dataframe()`), the settings that differ
-    between its mechanisms (or sizes) but not within one (so not `varying_settings`: no table
-    names them), each as 'training.lr: std 0.001, rel 0.003' (a mechanism's values joined
-    by '/'); tasks without any left out. E.g. a mechanism entry with its own training, or a
-    grid edited between runs."""
+    between its mechanisms of one size but not within one mechanism (so not
+    `varying_settings`: no table names them), each as 'training.lr: std 0.001, rel 0.003'
+    (a mechanism's values joined by '/'); tasks without any left out. E.g. a mechanism entry
+    with its own training, or a grid edited between runs."""
     settings, group = _all_settings(frame)
     if settings.empty:
         return {}
     varying = set(varying_settings(frame).columns)
     found: dict[str, list[str]] = {}
-    task, mechanism = group[0], group[2]
-    for label, cells in settings.groupby(task, sort=False):
+    task, size, mechanism = group
+    for (label, _), cells in settings.groupby([task, size], sort=False, dropna=False):
         for key in cells.columns:
             if key in varying or cells[key].nunique(dropna=False) < 2:
                 continue
             values = cells[key].groupby(mechanism.loc[cells.index], sort=False).unique()
             text = ", ".join(f"{m} {'/'.join(map(str, v))}" for m, v in values.items())
-            found.setdefault(str(label), []).append(f"{key}: {text}")
+            if f"{key}: {text}" not in found.get(str(label), []):
+                found.setdefault(str(label), []).append(f"{key}: {text}")
     return found
 
 
