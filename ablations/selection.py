@@ -41,6 +41,7 @@ SETTING_PREFIXES = {  # flattened store column prefix: swept-key section
     "config.mechanism_kwargs.": "mechanism_kwargs.",
 }
 GROUP = ["task", "size", "mechanism"]
+MECHANISM_KWARGS = "mechanism_kwargs."
 
 
 def higher_is_better(metric: str) -> bool:
@@ -77,8 +78,9 @@ def differing_settings(frame: pd.DataFrame) -> dict[str, list[str]]:
     """Per task label of `frame` (`ResultsStore.to_dataframe()`), the settings that differ
     between its mechanisms of one size but not within one mechanism (so not
     `varying_settings`: no table names them), each as 'training.lr: std 0.001, rel 0.003'
-    (a mechanism's values joined by '/'); tasks without any left out. E.g. a mechanism entry
-    with its own training, or a grid edited between runs."""
+    (a mechanism's values joined by '/'); tasks without any left out. Training, model and
+    task settings only (mechanism_kwargs define the mechanism). E.g. a mechanism entry with its
+    own training or model options, or a grid edited between runs."""
     settings, group = _all_settings(frame)
     if settings.empty:
         return {}
@@ -87,8 +89,8 @@ def differing_settings(frame: pd.DataFrame) -> dict[str, list[str]]:
     task, size, mechanism = group
     for (label, _), cells in settings.groupby([task, size], sort=False, dropna=False):
         for key in cells.columns:
-            if key in varying or cells[key].nunique(dropna=False) < 2:
-                continue
+            if key in varying or key.startswith(MECHANISM_KWARGS) or cells[key].nunique() < 2:
+                continue  # a mechanism's own kwargs are what it is, not a setting of its run
             values = cells[key].groupby(mechanism.loc[cells.index], sort=False).unique()
             text = ", ".join(f"{m} {'/'.join(map(str, v))}" for m, v in values.items())
             if f"{key}: {text}" not in found.get(str(label), []):
