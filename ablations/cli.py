@@ -112,8 +112,10 @@ def _ablate_run(args: argparse.Namespace) -> int:
 
 def _ablate_status(args: argparse.Namespace) -> int:
     spec = _load_grid(args.grid, args.set, here=False)
+    from ablations.status import status_text
+
     table = _cell_table(spec)
-    print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}", na_rep="-"))
+    print(status_text(table, spec.swept_keys))
     counts = table["status"].value_counts()
     print(f"\ngrid {spec.name!r}, store {spec.store}: " + ", ".join(
         f"{n} {status}" for status, n in counts.items()
@@ -122,7 +124,7 @@ def _ablate_status(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from ablations.report import write_report
+    from ablations.store import ResultsStore
 
     source, selection, keys = Path(args.source), None, None
     if source.suffix == ".toml":  # the grid's cells only
@@ -132,12 +134,20 @@ def _report(args: argparse.Namespace) -> int:
     else:
         store, name = source, source.stem
     out = Path(args.out or Path("reports") / name)
+    try:  # read-only, as status reads it: no store, or a file that is not one, refused at once
+        if not store.is_file():
+            raise FileNotFoundError(f"no results store at {store}")
+        store = ResultsStore(store, readonly=True)
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
+    from ablations.report import write_report  # after the checks: it loads torch (seconds)
+
     try:
         write_report(
             store, out, title=args.title, target=args.target, note=args.note,
             selection=selection, keys=keys,
         )  # fmt: skip
-    except (OSError, ValueError) as err:  # no store, not a store, a folder that is not a report
+    except (OSError, ValueError) as err:  # a folder that is not a report, a store unreadable
         raise SystemExit(f"error: {err}") from None
     print(f"wrote {out}/report.md, {out}/index.html and the CSVs and plots beside them")
     return 0

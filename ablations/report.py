@@ -37,9 +37,14 @@ Failed, diverged and unfinished cells are listed in their own section, never dro
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
+import math
 import os
+import re
 import shutil
+import sys
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -49,6 +54,7 @@ from matplotlib.figure import Figure
 
 from ablations.attention_figures import attention_blocks
 from ablations.report_pages import (
+    TITLE_LABEL,
     Bullets,
     Image,
     Page,
@@ -62,11 +68,15 @@ from ablations.report_pages import (
     path_in,
     plot_text,
     plot_title,
+    short_label,
+    write_csv,
     write_pages,
 )
 from ablations.schema import Selection
 from ablations.selection import (
     GROUP,
+    UNFINISHED,
+    differing_settings,
     higher_is_better,
     interval,
     paired,
@@ -75,7 +85,7 @@ from ablations.selection import (
     varying_per_task,
     varying_settings,
 )
-from ablations.store import ResultsStore, error_summary
+from ablations.store import ResultsStore, _pid_alive, error_summary
 from ablations.tasks import build_task
 
 SUMMARY_COLUMNS = [
@@ -95,6 +105,7 @@ SUMMARY_COLUMNS = [
     "samples_to_target",
     "params",
     "step_ms",
+    "why",
 ]
 SPLIT_SIZES = ("n_train", "n_validation", "n_test")
 REPORT_SUFFIXES = (".md", ".html", ".csv", ".png")  # what a report folder may hold
@@ -125,9 +136,11 @@ FIELDS = {  # tidy column of a cell: its column in the flattened store frame
 
 
 def _cells(df: pd.DataFrame) -> pd.DataFrame:
-    """One tidy row per cell (the index of `df`): task label and name, other labels, status,
-    the numbers the report uses, the settings the cells vary in beyond task, size, mechanism
-    and seed (ablations.selection.varying_settings: one column each, named as swept, e.g.
+    """One tidy row per cell (the index of `df`): task label and name, other labels, status
+    (a done cell with a NaN or infinite metric, named in the `non_finite` column of `df`
+    that `_non_finite` gives, counts as diverged), the numbers the report uses, the settings
+    the cells vary in beyond task, size, mechanism and seed
+    (ablations.selection.varying_settings: one column each, named as swept, e.g.
     "training.lr") and `setting`, their values as one text ('' where none varies)."""
     flat = pd.json_normalize(df.to_dict("records"), sep=".").set_index(df.index)
     missing = pd.Series(float("nan"), index=flat.index)
@@ -138,8 +151,11 @@ def _cells(df: pd.DataFrame) -> pd.DataFrame:
         for column in flat.columns
         if column.startswith("metrics.test_") and column.removeprefix("metrics.") not in cells
     })  # fmt: skip
+    cells["non_finite"] = df.get("non_finite", pd.Series("", index=df.index)).fillna("")
     settings = varying_settings(df)
     cells = pd.concat([pd.DataFrame(cells, index=df.index), settings], axis=1)
+    cells["status"] = cells.status.mask((cells.status == "done") & (cells.non_finite != ""),
+                                        "diverged")  # fmt: skip
     varying = varying_per_task(cells, list(settings.columns))
     cells["setting"] = [
         setting_text(row, varying[task])
@@ -172,7 +188,8 @@ def summary_table(df: pd.DataFrame, target: float | None = None) -> pd.DataFrame
     ablations.selection.interval; NaN below 2 seeds); the target validation accuracy
     (`target`, else the cells' nonzero training.early_stop_target, else none), how many seeds
     `reached` it and their mean steps and samples (steps x batch size) to first reach it; mean
-    parameters and ms per step. Rows follow the order the cells started in."""
+    parameters and ms per step; `why` a value is missing (e.g. "no seed finished: 1 diverged
+    (at step 5), 2 failed"; '' where none is). Rows follow the order the cells started in."""
     cells = _cells(df)
     rows = []
     for (task, size, mechanism, setting), group in cells.groupby(
@@ -189,6 +206,14 @@ def summary_table(df: pd.DataFrame, target: float | None = None) -> pd.DataFrame
                     steps.append(step)
                     samples.append(step * batch_size)
         mean, low, high, _ = interval(done.test_acc)
+        why = []
+        if done.empty:
+            why.append(f"no seed finished: {_outcomes(group)}")
+        else:
+            if pd.notna(goal) and not steps:
+                why.append(f"no seed reached val acc ≥ {goal:g}")
+            why += [f"{name} not recorded" for name in ("test_acc", "params", "step_ms")
+                    if done[name].isna().all()]  # fmt: skip
         rows.append(
             {
                 "task": task,
@@ -207,6 +232,7 @@ def summary_table(df: pd.DataFrame, target: float | None = None) -> pd.DataFrame
                 "samples_to_target": pd.Series(samples, dtype=float).mean(),
                 "params": done.params.mean(),
                 "step_ms": done.step_ms.mean(),
+                "why": "; ".join(why),
             }
         )
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
@@ -262,14 +288,33 @@ def _task_table(table: pd.DataFrame) -> Table:
     texts["params"] = table.params.map(_whole)
     texts["step_ms"] = table.step_ms.map(lambda ms: "-" if pd.isna(ms) else f"{ms:.1f}")
     headers |= {"params": "params", "step_ms": "ms/step"}
+    if table.why.astype(bool).any():  # a '-' says why
+        texts["why"] = table.why
+        headers["why"] = "why -"
     data = pd.DataFrame(texts, index=table.index)
     return Table(data.rename(columns=headers), _best(table)[list(texts)].rename(columns=headers))
+
+
+def _outcomes(cells: pd.DataFrame) -> str:
+    """How the cells of `cells` that are not done ended: '2 diverged (at steps 5, 7), 1 failed'."""
+    parts = []
+    for status, group in cells[cells.status != "done"].groupby("status", sort=False):
+        text = f"{len(group)} {UNFINISHED.get(status, status)}"
+        steps = (
+            [f"{step:.0f}" for step in group.diverged_at.dropna()] if status == "diverged" else []
+        )
+        if steps:
+            text += f" (at step{'s' * (len(steps) > 1)} {', '.join(steps)})"
+        parts.append(text)
+    return ", ".join(parts) or "no cell"
 
 
 def _detail(cell: pd.Series) -> str:
     """Why a cell is not in the tables: the traceback's last line, or its divergence step."""
     if cell.status == "failed":
         return error_summary(cell.error)
+    if cell.status == "diverged" and cell.non_finite:
+        return f"stored done with a non-finite {cell.non_finite}: counted as diverged"
     if cell.status == "diverged":
         step = cell.diverged_at
         return "loss diverged" if pd.isna(step) else f"loss diverged at step {step:.0f}"
@@ -321,7 +366,7 @@ def _plot_curves(
         ylabel, what = f"validation {metric} − floor ({floor:.3f})", f"{metric} above the floor"
     elif floor is not None:
         ax.axhline(floor, color="black", linestyle=":", label="floor (no model can be lower)")
-    title = plot_title(f"{task}: learning curves ({what})")
+    title = plot_title(f"{short_label(task, TITLE_LABEL)}: learning curves ({what})")
     ax.set(xlabel="step", ylabel=ylabel, title=title)
     legend(figure, ax)
     return figure
@@ -364,7 +409,9 @@ def _curve_panels(
 
 def _curve_label(mechanism: str, size: str, setting: str, sizes: bool) -> str:
     """'relational (small; training.lr=0.001)': the size where a plot has several, the
-    setting where the cells have one."""
+    setting where the cells have one; a mechanism or size label of over LABEL_CHARS
+    characters shortened (report_pages.short_label)."""
+    mechanism, size = short_label(mechanism), short_label(size)
     details = ([size] if sizes else []) + ([setting] if setting else [])
     return f"{mechanism} ({'; '.join(details)})" if details else mechanism
 
@@ -419,7 +466,7 @@ def _plot_vs_params(
     ax.set_xscale("log")
     name = _metric_name(metric)
     ax.set(xlabel="parameters", ylabel="test accuracy" if metric == "test_acc" else name)
-    ax.set_title(plot_title(f"{task}: {name} vs parameters"))
+    ax.set_title(plot_title(f"{short_label(task, TITLE_LABEL)}: {name} vs parameters"))
     legend(figure, ax)
     return figure
 
@@ -461,7 +508,7 @@ def _plot_vs_train_size(
             lambda values: pd.Series(interval(values)[:3], index=["mean", "low", "high"])
         ).unstack()  # fmt: skip
         half = (stats["high"] - stats["mean"]).fillna(0.0)
-        label = plot_text(mechanism if len(sizes) == 1 else f"{mechanism} ({size})")
+        label = plot_text(_curve_label(mechanism, size, "", len(sizes) > 1))
         style = LINESTYLES[sizes.index(size) % len(LINESTYLES)]
         ax.errorbar(
             stats.index, stats["mean"], yerr=half, fmt="o" + style, capsize=3,
@@ -472,7 +519,9 @@ def _plot_vs_train_size(
     ax.set_xticks(n_train, labels=[f"{n:.0f}" for n in n_train])
     ax.minorticks_off()
     ax.set(xlabel="training examples (n_train)", ylabel=metric.replace("_", " "))
-    ax.set_title(plot_title(f"{task_name}: {metric} vs training-set size"))
+    ax.set_title(
+        plot_title(f"{short_label(task_name, TITLE_LABEL)}: {metric} vs training-set size")
+    )
     legend(figure, ax)
     return figure
 
@@ -489,10 +538,22 @@ def _environment(store: ResultsStore) -> str:
     return "; ".join(seen) or "not recorded"
 
 
+def _non_finite(store: ResultsStore) -> dict[str, str]:
+    """Per key of a done cell with NaN or infinite metrics (a store written before training
+    recorded such a cell as diverged), those metrics' names: 'val_loss, test_loss'."""
+    found = {}
+    for row in store.rows():
+        metrics = row["metrics"] or {}
+        names = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+        if row["status"] == "done" and names:
+            found[row["key"]] = ", ".join(names)
+    return found
+
+
 def _cells_csv(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per cell, config and metrics flattened to sorted dotted columns, no curve."""
     flat = pd.json_normalize(frame.to_dict("records"), sep=".")
-    flat = flat.drop(columns="curve", errors="ignore")
+    flat = flat.drop(columns=["curve", "non_finite"], errors="ignore")
     first = [c for c in ("key", "status") if c in flat]
     last = [c for c in ("error", "started", "finished") if c in flat]
     return flat[first + sorted(c for c in flat if c not in first + last) + last]
@@ -557,16 +618,19 @@ def write_report(
 
     The folder belongs to the report and is written whole or not at all: the report is written
     into a new hidden sibling folder (``.<name>.partial-<pid>-<random>``), which then replaces
-    `out_dir` (the old folder is renamed away, the new one renamed in, the old one deleted), so
-    files in `out_dir` that this report does not write are deleted with the previous report,
-    and an error on the way leaves the previous report as it was and no partial folder behind.
+    `out_dir` (`_replace_folder`: swapped in one step where the file system can), so files in
+    `out_dir` that this report does not write are deleted with the previous report, an error
+    on the way leaves the previous report as it was and no partial folder behind, and a kill
+    at any instant leaves the old or the new report; the next report into `out_dir` deletes
+    what killed reports left (`_recover`).
     To keep other files safe, `out_dir` must be missing, empty, or a previous report: a folder
     of .md, .html, .csv and .png files holding report.md (FileExistsError otherwise)."""
     store = _open(store)
     final = Path(out_dir).resolve()
+    _recover(final)
     _check_replaceable(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    partial = final.with_name(f".{final.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    partial = _hidden(final, "partial")
     partial.mkdir()
     try:
         page = report_page(store, partial, title, target, note, selection, keys)
@@ -601,21 +665,72 @@ def _check_replaceable(folder: Path) -> None:
         )
 
 
+def _hidden(final: Path, kind: str) -> Path:
+    """A new hidden sibling folder name of `final` for this process: `.<name>.<kind>-<pid>-<hex>`
+    (`kind`: "partial", a report being written, or "old", the previous one set aside)."""
+    return final.with_name(f".{final.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _recover(final: Path) -> None:
+    """Clean up after reports into `final` that were killed: where `final` is missing but a dead
+    run set the previous report aside (``.<name>.old-<pid>-*``), put it back; then delete the
+    hidden folders of dead runs (of this host: the pid in the name). A live run's are kept."""
+    pattern = re.compile(rf"\.{re.escape(final.name)}\.(partial|old)-(\d+)-[0-9a-f]{{8}}")
+    dead = []
+    for path in final.parent.iterdir() if final.parent.is_dir() else []:
+        match = pattern.fullmatch(path.name)
+        if match and path.is_dir() and not path.is_symlink() and not _pid_alive(int(match[2])):
+            dead.append((match[1], path))
+    olds = [path for kind, path in dead if kind == "old"]
+    if olds and not (final.exists() or final.is_symlink()):
+        max(olds, key=lambda path: path.stat().st_mtime_ns).rename(final)
+    for _, path in dead:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+RENAME_EXCHANGE = 2  # renameat2 flag: swap the two paths in one step (Linux 3.15)
+AT_FDCWD = -100
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap the folders `first` and `second` in one step (Linux renameat2 RENAME_EXCHANGE), so
+    that at every instant each path holds one of them: whether it was done (False where the
+    system or the file system has no such call)."""
+    if sys.platform != "linux":
+        return False
+    rename = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if rename is None:  # a C library older than glibc 2.28
+        return False
+    paths = (AT_FDCWD, os.fsencode(first), AT_FDCWD, os.fsencode(second), RENAME_EXCHANGE)
+    if rename(*paths) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(first), None, str(second))
+
+
 def _replace_folder(new: Path, final: Path) -> None:
-    """Put folder `new` in the place of `final`: rename the old one away, rename `new` in,
-    then delete the old one (renaming the old one back if `new` cannot be renamed in)."""
-    old = None
-    if final.exists() or final.is_symlink():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        final.rename(old)
+    """Put the complete folder `new` in the place of `final` so that a kill at any instant
+    leaves a whole report there, the old or the new one: swap them in one step (`_exchange`)
+    and delete the old one, now at `new`. Where the file system cannot swap: rename the old
+    one aside (``.<name>.old-*``), rename `new` in (renaming the old one back on an error),
+    delete the old one; a kill between the two renames leaves `final` missing until the next
+    report puts the old one back (`_recover`)."""
+    if not (final.exists() or final.is_symlink()):
+        new.rename(final)
+        return
+    if _exchange(new, final):
+        shutil.rmtree(new, ignore_errors=True)
+        return
+    old = _hidden(final, "old")
+    final.rename(old)
     try:
         new.rename(final)
     except BaseException:
-        if old is not None:
-            old.rename(final)
+        old.rename(final)
         raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _new_file(folder: Path, name: str) -> Path:
@@ -628,12 +743,14 @@ def _new_file(folder: Path, name: str) -> Path:
 
 
 def _open(store: str | Path | ResultsStore) -> ResultsStore:
-    """`store`, or the ResultsStore at that path (FileNotFoundError without one)."""
+    """`store`, or the ResultsStore at that path opened read-only: a report creates and
+    changes nothing beside its folder (FileNotFoundError without a store, StoreError for a
+    file that is not one)."""
     if isinstance(store, ResultsStore):
         return store
     if not Path(store).is_file():
         raise FileNotFoundError(f"no results store at {store}")
-    return ResultsStore(store)
+    return ResultsStore(store, readonly=True)
 
 
 def report_page(
@@ -650,6 +767,8 @@ def report_page(
     `report_pages.write_pages`); the arguments are `write_report`'s."""
     store, folder = _open(store), Path(folder)
     frame = store.to_dataframe()
+    non_finite = _non_finite(store)
+    frame["non_finite"] = [non_finite.get(key, "") for key in frame.key]
     left_out = 0
     if keys is not None:
         mine = frame.key.isin(keys)
@@ -657,23 +776,27 @@ def report_page(
     cells = _cells(frame)
     summary = summary_table(frame, target)
 
-    _cells_csv(frame).to_csv(_new_file(folder, "cells.csv"), index=False)
-    summary.to_csv(_new_file(folder, "summary.csv"), index=False)
+    write_csv(_cells_csv(frame), _new_file(folder, "cells.csv"))
+    write_csv(summary, _new_file(folder, "summary.csv"))
     page = _page(store, frame, cells, title, note)
     if left_out:
         page.facts.insert(2, f"Left out: {left_out} cells of the store that are not in the grid")
 
+    differing = differing_settings(frame)  # e.g. a mechanism with its own learning rate
     colours = label_colours(cells.mechanism.dropna())
     done = cells[cells.status == "done"]
     chosen_keys = None  # the cells of each mechanism's selected setting: their maps are shown
     plotted, metric = done, "test_acc"  # the cells the task plots draw, the metric they show
     if selection is not None:
         section, rows = _selection_section(cells, selection, folder)
+        section.parts[1:1] = [_differing(task, keys) for task, keys in differing.items()]
         page.sections.append(section)
         chosen_keys = set(frame.loc[sorted(rows), "key"])
         plotted, metric = done.loc[done.index.isin(rows)], selection.reported_metrics[0]
     for task, table in summary.groupby("task", sort=False):
         section = Section(f"Task: {task}", [_task_table(table.reset_index(drop=True))])
+        if str(task) in differing:
+            section.parts.append(_differing(str(task), differing[str(task)]))
         if selection is not None:
             section.parts.append(Paragraph(
                 "The table: every setting. The plots: each mechanism at its selected "
@@ -729,12 +852,20 @@ def report_page(
             name = label_file_name("vs_train_size", str(heading))
             figure = _plot_vs_train_size(heading, group, colours, metric)
             figure.savefig(_new_file(folder, name), dpi=100)
+            table = _train_size_table(group, metric)
+            dash = (table.data == "-").to_numpy().any()
             parts = [
                 Paragraph(
                     f"{described}, mean [95% CI] (seeds), error bars the same interval; bold: "
                     "the best mechanism per row."
-                ),
-                _train_size_table(group, metric),
+                    + (
+                        " -: no cell of that mechanism finished at that n_train (not run, or "
+                        "see Cells not in the tables)."
+                        if dash
+                        else ""
+                    )
+                ),  # fmt: skip
+                table,
                 Image(name, f"{heading}: {metric} vs training-set size"),
             ]
             page.sections.append(Section(f"Training-set size: {heading}", parts))
@@ -748,6 +879,15 @@ def report_page(
         part = Table(data.assign(detail=unfinished.apply(_detail, axis=1)))
     page.sections.append(Section("Cells not in the tables", [part]))
     return page
+
+
+def _differing(task: str, settings: list[str]) -> Paragraph:
+    """The note on `task`'s settings that differ between the mechanisms it compares
+    (ablations.selection.differing_settings)."""
+    return Paragraph(
+        f"Not one setting: {task}'s mechanisms were trained with different settings that no "
+        f"column shows (each mechanism's cells share them): {'; '.join(settings)}."
+    )
 
 
 def _interval_text(
@@ -783,7 +923,7 @@ def _selection_section(
                 f"selection.reported names {name!r}, which no cell of the report has "
                 f"(test metrics there: {', '.join(have) or 'none'})"
             )
-    chosen = {name: select(cells, over, metric, name) for name in reported}
+    chosen = {name: select(cells, over, metric, name, tuple(reported)) for name in reported}
     pairs = {
         name: pd.concat(
             [paired(cells, chosen[name], a, b, name) for a, b in selection.compare]
@@ -791,18 +931,23 @@ def _selection_section(
         )
         for name in reported
     }
-    pd.concat([c.assign(reported=name) for name, c in chosen.items()]).drop(
-        columns=["seeds", "rows"], errors="ignore"
-    ).to_csv(_new_file(folder, "selection.csv"), index=False)
-    pd.concat([p.assign(reported=name) for name, p in pairs.items()]).to_csv(
-        _new_file(folder, "paired.csv"), index=False
+    write_csv(
+        pd.concat([c.assign(reported=name) for name, c in chosen.items()]).drop(
+            columns=["seeds", "rows"], errors="ignore"
+        ),
+        _new_file(folder, "selection.csv"),
+    )
+    write_csv(
+        pd.concat([p.assign(reported=name) for name, p in pairs.items()]),
+        _new_file(folder, "paired.csv"),
     )
     first = chosen[reported[0]]  # the settings: the same for every reported metric
     better = "highest" if higher_is_better(metric) else "lowest"
     parts: list = [Paragraph(
         f"Each mechanism at its best setting of {', '.join(over) or 'no axis (nothing swept)'}: "
         f"the setting with the {better} mean {metric} over seeds, among the settings whose "
-        f"every seed finished (eligible of tried), per task, size and other axes; "
+        f"every seed finished with finite metrics (eligible of tried; the others excluded, "
+        f"with why), per task, size and other axes; "
         f"{', '.join(reported)} at that setting: mean and 95% confidence interval over seeds "
         f"(Student's t). Bold: the best of its task, size and other axes. Data: selection.csv."
     )]  # fmt: skip
@@ -831,6 +976,11 @@ def _selection_section(
         data["eligible of tried"] = [
             f"{c} of {t}" for c, t in zip(first.candidates, first.settings, strict=True)
         ]
+        if first.excluded.astype(bool).any():  # which settings are not eligible, and why
+            data["excluded (why)"] = [
+                f"no eligible setting: {why}" if best == "-" else why
+                for best, why in zip(first.best, first.excluded, strict=True)
+            ]
         marks = pd.DataFrame(False, index=data.index, columns=data.columns)
         for column, best in bold.items():
             marks[column] = best.to_numpy()
@@ -859,6 +1009,11 @@ def _selection_section(
                 else "no clear difference"
                 for a, b, lo, hi in zip(pair.a, pair.b, pair.low, pair.high, strict=True)
             ]  # fmt: skip
+        if (head.n < 2).any():  # a '-' says why
+            table["why"] = [
+                "" if n >= 2 else "n < 2: no interval" if n else "no seed both finished"
+                for n in head.n
+            ]
         parts.append(Table(table.reset_index(drop=True)))
     rows = {i for found in first.get("rows", pd.Series(dtype=object)).dropna() for i in found}
     return Section("Selection: each mechanism at its best setting", parts), rows

@@ -8,11 +8,14 @@ and `Section`s; a section has a heading and parts, in order: `Paragraph`, `Bulle
 `Image` (a PNG in the report's folder: linked from the markdown, embedded in the HTML).
 
 Every text is plain text, shown as written on both pages: the HTML template autoescapes it, and
-the markdown template's filters escape the HTML special characters (& < >) and backslashes,
-write it on one line (newlines become spaces) and, in table cells, escape "|" (in image alt
-text, "[" and "]"). The `note` is the one text whose markdown is intended: report.md keeps its
-markdown and its lines, with only & < > escaped (so raw HTML tags show as text); index.html
-shows it as escaped text, one paragraph per blank-line-separated part.
+the markdown template's filter writes it on one line (newlines become spaces), the HTML special
+characters (& < >) as entities and a backslash before every character markdown would read as
+code, emphasis, a link or image, a table cell or a bare URL (`_markdown_text`): a label like
+'![x](http://evil.example/t.png)' is shown as written, never as a remote image or link. The
+`note` is the one text whose markdown is intended: report.md keeps its markdown and its lines,
+with only & < > escaped (so raw HTML tags show as text); index.html shows it as escaped text,
+one paragraph per blank-line-separated part. CSVs: `write_csv` (no text cell read as a formula).
+Plots: `plot_text`, `plot_title` and `short_label` (no label widens a figure without bound).
 
 File names: `file_name` for names the code chose (bench suites), `label_file_name` for labels
 a user wrote (tasks, families, cells): a slug and a hash of the exact label, so two labels never
@@ -77,13 +80,30 @@ def legend(figure: Figure, ax: Axes) -> None:
     figure.set_size_inches(max(width, needed + 0.2), figure.get_size_inches()[1])
 
 
-def plot_text(text: object) -> str:
-    """`text` (a label) for a matplotlib title or legend: its dollar signs shown as written,
-    never parsed as mathtext (where a label like '$\\foo$' would fail the drawing)."""
-    return str(text).replace("$", r"\$")
-
-
+LABEL_CHARS = 60  # at most this many characters of a user's label in a plot (short_label)
 TITLE_WIDTH = 70  # characters of a plot title per line: about the width of the default figure
+PLOT_CHARS = 3 * TITLE_WIDTH  # at most this many characters of any text in a plot
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # characters a plot has no glyph for
+TITLE_LABEL = 2 * TITLE_WIDTH  # at most this many characters of a label in a plot's title
+
+
+def short_label(text: object, limit: int = LABEL_CHARS) -> str:
+    """`text`, or where it is longer than `limit` characters, its start, '…#' and the first 6
+    hex digits of its SHA-256: `limit` characters, and labels that share a start stay apart."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:6]
+    return f"{text[: limit - 8]}…#{digest}"
+
+
+def plot_text(text: object) -> str:
+    """`text` (a label) for a matplotlib title or legend: at most PLOT_CHARS characters
+    (`short_label`: a 10,000-character label would widen its figure to tens of thousands of
+    pixels), control characters (tabs, line breaks: no glyph) as spaces, its dollar signs shown
+    as written, never parsed as mathtext (where a label like '$\\foo$' would fail the drawing)."""
+    text = CONTROL.sub(" ", short_label(text, PLOT_CHARS))
+    return text.replace("$", r"\$")
 
 
 def plot_title(text: object) -> str:
@@ -131,6 +151,36 @@ def path_in(folder: Path, name: str) -> Path:
     if name in ("", ".", "..") or Path(name).name != name or path.parent != root:
         raise ValueError(f"refusing to write {name!r}: not a file name inside {root}")
     return path
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what makes a spreadsheet read a formula
+
+
+def csv_text(value: object) -> object:
+    """`value` for a CSV cell: a text that a spreadsheet would read as a formula (starting with
+    = + - @, a tab or a carriage return) behind a "'", its line breaks as newlines (a bare
+    carriage return would end the row); numbers, a lone '-' and texts of a number (e.g.
+    '-0.5') as they are."""
+    if not isinstance(value, str):
+        return value
+    text = value.replace("\r\n", "\n").replace("\r", "\n")
+    if not value.startswith(FORMULA_START) or value == "-":
+        return text
+    try:
+        float(value)
+    except ValueError:
+        return "'" + text
+    return text
+
+
+def write_csv(frame: pd.DataFrame, path: Path) -> None:
+    """Write `frame` (no index) to the CSV file `path`, its texts and headers through
+    `csv_text`: a label like '=HYPERLINK(...)' is shown as text, never run."""
+    texts = frame.rename(columns=csv_text)
+    for column in texts.columns:
+        if not pd.api.types.is_numeric_dtype(texts[column]):
+            texts[column] = texts[column].map(csv_text)
+    texts.to_csv(path, index=False)
 
 
 @dataclass(frozen=True)
@@ -212,18 +262,19 @@ class Page:
     sections: list[Section] = field(default_factory=list)
 
 
+MARKDOWN_SPECIAL = re.compile(
+    r"[\\`*\[\]|~]"  # code, emphasis, links and images, table cells, strikethrough
+    r"|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])"  # emphasis (an underscore inside a word is none)
+    r"|:(?=//)|(?<=www)\."  # the bare URLs a code host links (http://..., www.…)
+)
+
+
 def _markdown_text(text: object) -> str:
-    """Plain text for markdown: one line, backslashes and & < > escaped."""
+    """Plain text for markdown, shown as written: one line; a backslash before each character
+    that markdown would read as code, emphasis, a link or image (every [ and ]), a table cell
+    or a bare URL; & < > as HTML entities (no HTML, no <autolink>)."""
     line = " ".join(str(text).splitlines())
-    return escape(line.replace("\\", "\\\\"), quote=False)
-
-
-def _markdown_cell(text: object) -> str:
-    return _markdown_text(text).replace("|", "\\|")
-
-
-def _markdown_alt(text: object) -> str:
-    return _markdown_text(text).replace("[", "\\[").replace("]", "\\]")
+    return escape(MARKDOWN_SPECIAL.sub(lambda match: "\\" + match[0], line), quote=False)
 
 
 def _markdown_note(text: object) -> str:
@@ -240,7 +291,7 @@ def _paragraphs(text: object) -> list[str]:
 @cache
 def _templates(kind: str) -> Environment:
     """The Jinja2 environment of the "md" or "html" template: HTML autoescaped; markdown
-    through the filters md (plain text), md_cell, md_alt and md_note (see the module)."""
+    through the filters md (plain text) and md_note (see the module)."""
     environment = Environment(
         loader=PackageLoader("ablations", "templates"),
         autoescape=kind == "html",
@@ -251,8 +302,6 @@ def _templates(kind: str) -> Environment:
     )
     environment.filters.update(
         md=_markdown_text,
-        md_cell=_markdown_cell,
-        md_alt=_markdown_alt,
         md_note=_markdown_note,
         paragraphs=_paragraphs,
     )

@@ -10,9 +10,11 @@ that any store can be read, one written before sweeps existed included:
   default; the steps that `epochs` resolve to are not a setting of theirs.
 - `select(cells, over, metric, reported)`: per task, size, mechanism and the other axes, the
   setting of the axes `over` whose cells have the best mean `metric` over seeds (the highest
-  accuracy, the lowest loss), among the settings whose every cell finished; at that setting,
-  the `reported` metric: mean and 95% confidence interval over seeds (Student's t, n - 1
-  degrees of freedom).
+  accuracy, the lowest loss), among the eligible settings: every seed of the group run, done,
+  with a finite `metric` (a NaN result is never chosen); each other setting excluded with why
+  (`setting_problems`: "training.lr=1e+30: 1 of 3 seeds diverged"); at the chosen setting, the
+  `reported` metric: mean and 95% confidence interval over seeds (Student's t, n - 1 degrees
+  of freedom).
 - `paired(cells, selected, a, b, reported)`: mechanism a minus mechanism b, each at its own
   best setting, seed by seed over the seeds both finished: the mean difference and its 95%
   interval (a paired t interval), per task, size and other axes.
@@ -39,6 +41,7 @@ SETTING_PREFIXES = {  # flattened store column prefix: swept-key section
     "config.mechanism_kwargs.": "mechanism_kwargs.",
 }
 GROUP = ["task", "size", "mechanism"]
+MECHANISM_KWARGS = "mechanism_kwargs."
 
 
 def higher_is_better(metric: str) -> bool:
@@ -64,8 +67,42 @@ def varying_settings(frame: pd.DataFrame) -> pd.DataFrame:
     that varies within some (task, size label, mechanism) of the store, by their
     swept-key names; values as text ("default" for a model option or kwarg not set). A cell
     that counts `epochs` has its steps as "epochs": they follow from n_train."""
+    settings, group = _all_settings(frame)
+    if settings.empty:
+        return settings
+    varies = settings.groupby(group, dropna=False).nunique().max() > 1
+    return settings.loc[:, varies[varies].index.tolist()]
+
+
+def differing_settings(frame: pd.DataFrame) -> dict[str, list[str]]:
+    """Per task label of `frame` (`ResultsStore.to_dataframe()`), the settings that differ
+    between its mechanisms of one size but not within one mechanism (so not
+    `varying_settings`: no table names them), each as 'training.lr: std 0.001, rel 0.003'
+    (a mechanism's values joined by '/'); tasks without any left out. Training, model and
+    task settings only (mechanism_kwargs define the mechanism). E.g. a mechanism entry with its
+    own training or model options, or a grid edited between runs."""
+    settings, group = _all_settings(frame)
+    if settings.empty:
+        return {}
+    varying = set(varying_settings(frame).columns)
+    found: dict[str, list[str]] = {}
+    task, size, mechanism = group
+    for (label, _), cells in settings.groupby([task, size], sort=False, dropna=False):
+        for key in cells.columns:
+            if key in varying or key.startswith(MECHANISM_KWARGS) or cells[key].nunique() < 2:
+                continue  # a mechanism's own kwargs are what it is, not a setting of its run
+            values = cells[key].groupby(mechanism.loc[cells.index], sort=False).unique()
+            text = ", ".join(f"{m} {'/'.join(map(str, v))}" for m, v in values.items())
+            if f"{key}: {text}" not in found.get(str(label), []):
+                found.setdefault(str(label), []).append(f"{key}: {text}")
+    return found
+
+
+def _all_settings(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[pd.Series]]:
+    """Every setting of every cell of `frame` as text, one column per swept-key name, and the
+    cells' (task, size label, mechanism) columns."""
     if frame.empty:
-        return pd.DataFrame(index=frame.index)
+        return pd.DataFrame(index=frame.index), []
     records = frame.to_dict("records")
     for record in records:  # training keys left out hold their defaults
         record["config.training"] = training_settings(record.get("config.training") or {})
@@ -78,9 +115,9 @@ def varying_settings(frame: pd.DataFrame) -> pd.DataFrame:
     settings = pd.DataFrame(values, index=frame.index)
     if "config.training.epochs" in flat:  # steps derived from epochs: not a setting of theirs
         settings.loc[flat["config.training.epochs"].notna(), "training.steps"] = "epochs"
-    group = [flat.get(f"config.{k}") for k in ("task", "size.label", "mechanism")]
-    varies = settings.groupby(group, dropna=False).nunique().max() > 1
-    return settings.loc[:, varies[varies].index.tolist()]
+    missing = pd.Series(math.nan, index=frame.index)
+    group = [flat.get(f"config.{k}", missing) for k in ("task", "size.label", "mechanism")]
+    return settings, group
 
 
 def _text(value: object) -> str:
@@ -103,14 +140,20 @@ def varying_per_task(cells: pd.DataFrame, keys: list[str]) -> dict[str, list[str
     }
 
 
-def select(cells: pd.DataFrame, over: list[str], metric: str, reported: str) -> pd.DataFrame:
+def select(
+    cells: pd.DataFrame, over: list[str], metric: str, reported: str, finite: tuple[str, ...] = ()
+) -> pd.DataFrame:
     """The best setting of the axes `over` per (task, size, mechanism, other axes). `cells`:
     one row per cell with task, size, mechanism, seed, status, the axis columns and the
-    metrics. Returns one row per group: its labels, `others` (the other axes' setting),
-    `best` (the chosen setting of `over`), `candidates` (settings eligible: every cell done),
-    `settings` (settings tried), the chosen setting's mean `metric` (`chosen_on`), the
-    `reported` metric's mean, low, high and n, and its cells' `seeds` and `rows` (index labels
-    of `cells`)."""
+    metrics. A setting is eligible when every seed of its group has a cell at it, done, with a
+    finite `metric` (and finite `finite` metrics: pass every reported metric, so that each
+    gets the same settings); the chosen one has the best mean `metric` among them. Returns one
+    row per group: its labels, `others` (the other axes' setting), `best` (the chosen setting
+    of `over`; '-' for none), `candidates` (settings eligible), `settings` (settings tried),
+    `excluded` (why the others are not eligible, e.g. "training.lr=1e+30: 1 of 3 seeds
+    diverged"; '' for none), the chosen setting's mean `metric` (`chosen_on`), the `reported`
+    metric's mean, low, high and n, and its cells' `seeds` and `rows` (index labels of
+    `cells`)."""
     axis_columns = [c for c in cells.columns if "." in c]
     over = [key for key in over if key in axis_columns]
     others = [key for key in axis_columns if key not in over]
@@ -118,32 +161,57 @@ def select(cells: pd.DataFrame, over: list[str], metric: str, reported: str) -> 
     rows = []
     shown = varying_per_task(cells, others)
     for labels, group in cells.groupby(GROUP + others, sort=False, dropna=False):
-        best, best_score, eligible = None, -math.inf, 0
+        best, best_score, eligible, excluded = None, -math.inf, 0, []
         per_setting = group.groupby(over, sort=False) if over else [((), group)]
+        seeds = set(group.seed)
         tried = 0
-        for setting, runs in per_setting:
+        for _setting, runs in per_setting:
             tried += 1
-            if not (runs.status == "done").all():
+            problems = setting_problems(runs, seeds, [metric, *finite])
+            if problems:
+                name = setting_text(runs.iloc[0], over)
+                excluded.append(f"{name}: {problems}" if name else problems)
                 continue
             eligible += 1
             score = sign * runs[metric].mean()
             if score > best_score:
-                best, best_score = (setting, runs), score
+                best, best_score = runs, score
         row = dict(zip(GROUP + others, labels, strict=True))
         row["others"] = setting_text(pd.Series(row), shown[row["task"]])
-        row.update(candidates=eligible, settings=tried)
+        row.update(candidates=eligible, settings=tried, excluded="; ".join(excluded))
         if best is None:
             rows.append(row | {"best": "-", "chosen_on": math.nan, "mean": math.nan,
                                "low": math.nan, "high": math.nan, "n": 0})  # fmt: skip
             continue
-        setting, runs = best
-        mean, low, high, n = interval(runs[reported])
+        mean, low, high, n = interval(best[reported])
         row.update(
-            best=setting_text(runs.iloc[0], over), chosen_on=sign * best_score, mean=mean,
-            low=low, high=high, n=n, seeds=tuple(runs.seed), rows=tuple(runs.index),
+            best=setting_text(best.iloc[0], over), chosen_on=sign * best_score, mean=mean,
+            low=low, high=high, n=n, seeds=tuple(best.seed), rows=tuple(best.index),
         )  # fmt: skip
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+UNFINISHED = {"diverged": "diverged", "failed": "failed", "running": "unfinished"}
+
+
+def setting_problems(runs: pd.DataFrame, seeds: set, metrics: list[str]) -> str:
+    """Why the cells `runs` of one setting are not eligible for selection, or '' where they
+    are: of the group's `seeds`, how many have no cell at the setting ("not run"), are not done
+    (diverged, failed, unfinished) or are done with a metric of `metrics` NaN or infinite, e.g.
+    "1 of 3 seeds diverged, 1 of 3 seeds not run"."""
+    counts = {"not run": len(seeds - set(runs.seed))}
+    for status, count in runs.status.value_counts(sort=False).items():
+        if status != "done":
+            what = UNFINISHED.get(status, str(status))
+            counts[what] = counts.get(what, 0) + count
+    done = runs[runs.status == "done"]
+    for name in metrics:
+        values = pd.to_numeric(done.get(name, pd.Series(math.nan, done.index)), errors="coerce")
+        counts[f"with a non-finite {name}"] = int((~values.map(math.isfinite)).sum())
+    return ", ".join(
+        f"{count} of {len(seeds)} seeds {what}" for what, count in counts.items() if count
+    )
 
 
 def paired(

@@ -9,6 +9,8 @@ opened read-only and never created; a store that does not exist yet means every 
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from ablations.spec import GridSpec
@@ -42,3 +44,26 @@ def grid_status(spec: GridSpec) -> pd.DataFrame:
         )
     columns = [*COLUMNS[:4], *spec.swept_keys, *COLUMNS[4:]]
     return pd.DataFrame(records, columns=columns).astype({"steps": "Int64", "test_acc": float})
+
+
+def status_text(frame: pd.DataFrame, swept: list[str]) -> str:
+    """`grid_status`'s rows (some columns may be dropped) as a text table: swept values as
+    written (str: 1e-05 and 3e-05 stay apart), metrics to three decimals, steps whole, '-' for
+    a value a cell does not have (not run or not finished)."""
+    texts = frame.astype(object).copy()
+    for column in frame.columns:
+        if column in swept:
+            form = str
+        elif column == "steps":
+            form = "{:.0f}".format
+        elif pd.api.types.is_float_dtype(frame[column]):
+            form = "{:.3f}".format
+        else:
+            form = str
+        texts[column] = ["-" if _missing(value) else form(value) for value in frame[column]]
+    return texts.to_string(index=False)
+
+
+def _missing(value: object) -> bool:
+    """Whether `value` is missing: None, NaN or pandas' NA."""
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))

@@ -67,6 +67,9 @@ CREATE TABLE IF NOT EXISTS cells (
 """
 # Columns added after the first schema: a store written before them gets them on opening.
 ADDED_COLUMNS = {"owner": "TEXT", "heartbeat": "REAL"}
+# Columns every store has: a cells table without them is not a results store.
+STORE_COLUMNS = {"key", "config", "status", "metrics", "curve", "environment", "error", "started",
+                 "finished"}  # fmt: skip
 
 
 class StoreError(ValueError):
@@ -134,8 +137,10 @@ class ResultsStore:
 
     Write mode (default) creates the file, its folder and the schema, and adds the columns of
     `ADDED_COLUMNS` to a store of an older schema. `readonly=True` only reads: a missing store
-    is a FileNotFoundError, and nothing is created or changed. A store that is not SQLite, is
-    damaged or has no cells table raises StoreError naming the path. `owner` is the default
+    is a FileNotFoundError, and nothing is created or changed (not even SQLite's -wal and -shm
+    files); an SQLite file that is not a results store (no cells table of its columns, or
+    empty) is a StoreError "PATH is not an attn_zoo results store: ...". A store that is not
+    SQLite or is damaged raises StoreError naming the path. `owner` is the default
     owner of this handle's claims; `lease` the seconds after which a claim without heartbeat
     is stale."""
 
@@ -146,17 +151,8 @@ class ResultsStore:
         self.owner = new_owner()
         self._local = threading.local()
         if readonly:
-            if not self.path.exists():
-                raise FileNotFoundError(errno.ENOENT, "no results store", str(self.path))
-            self._target = f"file:{quote(str(self.path.resolve()))}?mode=ro"
-            wal = [Path(f"{self.path}-{end}").exists() for end in ("wal", "shm")]
-            if not _folder_writable(self.path.parent) and not all(wal):
-                # SQLite cannot create the WAL index here: read the main file as it is.
-                self._target += "&immutable=1"
-            with self._connect() as db:
-                tables = db.execute("SELECT name FROM sqlite_master WHERE type='table'")
-                if ("cells",) not in tables.fetchall():
-                    raise StoreError(f"{self.path} is not a readable results store: no cells table")
+            self._target = self._read_only_target()
+            self._check_is_store()
         else:
             if self.path.is_dir():
                 raise StoreError(f"{self.path} is a folder, not a results store file")
@@ -170,6 +166,42 @@ class ResultsStore:
                 for column, kind in ADDED_COLUMNS.items():
                     if column not in present:
                         db.execute(f"ALTER TABLE cells ADD COLUMN {column} {kind}")
+
+    def _read_only_target(self) -> str:
+        """The URI that reads the store without creating or changing a file: FileNotFoundError
+        for a missing store. With both the write-ahead log and its index beside it (a run has
+        the store open, or was killed), SQLite reads through them; without them the store file
+        is whole and is read as it is (immutable: SQLite would otherwise create the -wal and
+        -shm files, and cannot in a read-only folder)."""
+        if not self.path.is_file():
+            raise FileNotFoundError(errno.ENOENT, "no results store", str(self.path))
+        target = f"file:{quote(str(self.path.resolve()))}?mode=ro"
+        beside = [Path(f"{self.path}-{end}").exists() for end in ("wal", "shm")]
+        if not all(beside) or not _folder_writable(self.path.parent):
+            target += "&immutable=1"
+        return target
+
+    def _check_is_store(self) -> None:
+        """StoreError "PATH is not an attn_zoo results store: ..." unless the file is an SQLite
+        database with a cells table of the results store's columns."""
+        if self.path.stat().st_size == 0:
+            raise StoreError(f"{self.path} is not an attn_zoo results store: an empty file")
+        with self._connect() as db:
+            tables = sorted(
+                name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            )
+            columns = {row[1] for row in db.execute("PRAGMA table_info(cells)")}
+        if "cells" not in tables:
+            held = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "") or "none"
+            raise StoreError(
+                f"{self.path} is not an attn_zoo results store: no cells table (tables: {held})"
+            )
+        lacking = sorted(STORE_COLUMNS - columns)
+        if lacking:
+            raise StoreError(
+                f"{self.path} is not an attn_zoo results store: its cells table lacks the "
+                f"columns {', '.join(lacking)}"
+            )
 
     @contextmanager
     def _connect(self, write: bool = False) -> Iterator[sqlite3.Connection]:

@@ -206,7 +206,7 @@ def test_a_selection_reports_each_metric_it_names_at_the_same_settings(swept_sto
     pairs = pd.read_csv(out / "paired.csv")
     assert sorted(pairs.reported) == ["test_acc", "test_loss"]
     text = (out / "report.md").read_text()
-    assert "test_acc [95% CI]" in text and "test_loss [95% CI]" in text
+    assert "test_acc \\[95% CI\\]" in text and "test_loss \\[95% CI\\]" in text  # [ ] escaped
     assert "test_loss verdict" in text
 
 
@@ -271,7 +271,7 @@ def test_training_set_size_curves_show_each_mechanism_at_its_selected_setting(
         n_train = row.others.split("task_kwargs.n_train=")[1].split(",")[0]
         line = next(x for x in section.splitlines() if x.startswith(f"| {n_train} |"))
         cells = dict(zip(["std", "rel"], line.split("|")[3:5], strict=True))
-        assert f"{row.mean:.3f} [{row.low:.3f}, {row.high:.3f}] (n=2)" in cells[row.mechanism]
+        assert f"{row.mean:.3f} \\[{row.low:.3f}, {row.high:.3f}\\] (n=2)" in cells[row.mechanism]
 
 
 def test_with_other_axes_each_of_their_settings_gets_its_own_learning_curves(

@@ -196,7 +196,9 @@ def test_read_only_opening_of_an_sqlite_file_without_cells_is_a_store_error(tmp_
     with sqlite3.connect(path) as db:
         db.execute("CREATE TABLE t (x)")
     db.close()
-    with pytest.raises(StoreError, match=re.escape(f"{path} is not a readable results store")):
+    with pytest.raises(
+        StoreError, match=re.escape(f"{path} is not an attn_zoo results store: no cells table")
+    ):
         ResultsStore(path, readonly=True)
 
 
