@@ -174,6 +174,63 @@ def test_chunked_dropout_backward_redraws_the_forward_masks():
     assert torch.autograd.gradcheck(fn, (q, k, v))
 
 
+MASK_SHAPES = [(2, 4, 7, 9), (1, 1, 7, 9), (2, 1, 1, 9), (7, 1), (7, 9)]
+
+
+def float_mask(shape, seed: int) -> torch.Tensor:
+    """An additive float64 mask of `shape`: values in [-2, 2], about a fifth -inf."""
+    gen = torch.Generator().manual_seed(seed)
+    bias = 4 * torch.rand(shape, generator=gen, dtype=torch.float64) - 2
+    return bias.masked_fill(torch.rand(shape, generator=gen) < 0.2, float("-inf"))
+
+
+@pytest.mark.parametrize("shape", MASK_SHAPES)
+@pytest.mark.parametrize("is_causal", [False, True, "bottom_right"])
+def test_chunked_gives_a_float_mask_its_gradient(shape, is_causal):
+    """A float mask requiring grad gets d out / d mask (the score gradient, summed over the
+    dims it broadcasts), as naive's autograd gives it: float32 chunked in 3-wide tiles and as
+    the family runs it, against float64 naive; grads atol 5e-5 / rtol 1e-4."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 7, 4, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 9, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+    mask = float_mask(shape, seed=4)
+    cotangent = torch.randn(2, 4, 7, 4, generator=gen, dtype=torch.float64)
+
+    def grads(fn, dtype):
+        leaves = [t.to(dtype).requires_grad_(True) for t in (q, k, v, mask)]
+        out = fn(*leaves)
+        assert out.isfinite().all()
+        return torch.autograd.grad(out, leaves, cotangent.to(dtype))
+
+    want = grads(
+        lambda *x: softmax_attention(*x, is_causal=is_causal, backend="naive"), torch.float64
+    )
+    tiled = functools.partial(chunked, block=3)
+    for fn in (tiled, chunked):
+        got = grads(
+            lambda *x, fn=fn: fn(**family("softmax").check(*x, is_causal=is_causal)),
+            torch.float32,
+        )
+        for name, g, w in zip(("q", "k", "v", "mask"), got, want, strict=True):
+            assert g.shape == w.shape and g.isfinite().all(), name
+            torch.testing.assert_close(g.double(), w, atol=5e-5, rtol=1e-4, msg=name)
+    assert want[3].abs().sum() > 0  # the mask's gradient is not trivially zero
+
+
+def test_chunked_float_mask_gradient_passes_gradcheck_with_dropout():
+    """float64 gradcheck of q, k, v and a broadcast (B, 1, 1, M) mask, dropout redrawn."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 2, 7, 3, generator=gen, dtype=torch.float64) for _ in range(3))
+    mask = 4 * torch.rand(2, 1, 1, 7, generator=gen, dtype=torch.float64) - 2
+    leaves = tuple(t.requires_grad_(True) for t in (q, k, v, mask))
+
+    def fn(q, k, v, mask):
+        torch.manual_seed(1)
+        return chunked(q, k, v, attn_mask=mask, is_causal=True, dropout_p=0.3, block=3)
+
+    assert torch.autograd.gradcheck(fn, leaves)
+
+
 def largest_saved_tensor(fn) -> int:
     """Elements in the largest tensor autograd keeps for backward while running fn()."""
     sizes = []

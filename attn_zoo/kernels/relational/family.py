@@ -90,7 +90,7 @@ def describe_call(
     rel_scale=None, rel_activation="identity", dropout_p=0.0, v_pair=None,
 ) -> Call:  # fmt: skip
     """The `Call` a relational attention call makes (for backend choice)."""
-    tensors = [t for t in (q, k, qr, kr, v, v_rel, v_pair) if t is not None]
+    tensors = [t for t in (q, k, qr, kr, v, v_rel, v_pair, attn_mask) if t is not None]
     needs = {
         "grad": torch.is_grad_enabled() and any(t.requires_grad for t in tensors),
         "mask": attn_mask is not None,

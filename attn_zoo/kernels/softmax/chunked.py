@@ -11,9 +11,10 @@ and saves only q, k, v, out and lse. Backward recomputes each tile's probabiliti
     dv_j += sum_i p_ij dout_i,   ds_ij = p_ij (<dout_i, v_j> - D_i),
     dq_i += scale sum_j ds_ij k_j,   dk_j += scale sum_i ds_ij q_i
 
-so training memory is O(N x block), never O(N x M). Tiles wholly above the causal diagonal
-are skipped. Dropout masks are drawn per tile from a seed and redrawn in backward.
-Half-precision inputs are computed in float32.
+so training memory is O(N x block), never O(N x M). An additive float mask that requires grad
+gets dmask_ij = ds_ij, summed over the dims it broadcasts (its gradient has its own shape).
+Tiles wholly above the causal diagonal are skipped. Dropout masks are drawn per tile from a
+seed and redrawn in backward. Half-precision inputs are computed in float32.
 """
 
 import torch
@@ -29,11 +30,19 @@ BLOCK = 256  # fastest of 128, 256, 512 on the 2-core CPU (N=2048, fwd+bwd)
 
 
 class Tiles:
-    """The tiling of one call: block ranges, the tile mask and the per-tile dropout."""
+    """The tiling of one call: block ranges, the tile mask and the per-tile dropout.
+
+    q (B, Hkv, G, N, d) grouped, k (B, Hkv, M, d), attn_mask None or 4-D broadcastable to
+    (B, H, N, M) (`mask_grad` gives its gradient in its own shape).
+    """
 
     def __init__(self, q, k, attn_mask, is_causal, dropout_p, seed, block):
         self.shape = q.shape  # (B, Hkv, G, N, d)
         self.n, self.m = q.shape[3], k.shape[2]
+        self.mask_shape = None if attn_mask is None else attn_mask.shape
+        if attn_mask is not None:  # broadcast dims made explicit (a free view) so tiles slice
+            heads = q.shape[1] * q.shape[2]
+            attn_mask = attn_mask.expand(attn_mask.shape[0], heads, self.n, self.m)
         self.attn_mask, self.is_causal = attn_mask, is_causal
         self.dropout_p, self.seed, self.block = dropout_p, seed, block
         self.n_key_blocks = -(-self.m // block)
@@ -95,6 +104,17 @@ class Tiles:
             lse[..., i0:i1] = torch.where(seen, m + torch.log(total), float("inf"))
         return out, lse
 
+    def add_mask_grad(self, dmask, ds, i0, i1, j0, j1) -> None:
+        """Add a tile's score gradient ds (B, Hkv, G, bq, bk) into `dmask` (the mask's shape):
+        the mask is added to the scores, so dmask = ds summed over the dims it broadcasts."""
+        ds = rearrange(ds, "b h g n m -> b (h g) n m")
+        dims = [d for d in range(4) if dmask.shape[d] == 1 and ds.shape[d] != 1]
+        if dims:
+            ds = ds.sum(dim=dims, keepdim=True)
+        rows = slice(i0, i1) if dmask.shape[2] != 1 else slice(0, 1)
+        cols = slice(j0, j1) if dmask.shape[3] != 1 else slice(0, 1)
+        dmask[:, :, rows, cols] += ds
+
     def scores(self, qi, kj, scale, i0, i1, j0, j1):
         s = einsum(qi, kj, "b h g n d, b h m d -> b h g n m") * scale
         mask = self.tile_mask(i0, i1, j0, j1, s.device)
@@ -121,6 +141,7 @@ class ChunkedAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         tiles, scale = ctx.tiles, ctx.scale
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dmask = q.new_zeros(tiles.mask_shape) if ctx.needs_input_grad[3] else None
         delta = (dout * out).sum(dim=-1)  # D_i
         for i0, i1 in tiles.query_blocks():
             qi, doi = q[..., i0:i1, :], dout[..., i0:i1, :]
@@ -137,7 +158,11 @@ class ChunkedAttention(torch.autograd.Function):
                 ds = p * (dp - delta[..., i0:i1, None])
                 dq[..., i0:i1, :] += einsum(ds, kj, "b h g n m, b h m d -> b h g n d") * scale
                 dk[:, :, j0:j1] += einsum(ds, qi, "b h g n m, b h g n d -> b h m d") * scale
-        return dq, dk, dv, None, None, None, None, None, None
+                if dmask is not None:
+                    tiles.add_mask_grad(dmask, ds, i0, i1, j0, j1)
+        if dmask is not None:
+            dmask = dmask.to(tiles.attn_mask.dtype)
+        return dq, dk, dv, dmask, None, None, None, None, None
 
 
 @register_backend(
@@ -155,8 +180,6 @@ def chunked(
 ) -> torch.Tensor:  # (B, H, N, dv)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     seed = int(torch.randint(2**62, (1,))) if dropout_p > 0 else 0
-    if attn_mask is not None:  # broadcast dims made explicit (a free view) so tiles slice
-        attn_mask = attn_mask.expand(attn_mask.shape[0], *q.shape[1:3], k.shape[2])
     # contiguous once: tiles of strided views would be copied again in every einsum
     grouped = group_queries(upcast_half(q), k.shape[1]).contiguous()
     k, v = upcast_half(k).contiguous(), upcast_half(v).contiguous()

@@ -77,8 +77,9 @@ def check_inputs(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p
 
 def describe_call(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0) -> Call:
     """The `Call` a softmax attention call makes (for backend choice)."""
+    tensors = (q, k, v) if attn_mask is None else (q, k, v, attn_mask)
     needs = {
-        "grad": torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
+        "grad": torch.is_grad_enabled() and any(t.requires_grad for t in tensors),
         "mask": attn_mask is not None,
         "float_mask": is_additive(attn_mask),
         "causal": is_causal,
