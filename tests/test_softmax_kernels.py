@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 import torch
+from allocations import largest_allocation
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -46,7 +47,10 @@ def test_backends_agree_half_precision(problem):
 def test_chunked_multi_tile(problem, block):
     """Small blocks: many tiles, partial last tiles, causal tiles skipped and cut."""
     assert_backends_agree(
-        problem, backends=[], kernels={"chunked": functools.partial(chunked, block=block)}
+        problem,
+        backends=[],
+        kernels={"chunked": functools.partial(chunked, block=block)},
+        kernel_features=family("softmax").backends["chunked"].capabilities.features,
     )
 
 
@@ -250,6 +254,37 @@ def test_chunked_saves_no_quadratic_tensor():
             lambda b=backend: softmax_attention(q, k, v, is_causal=True, backend=b)
         )
         assert (largest >= n * n) == quadratic, (backend, largest)
+
+
+@pytest.mark.parametrize(("n", "m"), [(64, 4096), (4096, 64)])
+def test_chunked_bottom_right_allocates_no_n_by_m_tensor(n, m):
+    """O(N) memory for bottom-right causality as for top-left: forward and backward allocate
+    nothing of N x M / 4 elements (the explicit causal mask it used to get was N x M); naive
+    does, so the probe can fail."""
+    q = torch.randn(1, 1, n, 8, requires_grad=True)
+    k, v = (torch.randn(1, 1, m, 8, requires_grad=True) for _ in range(2))
+
+    def run(backend):
+        out = softmax_attention(q, k, v, is_causal="bottom_right", backend=backend)
+        out.sum().backward()
+
+    assert largest_allocation(lambda: run("naive")) >= n * m
+    assert largest_allocation(lambda: run("chunked")) < n * m // 4
+
+
+@pytest.mark.parametrize(("n", "m"), [(7, 17), (17, 7), (2, 9), (9, 9)])
+@pytest.mark.parametrize("mask", ["none", "additive", "key_padding"])
+def test_chunked_bottom_right_in_tiles(n, m, mask):
+    """Bottom-right causality applied per 3-wide tile (tiles wholly masked skipped, rows
+    before the first key empty when N > M) against float64 naive, outputs and grads."""
+    problem = AttentionProblem(q_len=n, k_len=m, mask=mask, is_causal="bottom_right", seed=n)
+    report = assert_backends_agree(
+        problem,
+        backends=["chunked"],
+        kernels={"tiles": functools.partial(chunked, block=3)},
+        kernel_features=family("softmax").backends["chunked"].capabilities.features,
+    )
+    assert report == {"tiles": "ok", "chunked": "ok"}
 
 
 def test_auto_and_fused_pick_sdpa_on_cpu():

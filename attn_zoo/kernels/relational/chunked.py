@@ -29,6 +29,7 @@ from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
 from attn_zoo.kernels.relational.family import FEATURES, PAIR_SYMBOLS
 from attn_zoo.kernels.relational.naive import default_scales, relative_index
 from attn_zoo.kernels.softmax.chunked import BLOCK, Tiles
+from attn_zoo.kernels.softmax.family import BOTTOM_RIGHT
 from attn_zoo.kernels.softmax.naive import upcast_half
 
 
@@ -207,7 +208,7 @@ class ChunkedRelationalAttention(torch.autograd.Function):
     "chunked",
     tier="chunked",
     priority={"cpu": 40, "cuda": 10},
-    capabilities=Capabilities(FEATURES | PAIR_SYMBOLS),
+    capabilities=Capabilities(FEATURES | PAIR_SYMBOLS | BOTTOM_RIGHT),
 )
 def chunked(
     q: torch.Tensor,  # (B, H, N, dk)
@@ -217,7 +218,7 @@ def chunked(
     v: torch.Tensor | None = None,  # (B, Hkv, M, hd)
     v_rel: torch.Tensor | None = None,  # (Hkv, 2K+1, hd)
     attn_mask: torch.Tensor | None = None,
-    is_causal: bool = False,
+    is_causal: bool | str = False,  # False, True (top-left) or "bottom_right"
     scale: float | None = None,
     rel_scale: float | None = None,
     rel_activation: str = "identity",

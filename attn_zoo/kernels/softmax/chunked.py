@@ -13,7 +13,9 @@ and saves only q, k, v, out and lse. Backward recomputes each tile's probabiliti
 
 so training memory is O(N x block), never O(N x M). An additive float mask that requires grad
 gets dmask_ij = ds_ij, summed over the dims it broadcasts (its gradient has its own shape).
-Tiles wholly above the causal diagonal are skipped. Dropout masks are drawn per tile from a
+Causality, top-left (j <= i) or bottom-right (j <= i + M - N), is applied per tile: tiles
+wholly above the diagonal are skipped, the diagonal's tiles build their own (bq, bk) mask, so
+neither alignment costs an N x M mask. Dropout masks are drawn per tile from a
 seed and redrawn in backward. Half-precision inputs are computed in float32.
 """
 
@@ -22,7 +24,7 @@ from einops import einsum, rearrange
 
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import group_queries
-from attn_zoo.kernels.softmax.family import FEATURES
+from attn_zoo.kernels.softmax.family import BOTTOM_RIGHT, FEATURES
 from attn_zoo.kernels.softmax.masks import causal_mask, is_additive, restrict
 from attn_zoo.kernels.softmax.naive import upcast_half
 
@@ -33,7 +35,8 @@ class Tiles:
     """The tiling of one call: block ranges, the tile mask and the per-tile dropout.
 
     q (B, Hkv, G, N, d) grouped, k (B, Hkv, M, d), attn_mask None or 4-D broadcastable to
-    (B, H, N, M) (`mask_grad` gives its gradient in its own shape).
+    (B, H, N, M) (`add_mask_grad` gives its gradient in its own shape); is_causal False, True
+    (top-left: key j allowed iff j <= i) or "bottom_right" (j <= i + M - N).
     """
 
     def __init__(self, q, k, attn_mask, is_causal, dropout_p, seed, block):
@@ -43,7 +46,8 @@ class Tiles:
         if attn_mask is not None:  # broadcast dims made explicit (a free view) so tiles slice
             heads = q.shape[1] * q.shape[2]
             attn_mask = attn_mask.expand(attn_mask.shape[0], heads, self.n, self.m)
-        self.attn_mask, self.is_causal = attn_mask, is_causal
+        self.attn_mask, self.is_causal = attn_mask, bool(is_causal)
+        self.offset = self.m - self.n if is_causal == "bottom_right" else 0  # j <= i + offset
         self.dropout_p, self.seed, self.block = dropout_p, seed, block
         self.n_key_blocks = -(-self.m // block)
 
@@ -51,8 +55,9 @@ class Tiles:
         return [(i, min(i + self.block, self.n)) for i in range(0, self.n, self.block)]
 
     def key_blocks(self, i0: int, i1: int):
-        """Key ranges for queries [i0, i1): all, or those not wholly above the diagonal."""
-        stop = min(self.m, i1) if self.is_causal else self.m
+        """Key ranges for queries [i0, i1): all, or those not wholly above the diagonal (none
+        when every query precedes the first key, bottom-right with N > M)."""
+        stop = min(self.m, i1 + self.offset) if self.is_causal else self.m
         return [(j, min(j + self.block, self.m)) for j in range(0, stop, self.block)]
 
     def tile_mask(self, i0, i1, j0, j1, device):
@@ -62,8 +67,9 @@ class Tiles:
         if self.attn_mask is not None:
             tile = self.attn_mask[..., i0:i1, j0:j1]
             mask = rearrange(tile, "b (h g) n m -> b h g n m", h=self.shape[1])
-        if self.is_causal and j1 - 1 > i0:
-            mask = restrict(mask, causal_mask(i1 - i0, j1 - j0, device, offset=i0 - j0))
+        if self.is_causal and j1 - 1 > i0 + self.offset:  # last key past the first row's limit
+            offset = i0 + self.offset - j0
+            mask = restrict(mask, causal_mask(i1 - i0, j1 - j0, device, offset=offset))
         return mask
 
     def keep(self, i0, i1, j0, j1, like):
@@ -166,14 +172,18 @@ class ChunkedAttention(torch.autograd.Function):
 
 
 @register_backend(
-    "softmax", "chunked", tier="chunked", priority=10, capabilities=Capabilities(FEATURES)
+    "softmax",
+    "chunked",
+    tier="chunked",
+    priority=10,
+    capabilities=Capabilities(FEATURES | BOTTOM_RIGHT),
 )
 def chunked(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)
     v: torch.Tensor,  # (B, Hkv, M, dv)
     attn_mask: torch.Tensor | None = None,
-    is_causal: bool = False,
+    is_causal: bool | str = False,  # False, True (top-left) or "bottom_right"
     scale: float | None = None,
     dropout_p: float = 0.0,
     block: int = BLOCK,
