@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from attn_zoo.kernels import UnsupportedCallError
 from attn_zoo.kernels.dispatch import Call, family
 from attn_zoo.kernels.relational import relational_attention
-from attn_zoo.kernels.relational.chunked import chunked
-from attn_zoo.kernels.relational.cpp import cpp_missing
+from attn_zoo.kernels.relational.chunked import BLOCK, chunked
+from attn_zoo.kernels.relational.cpp import BLOCKS, cpp_missing
 from attn_zoo.testing import RelationalProblem, assert_backends_agree, relational_problems
 
 
@@ -51,9 +51,35 @@ def pair_problems(draw, dtypes=(torch.float64,), max_len=24):
     return PairProblem(base, draw(st.booleans()))
 
 
-@given(relational_problems())
+@given(relational_problems(block_sizes=(BLOCK,)))
 def test_chunked_agrees_float32(problem):
     assert_backends_agree(problem, "relational", backends=["chunked"])
+
+
+# (N, M) around chunked's BLOCK (256) and cpp's tiles (BLOCKS: 128 and 256): one short, exact,
+# one over, several blocks
+CPP_TILES = sorted({size for tiles in BLOCKS.values() for size in tiles})
+BOUNDARIES = [(1, 129), (127, 128), (129, 257), (255, 256), (256, 256), (257, 513), (513, 129)]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("n", "m"), BOUNDARIES)
+def test_every_backend_agrees_around_its_block_boundaries(n, m, threads):
+    """Every backend serving the call (cpp where it builds: no mask, identity relations, even
+    cases), outputs and grads, with 1 and 2 torch threads."""
+    assert CPP_TILES == [128, 256] and BLOCK == 256  # the boundaries above
+    case = BOUNDARIES.index((n, m))
+    plain = case % 2 == 0
+    problem = RelationalProblem(
+        batch=1, heads=2, kv_heads=1, n_relations=2, q_len=n, k_len=m, key_dim=8, rel_dim=4,
+        head_dim=8, rel_activation="identity" if plain else "softmax",
+        mask="none" if plain else ("additive", "key_padding", "empty_rows")[case % 3],
+        is_causal=(False, True, "bottom_right")[case % 3], seed=case, threads=threads,
+    )  # fmt: skip
+    report = assert_backends_agree(problem, "relational")
+    assert report["naive"] == report["chunked"] == "ok"
+    if plain and cpp_missing() is None and problem.is_causal != "bottom_right":
+        assert report["cpp"] == "ok"
 
 
 @given(relational_problems(dtypes=(torch.float64,), max_len=40), st.sampled_from([1, 4, 9]))

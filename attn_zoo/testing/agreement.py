@@ -8,7 +8,8 @@ random cotangent. Tolerances per dtype fit the measured error of correct kernels
     float16  atol 1e-2  rtol 5e-3     bfloat16  atol 5e-2 rtol 2e-2
 
 and a NaN or inf anywhere fails. A failure names the backend, the tensor, the worst element
-(index, got, want) and the problem, which Hypothesis then shrinks.
+(index, got, want) and the problem, which Hypothesis then shrinks. Everything runs with the
+problem's torch thread count (its ``threads``, if it has one).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from attn_zoo.kernels.dispatch import family
+from attn_zoo.testing.problems import torch_threads
 
 OUTPUT_TOLERANCE = {
     torch.float64: (1e-10, 1e-8),
@@ -108,7 +110,8 @@ def assert_backends_agree(
     """Check backends of kernel family `family_name` against its float64 ``naive`` backend.
 
     problem:  anything with ``.dtype`` and ``.inputs(dtype)`` -> the kernel's kwargs
-              (e.g. `attn_zoo.testing.AttentionProblem`).
+              (e.g. `attn_zoo.testing.AttentionProblem`); its ``threads`` (optional) sets
+              torch's thread count for the whole check.
     backends: names to check; each must serve the problem (else UnsupportedCallError).
               Default: every registered backend that serves it; the rest are reported skipped.
     kernels:  extra functions with the family's signature, checked too (name -> fn), e.g. a
@@ -121,6 +124,11 @@ def assert_backends_agree(
 
     Returns {name: "ok" or "skipped: <reason>"}; raises AssertionError on a disagreement.
     """
+    with torch_threads(getattr(problem, "threads", None)):
+        return _agree(problem, family_name, backends, kernels, grads, kernel_features)
+
+
+def _agree(problem, family_name, backends, kernels, grads, kernel_features) -> dict[str, str]:
     fam = family(family_name)
     dtype = problem.dtype
     drawn = problem.inputs(torch.float64)
