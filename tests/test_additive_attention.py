@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import attn_zoo as az
 from attn_zoo.kernels import UnsupportedCallError
 from attn_zoo.kernels.additive import additive_attention
-from attn_zoo.kernels.additive.scan import scan
+from attn_zoo.kernels.additive.scan import BLOCK, scan
 from attn_zoo.kernels.rotary import Rotary, rotary_tables
 from attn_zoo.testing import (
     AttentionProblem,
@@ -51,9 +51,22 @@ def additive_problems(**kwargs):
 KEY_MASKS = ("none", "key_padding")  # masks the scan serves
 
 
-@given(additive_problems(masks=KEY_MASKS))
+@given(additive_problems(masks=KEY_MASKS, block_sizes=(BLOCK,)))
 def test_scan_agrees_float32(problem):
     assert assert_backends_agree(problem, "additive", backends=["scan"]) == {"scan": "ok"}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n", [1, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK + 1])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_every_backend_agrees_around_its_block_boundaries(n, is_causal, threads):
+    """naive and scan (default block, 64), outputs and grads, with 1 and 2 torch threads."""
+    problem = AdditiveProblem(
+        batch=1, heads=2, kv_heads=2, q_len=n, k_len=n, key_dim=8, value_dim=8,
+        mask="key_padding" if is_causal else "none", is_causal=is_causal, seed=n,
+        threads=threads,
+    )  # fmt: skip
+    assert assert_backends_agree(problem, "additive") == {"naive": "ok", "scan": "ok"}
 
 
 @given(

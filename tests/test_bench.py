@@ -25,12 +25,11 @@ from ablations.cli import main, parser
 
 def test_softmax_table_has_every_backend_and_ratios_from_the_same_run():
     table = bench_softmax(lengths=[16, 33], repeats=1, heads=2, head_dim=8, memory=False)
-    assert set(table.backend) == {"naive", "chunked", "sdpa", "flex"}  # xformers: no CPU kernels
+    # flex and xformers do not serve CPU calls (wrong results / no kernels): not benchmarked
+    assert set(table.backend) == {"naive", "chunked", "sdpa"}
     assert sorted(set(table.N)) == [16, 33]
     sdpa = table[table.backend == "sdpa"]
     assert (sdpa.time_vs_sdpa == 1).all() and (sdpa.fwd_vs_sdpa == 1).all()
-    flex = table[table.backend == "flex"].iloc[0]
-    assert "no backward on cpu" in flex.note and math.isnan(flex.fwd_bwd_ms) and flex.fwd_ms > 0
     chunked = table[table.backend == "chunked"].iloc[0]
     assert chunked.fwd_bwd_ms > 0 and chunked.time_vs_naive > 0
 

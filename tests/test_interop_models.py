@@ -257,6 +257,73 @@ def test_checkpoints_in_every_shape(shared, tmp_path):
         assert_same(ours(idx)[0], want)
 
 
+PER_LAYER_INTO_SHARED = (
+    "one symbol retriever per layer .*symbol_retrievers.1.* != symbol_retrievers.0.* "
+    "but the model shares one retriever across layers.*shared_symbol_retriever=False"
+)
+SHARED_INTO_PER_LAYER = (
+    "one symbol retriever shared by every layer .*symbol_retrievers.0.* but the model has one "
+    "per layer .3 retrievers.*shared_symbol_retriever=True"
+)
+
+
+def test_per_layer_retrievers_do_not_load_into_a_shared_one():
+    """A per-layer checkpoint into a shared retriever used to load silently (the last layer's
+    values won, logits off by ~3e-3); now a ValueError names the differing keys."""
+    torch.manual_seed(7)
+    ref = language_models.DualAttnTransformerLM(**small_dual_lm_kwargs(False)).double()
+    ours = OurDualLM(**small_dual_lm_kwargs(True)).double()
+    with pytest.raises(ValueError, match=PER_LAYER_INTO_SHARED):
+        convert_state_dict(ref.state_dict(), like=ours)
+    # the matching model loads it, and a shared checkpoint loads into a shared model
+    matching = OurDualLM(**small_dual_lm_kwargs(False)).double()
+    matching.load_state_dict(convert_state_dict(ref.state_dict(), like=matching))
+    shared_ref = language_models.DualAttnTransformerLM(**small_dual_lm_kwargs(True)).double()
+    ours.load_state_dict(convert_state_dict(shared_ref.state_dict(), like=ours))
+    idx = torch.randint(0, 11, (2, 8))
+    assert_same(matching.eval()(idx)[0], ref.eval()(idx)[0])
+    assert_same(ours.eval()(idx)[0], shared_ref.eval()(idx)[0])
+
+
+def test_a_shared_retriever_does_not_load_into_per_layer_ones():
+    """The other direction: a shared checkpoint, whole (one tensor listed per layer) or
+    stored once (layer 0 only, as safetensors writes it), into per-layer retrievers."""
+    torch.manual_seed(8)
+    ref = language_models.DualAttnTransformerLM(**small_dual_lm_kwargs(True)).double()
+    ours = OurDualLM(**small_dual_lm_kwargs(False)).double()
+    whole = ref.state_dict()
+    once = {
+        k: v
+        for k, v in whole.items()
+        if "symbol_retrievers." not in k or "symbol_retrievers.0." in k
+    }
+    for state in (whole, once):
+        with pytest.raises(ValueError, match=SHARED_INTO_PER_LAYER):
+            convert_state_dict(state, like=ours)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "layers.symbol_retrievers.x.q_proj.weight",
+        "layers.symbol_retrievers.0.",
+        "layers.symbol_retrievers..q_proj.weight",
+        "symbol_retrievers.-1.q_proj.weight",
+    ],
+)
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_malformed_retriever_key_is_named(key, shared):
+    """Crafted retriever keys raised AttributeError ('NoneType' has no 'groups'); now a
+    ValueError naming the key and the expected form, with and without `like`."""
+    ref = language_models.DualAttnTransformerLM(**small_dual_lm_kwargs(shared))
+    state = {**ref.state_dict(), key: torch.zeros(2)}
+    ours = OurDualLM(**small_dual_lm_kwargs(shared))
+    renamed = key.removeprefix("layers.")
+    for like in (ours, None):
+        with pytest.raises(ValueError, match=f"'{renamed}'.*'symbol_retrievers.<layer>.<param"):
+            convert_state_dict(state, like=like)
+
+
 def test_reference_returns_of_models_and_blocks():
     """port(..., returns="reference"): Seq2Seq without targets returns only the last
     position's logits and the vision models the logits alone, as the reference; language

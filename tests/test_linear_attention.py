@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import attn_zoo as az
 from attn_zoo.kernels import UnsupportedCallError
 from attn_zoo.kernels.linear import elu_feature_map, linear_attention
-from attn_zoo.kernels.linear.chunked import chunked
+from attn_zoo.kernels.linear.chunked import CHUNK, chunked
 from attn_zoo.kernels.rotary import Rotary, rotary_tables
 from attn_zoo.testing import (
     AttentionProblem,
@@ -47,9 +47,25 @@ def linear_problems(**kwargs):
 KEY_MASKS = ("none", "key_padding")  # masks the chunked backend serves
 
 
-@given(linear_problems(masks=KEY_MASKS))
+@given(linear_problems(masks=KEY_MASKS, block_sizes=(CHUNK,)))
 def test_chunked_agrees_float32(problem):
     assert assert_backends_agree(problem, "linear", backends=["chunked"]) == {"chunked": "ok"}
+
+
+# (N, M) one short of, at, one over and several chunks (CHUNK = 64) past the chunk boundary
+BOUNDARIES = [(1, 65), (63, 63), (64, 64), (65, 65), (129, 129), (65, 129), (129, 63)]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("n", "m"), BOUNDARIES)
+def test_every_backend_agrees_around_its_chunk_boundaries(n, m, threads):
+    """naive and chunked (default chunk), outputs and grads, with 1 and 2 torch threads."""
+    case = BOUNDARIES.index((n, m))
+    problem = LinearProblem(
+        batch=1, heads=2, kv_heads=1, q_len=n, k_len=m, key_dim=8, value_dim=8,
+        mask=KEY_MASKS[case % 2], is_causal=case % 3 != 0, seed=case, threads=threads,
+    )  # fmt: skip
+    assert assert_backends_agree(problem, "linear") == {"naive": "ok", "chunked": "ok"}
 
 
 @given(linear_problems(dtypes=(torch.float64,), max_len=40), st.sampled_from([1, 3, 8]))

@@ -155,6 +155,40 @@ def test_per_layer_retrievers_and_untied_embeddings():
     assert shared.token_embedder.weight is shared.final_out.weight
 
 
+def retrieval_model(model: str, shared: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    settings = dict(attention="dual", attention_kwargs=dict(n_heads_sa=1, n_heads_ra=1))
+    settings |= dict(shared_symbol_retriever=shared, **SYMBOLS)
+    if model == "language_model":
+        return LanguageModel(20, D, 3, **settings)
+    return VisionClassifier((1, 4, 4), 2, 3, D, 3, **settings)
+
+
+@pytest.mark.parametrize("model", ["language_model", "vision_classifier"])
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize(
+    ("source", "target", "match"),
+    [
+        (False, True, r"one symbol retriever per layer \(symbol_retriever\.0\..*shares one"),
+        (
+            True,
+            False,
+            r"one symbol retriever shared across layers \(symbol_retriever\.\w.*per layer",
+        ),
+    ],
+    ids=["per_layer_into_shared", "shared_into_per_layer"],
+)
+def test_a_state_dict_with_the_other_kind_of_symbol_retriever_is_refused(
+    model, strict, source, target, match
+):
+    """Per-layer retrievers into a shared one and back: a RuntimeError naming the keys and
+    saying which is shared, strict or not (strict=False used to load the rest silently)."""
+    state = retrieval_model(model, shared=source).state_dict()
+    with pytest.raises(RuntimeError, match=match):
+        retrieval_model(model, shared=target).load_state_dict(state, strict=strict)
+    retrieval_model(model, shared=source).load_state_dict(state)  # the same kind loads
+
+
 def test_torch_compile_smoke():
     """One graph (fullgraph: no break, the token check included), eager's logits. Every model x
     mechanism x backend, with gradients and under inductor: tests/test_compile.py."""

@@ -34,6 +34,8 @@ def test_backend_status():
     assert az.backend_status("standard", "sdpa", device="cpu")[0]
     ok, reason = az.backend_status("standard", "xformers", device="cpu")
     assert not ok and "no CPU kernels" in reason
+    ok, reason = az.backend_status("standard", "flex", device="cpu")
+    assert not ok and "FlexAttention's CPU path gives wrong results" in reason
     ok, reason = az.backend_status("standard", "fused", device="cpu")
     assert ok and "sdpa" in reason
 

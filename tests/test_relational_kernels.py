@@ -5,14 +5,15 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from allocations import largest_allocation
 from hypothesis import given
 from hypothesis import strategies as st
 
 from attn_zoo.kernels import UnsupportedCallError
 from attn_zoo.kernels.dispatch import Call, family
 from attn_zoo.kernels.relational import relational_attention
-from attn_zoo.kernels.relational.chunked import chunked
-from attn_zoo.kernels.relational.cpp import cpp_missing
+from attn_zoo.kernels.relational.chunked import BLOCK, chunked
+from attn_zoo.kernels.relational.cpp import BLOCKS, cpp_missing
 from attn_zoo.testing import RelationalProblem, assert_backends_agree, relational_problems
 
 
@@ -50,9 +51,35 @@ def pair_problems(draw, dtypes=(torch.float64,), max_len=24):
     return PairProblem(base, draw(st.booleans()))
 
 
-@given(relational_problems())
+@given(relational_problems(block_sizes=(BLOCK,)))
 def test_chunked_agrees_float32(problem):
     assert_backends_agree(problem, "relational", backends=["chunked"])
+
+
+# (N, M) around chunked's BLOCK (256) and cpp's tiles (BLOCKS: 128 and 256): one short, exact,
+# one over, several blocks
+CPP_TILES = sorted({size for tiles in BLOCKS.values() for size in tiles})
+BOUNDARIES = [(1, 129), (127, 128), (129, 257), (255, 256), (256, 256), (257, 513), (513, 129)]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("n", "m"), BOUNDARIES)
+def test_every_backend_agrees_around_its_block_boundaries(n, m, threads):
+    """Every backend serving the call (cpp where it builds: no mask, identity relations, even
+    cases), outputs and grads, with 1 and 2 torch threads."""
+    assert CPP_TILES == [128, 256] and BLOCK == 256  # the boundaries above
+    case = BOUNDARIES.index((n, m))
+    plain = case % 2 == 0
+    problem = RelationalProblem(
+        batch=1, heads=2, kv_heads=1, n_relations=2, q_len=n, k_len=m, key_dim=8, rel_dim=4,
+        head_dim=8, rel_activation="identity" if plain else "softmax",
+        mask="none" if plain else ("additive", "key_padding", "empty_rows")[case % 3],
+        is_causal=(False, True, "bottom_right")[case % 3], seed=case, threads=threads,
+    )  # fmt: skip
+    report = assert_backends_agree(problem, "relational")
+    assert report["naive"] == report["chunked"] == "ok"
+    if plain and cpp_missing() is None and problem.is_causal != "bottom_right":
+        assert report["cpp"] == "ok"
 
 
 @given(relational_problems(dtypes=(torch.float64,), max_len=40), st.sampled_from([1, 4, 9]))
@@ -63,6 +90,7 @@ def test_chunked_multi_tile_float64(problem, block):
         "relational",
         backends=[],
         kernels={"chunked": functools.partial(chunked, block=block)},
+        kernel_features=family("relational").backends["chunked"].capabilities.features,
     )
 
 
@@ -77,6 +105,7 @@ def test_chunked_pair_symbols_float64(problem, block):
         "relational",
         backends=["chunked"],
         kernels={"chunked tiles": functools.partial(chunked, block=block)},
+        kernel_features=family("relational").backends["chunked"].capabilities.features,
     )
 
 
@@ -173,6 +202,73 @@ def test_chunked_dropout_backward_redraws_the_forward_masks():
         return chunked(**{**x, **dict(zip(names, tensors, strict=True))}, dropout_p=0.4, block=3)
 
     assert torch.autograd.gradcheck(fn, tuple(x[n] for n in names))
+
+
+@pytest.mark.parametrize("mask_shape", ["full", "per_key"])
+@pytest.mark.parametrize("is_causal", [False, True, "bottom_right"])
+def test_chunked_gives_a_float_mask_its_gradient(mask_shape, is_causal):
+    """An additive mask requiring grad gets d out / d mask as naive's autograd gives it:
+    float32 chunked in 3-wide tiles and as the family runs it, against float64 naive, every
+    gradient atol 5e-5 / rtol 1e-4 (softmax relations: relation grads in skipped tiles)."""
+    problem = RelationalProblem(
+        batch=2, heads=4, q_len=7, k_len=9, mask="additive", rel_activation="softmax",
+        is_causal=is_causal, seed=6,
+    )  # fmt: skip
+    x = problem.inputs(torch.float64)
+    mask = x["attn_mask"] if mask_shape == "full" else x["attn_mask"][:1, :1, :1]
+    names = ["q", "k", "qr", "kr", "v", "attn_mask"]
+    cotangent = torch.randn(2, 4, 7, 4 + 2, generator=torch.Generator().manual_seed(7))
+
+    def grads(fn, dtype):
+        leaves = {n: x[n].detach().to(dtype).requires_grad_(True) for n in names[:-1]}
+        leaves["attn_mask"] = mask.to(dtype).requires_grad_(True)
+        out = fn(**{**x, **leaves})
+        assert out.isfinite().all()
+        return torch.autograd.grad(out, list(leaves.values()), cotangent.to(dtype))
+
+    want = grads(functools.partial(relational_attention, backend="naive"), torch.float64)
+    relational = family("relational")
+    for fn in (functools.partial(chunked, block=3), chunked):
+        got = grads(lambda fn=fn, **kw: fn(**relational.check(**kw)), torch.float32)
+        for name, g, w in zip(names, got, want, strict=True):
+            assert g.shape == w.shape and g.isfinite().all(), name
+            torch.testing.assert_close(g.double(), w, atol=5e-5, rtol=1e-4, msg=name)
+    assert want[-1].abs().sum() > 0
+
+
+@pytest.mark.parametrize(("n", "m"), [(64, 4096), (4096, 64)])
+def test_chunked_bottom_right_allocates_no_n_by_m_tensor(n, m):
+    """Bottom-right causality costs O(N) memory as top-left does: forward and backward
+    allocate nothing of N x M / 4 elements (the explicit mask was N x M); naive does."""
+    x = RelationalProblem(
+        heads=1, kv_heads=1, n_relations=1, q_len=n, k_len=m, key_dim=8, rel_dim=4,
+        head_dim=8, is_causal="bottom_right",
+    ).inputs()  # fmt: skip
+
+    def run(backend):
+        relational_attention(**x, backend=backend).sum().backward()
+
+    assert largest_allocation(lambda: run("naive")) >= n * m
+    assert largest_allocation(lambda: run("chunked")) < n * m // 4
+
+
+@pytest.mark.parametrize(("n", "m"), [(7, 17), (17, 7), (9, 9)])
+@pytest.mark.parametrize("symbols", ["absolute", "relative", "pairwise"])
+def test_chunked_bottom_right_in_tiles(n, m, symbols):
+    """Bottom-right causality per 3-wide tile against float64 naive, outputs and grads, with
+    softmax relations (relation grads in the skipped tiles too) and an additive mask."""
+    base = RelationalProblem(
+        q_len=n, k_len=m, mask="additive", is_causal="bottom_right", rel_activation="softmax",
+        max_rel_pos=2 if symbols == "relative" else None, dtype=torch.float64, seed=m,
+    )  # fmt: skip
+    report = assert_backends_agree(
+        PairProblem(base) if symbols == "pairwise" else base,
+        "relational",
+        backends=["chunked"],
+        kernels={"tiles": functools.partial(chunked, block=3)},
+        kernel_features=family("relational").backends["chunked"].capabilities.features,
+    )
+    assert report == {"tiles": "ok", "chunked": "ok"}
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,15 @@ from hypothesis import HealthCheck, find, given, settings
 from hypothesis.errors import NoSuchExample
 
 from attn_zoo.kernels.softmax.naive import naive
-from attn_zoo.testing import AttentionProblem, assert_backends_agree, attention_problems
+from attn_zoo.testing import (
+    AttentionProblem,
+    assert_backends_agree,
+    attention_problems,
+    block_edges,
+    lengths,
+    relational_problems,
+    torch_threads,
+)
 
 
 def forgets_the_mask(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0):
@@ -77,6 +85,7 @@ def test_problems_are_valid_and_reproducible(problem):
     assert a["q"].shape == (problem.batch, problem.heads, problem.q_len, problem.key_dim)
     assert a["v"].shape[-1] == problem.value_dim
     assert problem.heads % problem.kv_heads == 0
+    assert max(problem.q_len, problem.k_len) <= 100 and problem.threads in (1, 2)
 
 
 def test_strategies_reach_the_edge_cases():
@@ -96,3 +105,51 @@ def test_strategies_reach_the_edge_cases():
     )
     assert reaches(lambda p: p.key_dim != p.value_dim)
     assert reaches(lambda p: p.heads != p.kv_heads)
+
+
+def reaches(strategy, condition) -> bool:
+    try:
+        find(strategy, condition, settings=settings(database=None, max_examples=500))
+    except NoSuchExample:
+        return False
+    return True
+
+
+def test_strategies_reach_block_edges_and_both_thread_counts():
+    """Given block sizes, lengths one short of a block, exact, one over and 2 blocks + 1 are
+    drawn (even above max_len); problems run with 1 or 2 torch threads."""
+    assert block_edges(256) == (255, 256, 257, 513)
+    assert block_edges(1) == (1, 2, 3)
+    for n in (31, 32, 33, 65, 255, 256, 257, 513):
+        assert reaches(lengths(100, block_sizes=(32, 256)), lambda x, n=n: x == n), n
+    for problems in (attention_problems, relational_problems):
+        assert reaches(problems(block_sizes=(256,)), lambda p: p.q_len == 513)
+        assert reaches(problems(block_sizes=(256,)), lambda p: p.k_len == 257)
+        for threads in (1, 2):
+            assert reaches(problems(), lambda p, t=threads: p.threads == t)
+
+
+def test_the_kit_runs_every_kernel_with_the_problems_thread_count():
+    before, seen = torch.get_num_threads(), []
+
+    def records(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0):
+        seen.append(torch.get_num_threads())
+        return naive(q, k, v, attn_mask, is_causal, scale, dropout_p)
+
+    for threads in (1, 2):
+        problem = AttentionProblem(threads=threads)
+        assert_backends_agree(problem, backends=[], kernels={"records": records})
+        assert seen[-1] == threads
+        assert torch.get_num_threads() == before
+
+
+def test_torch_threads_restores_the_count_after_an_error():
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError, match="inside"), torch_threads(1):
+        assert torch.get_num_threads() == 1
+        raise RuntimeError("inside")
+    assert torch.get_num_threads() == before
+    with torch_threads(None):
+        assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads=0: must be None or an integer >= 1"):
+        AttentionProblem(threads=0)

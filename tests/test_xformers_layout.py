@@ -27,7 +27,9 @@ def read_xformers_layout(q, k, v, bias, scale):
     attention_problems(dtypes=(torch.float64,), masks=("none", "random", "key_padding", "additive"))
 )
 def test_conversions_reproduce_the_reference(problem):
-    x = family("softmax").check(**problem.inputs())  # as backends get it: top-left causality
+    softmax = family("softmax")
+    features = softmax.backends["xformers"].capabilities.features
+    x = softmax.backend_inputs(softmax.check(**problem.inputs()), features)  # as xformers gets it
     scale = problem.scale or problem.key_dim**-0.5
     xq, xk, xv, bias, has_key = xformers_inputs(
         x["q"], x["k"], x["v"], x["attn_mask"], x["is_causal"]

@@ -162,7 +162,7 @@ def bench_mechanisms(
         )
         for name, kwargs in SEQUENCE_MECHANISMS.items()
         for backend in list_backends(name)
-        if backend not in ("flex", "xformers")  # no CPU backward / no CPU kernels
+        if backend not in ("flex", "xformers")  # GPU backends: refused on CPU
     ]
     return measure(workloads, lengths, repeats, device, ("standard:sdpa",), memory)
 

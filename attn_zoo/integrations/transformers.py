@@ -13,9 +13,9 @@ transformers builds no mask at all, so padding would be ignored). Models whose a
 through the attention interface (Llama, Mistral, Qwen2, ...; tested with transformers 5.23) then
 run unchanged, `generate` and its KV caches (dynamic, static) included. A forced backend that
 cannot serve a call raises `UnsupportedCallError` naming the backends that can (e.g.
-``attn_zoo_xformers`` off CUDA, ``attn_zoo_flex`` in training on CPU). ``attn_zoo_flex``
-compiles once per (query, key) length pair, so cached generation compiles at every new token
-(and torch's recompile limit then falls back to uncompiled FlexAttention).
+``attn_zoo_xformers`` and ``attn_zoo_flex`` off CUDA). ``attn_zoo_flex`` compiles once per
+(query, key) length pair, so cached generation compiles at every new token (and torch's
+recompile limit then falls back to uncompiled FlexAttention).
 
 How a call maps onto ours (`attention_forward`):
 - grouped-query heads: key / value reach our kernels with their own Hkv heads (no repeat);

@@ -54,6 +54,7 @@ from attn_zoo.mechanisms import (
     RelationalAttention,
     StandardAttention,
 )
+from attn_zoo.models.common import some_keys
 from attn_zoo.registry import unknown_name_error
 from attn_zoo.symbols import (
     PositionalSymbolRetriever,
@@ -314,7 +315,10 @@ def convert_state_dict(
     Accepts torch.compile's ``_orig_mod.`` prefix and de-duplicated state dicts such as
     safetensors writes for the hub mixin (a tied embedding or a shared retriever stored once).
     `like`: the target model, to tell a shared symbol retriever from per-layer ones; without
-    it, per-layer retrievers stored once or as one storage count as shared.
+    it, per-layer retrievers stored once or as one storage count as shared. With it, a
+    checkpoint whose retrievers do not fit `like` (per-layer ones into a shared retriever, a
+    shared one into per-layer retrievers) is a ValueError naming the keys; so is a retriever
+    key not of the form ``symbol_retrievers.<layer>.<parameter>``.
     """
     out = {}
     for key, value in state_dict.items():
@@ -333,23 +337,70 @@ def convert_state_dict(
     return out
 
 
+RETRIEVER_KEY = re.compile(r"symbol_retrievers\.(\d+)\.(\w.*)")
+
+
 def _merge_retrievers(sd: dict, like: nn.Module | None) -> dict:
-    """symbol_retrievers.{i}.* -> symbol_retriever.* (shared) or symbol_retriever.{i}.*."""
+    """symbol_retrievers.{i}.* -> symbol_retriever.* (shared) or symbol_retriever.{i}.*.
+
+    The checkpoint's retriever is shared when each parameter is one tensor in every layer that
+    lists it (the reference's ``[retriever] * n_layers``, or stored once). With `like`, it must
+    be what `like` has: into a shared retriever, every layer's values equal; into L per-layer
+    retrievers (L > 1), not a shared one. Else ValueError naming the keys.
+    """
     per_layer = {k: v for k, v in sd.items() if k.startswith("symbol_retrievers.")}
     if not per_layer:
         return sd
     rest = {k: v for k, v in sd.items() if k not in per_layer}
-    split = [re.match(r"symbol_retrievers\.(\d+)\.(.*)", k).groups() for k in per_layer]
+    split = []
+    for key in per_layer:
+        match = RETRIEVER_KEY.fullmatch(key)
+        if match is None:
+            raise ValueError(
+                f"checkpoint key {key!r}: a symbol retriever key must be "
+                "'symbol_retrievers.<layer>.<parameter>' (e.g. 'symbol_retrievers.0.q_proj.weight')"
+            )
+        split.append((int(match[1]), match[2]))
+    by_name: dict[str, list[tuple[str, torch.Tensor]]] = {}
+    for (_, name), (key, value) in zip(split, per_layer.items(), strict=True):
+        by_name.setdefault(name, []).append((key, value))
+    one_tensor = all(
+        len({v.untyped_storage().data_ptr() for _, v in entries}) == 1
+        for entries in by_name.values()
+    )
+    shared = one_tensor
     if like is not None:
-        shared = not isinstance(getattr(like, "symbol_retriever", None), nn.ModuleList)
-    else:
-        storages: dict[str, set] = {name: set() for _, name in split}
-        for (_, name), value in zip(split, per_layer.values(), strict=True):
-            storages[name].add(value.untyped_storage().data_ptr())
-        shared = all(len(s) == 1 for s in storages.values())
+        target = getattr(like, "symbol_retriever", None)
+        shared = not isinstance(target, nn.ModuleList)
+        if shared:
+            _check_one_retriever(by_name)
+        elif len(target) > 1 and one_tensor:
+            raise ValueError(
+                f"the checkpoint holds one symbol retriever shared by every layer (keys "
+                f"{some_keys(list(per_layer))}: one tensor per parameter) but the model has "
+                f"one per layer ({len(target)} retrievers): build it with "
+                "shared_symbol_retriever=True"
+            )
     for (index, name), value in zip(split, per_layer.values(), strict=True):
         rest[f"symbol_retriever.{name}" if shared else f"symbol_retriever.{index}.{name}"] = value
     return rest
+
+
+def _check_one_retriever(by_name: dict[str, list[tuple[str, torch.Tensor]]]) -> None:
+    """ValueError unless every parameter has the same value in every layer listing it."""
+    differing = [
+        (entries[0][0], key)
+        for entries in by_name.values()
+        for key, value in entries[1:]
+        if value.shape != entries[0][1].shape or not torch.equal(value, entries[0][1])
+    ]
+    if differing:
+        pairs = ", ".join(f"{b} != {a}" for a, b in differing[:3])
+        more = f" (and {len(differing) - 3} more)" if len(differing) > 3 else ""
+        raise ValueError(
+            f"the checkpoint holds one symbol retriever per layer ({pairs}{more}) but the model "
+            "shares one retriever across layers: build it with shared_symbol_retriever=False"
+        )
 
 
 def _attention_returns(module, args, kwargs, output):

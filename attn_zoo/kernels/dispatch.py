@@ -12,10 +12,11 @@ name:
   highest-priority backend of that tier that fits;
 - ``auto`` picks the highest-priority backend that fits; each refusal is logged once.
 
-A family is defined once (`define_family`: its name, how to check a call's inputs and how to
-describe it) and its backends register themselves in their own files (`register_backend`).
-Calling the family, ``family(backend, **kwargs)``, checks the inputs, selects and runs; the
-capabilities a backend declares are the only source of its refusals.
+A family is defined once (`define_family`: its name, how to check a call's inputs, how to
+describe it and, optionally, how to lower a call for backends that lack a native feature) and
+its backends register themselves in their own files (`register_backend`). Calling the family,
+``family(backend, **kwargs)``, checks the inputs, selects, lowers and runs; the capabilities a
+backend declares are the only source of its refusals.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ class Capabilities:
       no_keys           (relational) M = 0 keys
       no_queries        (relational) N = 0 queries
       pair_symbols      (relational) dense symbol values per (query, key) pair, v_pair
+    A backend may also declare a feature no call needs but that changes what it receives:
+      bottom_right      (softmax, relational) takes is_causal="bottom_right" (N != M) as is;
+                        without it the call arrives as an explicit (N, M) mask
     devices: device types ("cpu", "cuda"); dtypes: served dtypes; grad_devices: devices with
     a backward (None: all).
     """
@@ -139,17 +143,31 @@ class KernelFamily:
               mask viewed as 4-D); raises ValueError naming the bad argument.
     describe: the (checked) keyword arguments -> the `Call` they make, for backend choice; the
               testing kit uses it to know which backends serve a problem.
+    lower:    (checked kwargs, a backend's declared features) -> the kwargs that backend
+              takes (e.g. bottom-right causality as a mask for a backend without the
+              ``bottom_right`` feature); None: every backend takes the checked kwargs.
     """
 
-    def __init__(self, name: str, check: Callable[..., dict], describe: Callable[..., Call]):
-        self.name, self.check, self.describe = name, check, describe
+    def __init__(
+        self,
+        name: str,
+        check: Callable[..., dict],
+        describe: Callable[..., Call],
+        lower: Callable[[dict, frozenset[str]], dict] | None = None,
+    ):
+        self.name, self.check, self.describe, self.lower = name, check, describe, lower
         self.backends: dict[str, Backend] = {}
         self._logged: set[tuple[str, str]] = set()
 
     def __call__(self, backend: str = "auto", **kwargs):
         """Check the inputs, choose the backend named `backend` for them, run it."""
         kwargs = self.check(**kwargs)
-        return self.select(backend, self.describe(**kwargs)).fn(**kwargs)
+        chosen = self.select(backend, self.describe(**kwargs))
+        return chosen.fn(**self.backend_inputs(kwargs, chosen.capabilities.features))
+
+    def backend_inputs(self, kwargs: dict, features: frozenset[str] = frozenset()) -> dict:
+        """Checked `kwargs` as a backend declaring `features` receives them (see `lower`)."""
+        return kwargs if self.lower is None else self.lower(kwargs, features)
 
     def register(self, backend: Backend) -> None:
         if backend.tier not in TIERS:
@@ -267,10 +285,13 @@ FAMILIES: Registry[KernelFamily] = Registry("kernel family")
 
 
 def define_family(
-    name: str, check: Callable[..., dict], describe: Callable[..., Call]
+    name: str,
+    check: Callable[..., dict],
+    describe: Callable[..., Call],
+    lower: Callable[[dict, frozenset[str]], dict] | None = None,
 ) -> KernelFamily:
     """Create and register the kernel family `name` (see `KernelFamily`)."""
-    return FAMILIES.register(name, KernelFamily(name, check, describe))
+    return FAMILIES.register(name, KernelFamily(name, check, describe, lower))
 
 
 def family(name: str) -> KernelFamily:

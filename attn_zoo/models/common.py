@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 
@@ -29,16 +31,56 @@ def sequence_positions(
 
 
 def symbol_retrievers(config: BlockConfig, n_layers: int) -> nn.Module | None:
-    """None, one retriever shared by all layers, or a ModuleList of one per layer."""
+    """None, one retriever shared by all layers, or a ModuleList of one per layer. Loading a
+    state dict of the other kind (``symbol_retriever.<i>.*`` keys into a shared retriever,
+    ``symbol_retriever.<name>`` into per-layer ones) fails naming the keys."""
     if config.symbol_retrieval is None:
         return None
     kwargs = config.symbol_retrieval_kwargs or {}
     if config.shared_symbol_retriever:
-        return build_symbol_retriever(config.symbol_retrieval, config.d_model, **kwargs)
-    return nn.ModuleList(
+        shared = build_symbol_retriever(config.symbol_retrieval, config.d_model, **kwargs)
+        shared.register_load_state_dict_pre_hook(_refuse_per_layer_retrievers)
+        return shared
+    per_layer = nn.ModuleList(
         build_symbol_retriever(config.symbol_retrieval, config.d_model, **kwargs)
         for _ in range(n_layers)
     )
+    per_layer.register_load_state_dict_pre_hook(_refuse_a_shared_retriever)
+    return per_layer
+
+
+def _retriever_keys(state_dict, prefix: str, per_layer: bool) -> list[str]:
+    """Keys under `prefix` that belong to per-layer retrievers (``<prefix><i>.``) or not."""
+    layer = re.compile(re.escape(prefix) + r"\d+\.")
+    return [k for k in state_dict if k.startswith(prefix) and bool(layer.match(k)) == per_layer]
+
+
+def some_keys(keys: list[str], limit: int = 3) -> str:
+    """The first `limit` keys, comma-separated, and how many more there are."""
+    return ", ".join(keys[:limit]) + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def _refuse_per_layer_retrievers(module, state_dict, prefix, metadata, strict, missing,
+                                 unexpected, error_msgs) -> None:  # fmt: skip
+    """load_state_dict pre-hook of a shared retriever: per-layer keys are an error."""
+    if keys := _retriever_keys(state_dict, prefix, per_layer=True):
+        error_msgs.append(
+            f"the state dict holds one symbol retriever per layer ({some_keys(keys)}) but this "
+            "model shares one retriever across layers (shared_symbol_retriever=True): build it "
+            "with shared_symbol_retriever=False"
+        )
+
+
+def _refuse_a_shared_retriever(module, state_dict, prefix, metadata, strict, missing,
+                               unexpected, error_msgs) -> None:  # fmt: skip
+    """load_state_dict pre-hook of per-layer retrievers: a shared retriever's keys are an
+    error."""
+    if keys := _retriever_keys(state_dict, prefix, per_layer=False):
+        error_msgs.append(
+            f"the state dict holds one symbol retriever shared across layers ({some_keys(keys)}) "
+            "but this model has one per layer (shared_symbol_retriever=False): build it with "
+            "shared_symbol_retriever=True"
+        )
 
 
 def retriever_for(retrievers: nn.Module | None, layer: int) -> nn.Module | None:

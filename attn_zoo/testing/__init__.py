@@ -15,9 +15,19 @@ from attn_zoo.testing.agreement import (
     compare,
 )
 from attn_zoo.testing.mechanisms import assert_mechanism_backends_agree
-from attn_zoo.testing.problems import MASK_KINDS, AttentionProblem, RelationalProblem
+from attn_zoo.testing.problems import (
+    MASK_KINDS,
+    AttentionProblem,
+    RelationalProblem,
+    torch_threads,
+)
 from attn_zoo.testing.profiles import load_profile
-from attn_zoo.testing.strategies import attention_problems, lengths, relational_problems
+from attn_zoo.testing.strategies import (
+    attention_problems,
+    block_edges,
+    lengths,
+    relational_problems,
+)
 
 __all__ = [
     "GRAD_TOLERANCE",
@@ -28,8 +38,10 @@ __all__ = [
     "assert_backends_agree",
     "assert_mechanism_backends_agree",
     "attention_problems",
+    "block_edges",
     "compare",
     "lengths",
     "load_profile",
     "relational_problems",
+    "torch_threads",
 ]

@@ -8,17 +8,19 @@ random cotangent. Tolerances per dtype fit the measured error of correct kernels
     float16  atol 1e-2  rtol 5e-3     bfloat16  atol 5e-2 rtol 2e-2
 
 and a NaN or inf anywhere fails. A failure names the backend, the tensor, the worst element
-(index, got, want) and the problem, which Hypothesis then shrinks.
+(index, got, want) and the problem, which Hypothesis then shrinks. Everything runs with the
+problem's torch thread count (its ``threads``, if it has one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from attn_zoo.kernels.dispatch import family
+from attn_zoo.testing.problems import torch_threads
 
 OUTPUT_TOLERANCE = {
     torch.float64: (1e-10, 1e-8),
@@ -103,31 +105,42 @@ def assert_backends_agree(
     backends: Sequence[str] | None = None,
     kernels: Mapping[str, Callable] | None = None,
     grads: bool = True,
+    kernel_features: Collection[str] = frozenset(),
 ) -> dict[str, str]:
     """Check backends of kernel family `family_name` against its float64 ``naive`` backend.
 
     problem:  anything with ``.dtype`` and ``.inputs(dtype)`` -> the kernel's kwargs
-              (e.g. `attn_zoo.testing.AttentionProblem`).
+              (e.g. `attn_zoo.testing.AttentionProblem`); its ``threads`` (optional) sets
+              torch's thread count for the whole check.
     backends: names to check; each must serve the problem (else UnsupportedCallError).
               Default: every registered backend that serves it; the rest are reported skipped.
     kernels:  extra functions with the family's signature, checked too (name -> fn), e.g. a
               kernel under development that is not registered. Every kernel gets the inputs
-              as the family passes them to backends: checked, the mask 4-D (boolean or
-              additive float), causality top-left (bottom-right calls arrive as a mask).
+              as the family passes them to a backend declaring `kernel_features`: checked,
+              the mask 4-D (boolean or additive float), causality top-left (a bottom-right
+              call arrives as a mask, unless ``bottom_right`` is declared).
     grads:    also compare the gradients of every tensor input.
+    kernel_features: the features the `kernels` declare (registered backends: their own).
 
     Returns {name: "ok" or "skipped: <reason>"}; raises AssertionError on a disagreement.
     """
+    with torch_threads(getattr(problem, "threads", None)):
+        return _agree(problem, family_name, backends, kernels, grads, kernel_features)
+
+
+def _agree(problem, family_name, backends, kernels, grads, kernel_features) -> dict[str, str]:
     fam = family(family_name)
     dtype = problem.dtype
     drawn = problem.inputs(torch.float64)
     ref_inputs = cast_inputs(cast_inputs(drawn, dtype, False), torch.float64, grads)
 
-    def checked(kernel: Callable) -> Callable:
-        """`kernel` on the inputs as the family passes them (checked; top-left causality)."""
-        return lambda **inputs: kernel(**fam.check(**inputs))
+    def checked(kernel: Callable, features: Collection[str]) -> Callable:
+        """`kernel` on the inputs as the family passes them to a backend with `features`."""
+        features = frozenset(features)
+        return lambda **inputs: kernel(**fam.backend_inputs(fam.check(**inputs), features))
 
-    reference = checked(fam.backends["naive"].fn)
+    naive = fam.backends["naive"]
+    reference = checked(naive.fn, naive.capabilities.features)
     cotangent = None
     if grads:
         with torch.no_grad():
@@ -139,17 +152,19 @@ def assert_backends_agree(
     with torch.set_grad_enabled(grads):
         call = fam.describe(**fam.check(**cast_inputs(drawn, dtype, grads)))
     report: dict[str, str] = {}
-    to_check = dict(kernels or {})
+    to_check = {name: checked(fn, kernel_features) for name, fn in (kernels or {}).items()}
     for name in backends if backends is not None else list(fam.backends):
         if backends is not None:
-            to_check[name] = fam.select(name, call).fn
+            chosen = fam.select(name, call)
         elif (reason := fam.backends[name].refusal(call)) is not None:
             report[name] = f"skipped: {reason}"
+            continue
         else:
-            to_check[name] = fam.backends[name].fn
+            chosen = fam.backends[name]
+        to_check[name] = checked(chosen.fn, chosen.capabilities.features)
 
     for name, fn in to_check.items():
-        got = outputs_and_grads(checked(fn), cast_inputs(drawn, dtype, grads), cotangent)
+        got = outputs_and_grads(fn, cast_inputs(drawn, dtype, grads), cotangent)
         if failures := disagreements(want, got, dtype):
             raise AssertionError(
                 f"{family_name} backend {name!r} disagrees with the float64 naive reference "

@@ -6,6 +6,8 @@ repr; `inputs(dtype)` rebuilds the same tensors from its seed every time.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +35,26 @@ def make_mask(kind: str, b: int, h: int, n: int, m: int, gen: torch.Generator):
     return mask
 
 
-def check_fields(mask: str, heads: int, kv_heads: int, is_causal: bool | str = False) -> None:
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with torch's intra-op thread count set to `threads` (None: unchanged),
+    restored after. Kernels can be wrong at one thread count only (the order of a parallel
+    sum, a split of the work), so problems carry the count they run with."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def check_fields(
+    mask: str, heads: int, kv_heads: int, is_causal: bool | str = False, threads: int | None = None
+) -> None:
+    bad_threads = isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    if threads is not None and bad_threads:
+        raise ValueError(f"threads={threads!r}: must be None or an integer >= 1")
     if mask not in MASK_KINDS:
         raise ValueError(f"mask={mask!r}: valid kinds are {MASK_KINDS}")
     if is_causal not in CAUSAL:
@@ -51,7 +72,8 @@ def leaves(tensors: dict, dtype: torch.dtype, device: str) -> dict:
 class AttentionProblem:
     """q (batch, heads, q_len, key_dim), k (batch, kv_heads, k_len, key_dim),
     v (batch, kv_heads, k_len, value_dim), a mask of kind `mask` (see `MASK_KINDS`), causal
-    alignment `is_causal` (False, True = "top_left", or "bottom_right")."""
+    alignment `is_causal` (False, True = "top_left", or "bottom_right"); `threads`: torch's
+    thread count while the kit runs it (None: the process's)."""
 
     batch: int = 1
     heads: int = 2
@@ -65,9 +87,10 @@ class AttentionProblem:
     scale: float | None = None
     dtype: torch.dtype = torch.float32
     seed: int = 0
+    threads: int | None = None
 
     def __post_init__(self):
-        check_fields(self.mask, self.heads, self.kv_heads, self.is_causal)
+        check_fields(self.mask, self.heads, self.kv_heads, self.is_causal, self.threads)
 
     def attn_mask(self, gen: torch.Generator) -> torch.Tensor | None:
         return make_mask(self.mask, self.batch, self.heads, self.q_len, self.k_len, gen)
@@ -97,7 +120,7 @@ class RelationalProblem:
     """Inputs of the relational kernel: attention q, k as in `AttentionProblem`, relations
     qr (batch, n_relations, q_len, rel_dim), kr (.., k_len, rel_dim), and symbol values v
     (batch, kv_heads, k_len, head_dim) or, if `max_rel_pos` is set, relative symbol values
-    v_rel (kv_heads, 2 max_rel_pos + 1, head_dim)."""
+    v_rel (kv_heads, 2 max_rel_pos + 1, head_dim); `threads` as in `AttentionProblem`."""
 
     batch: int = 1
     heads: int = 2
@@ -116,9 +139,10 @@ class RelationalProblem:
     rel_scale: float | None = None
     dtype: torch.dtype = torch.float32
     seed: int = 0
+    threads: int | None = None
 
     def __post_init__(self):
-        check_fields(self.mask, self.heads, self.kv_heads, self.is_causal)
+        check_fields(self.mask, self.heads, self.kv_heads, self.is_causal, self.threads)
 
     def inputs(self, dtype: torch.dtype | None = None, device: str = "cpu") -> dict:
         gen = torch.Generator().manual_seed(self.seed)

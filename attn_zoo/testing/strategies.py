@@ -1,11 +1,15 @@
 """Hypothesis strategies for attention problems.
 
-Lengths include 1 and non-powers of two; masks are boolean or additive float and include rows
-that see no key; causal alignment top-left or bottom-right; kv heads divide the query heads
-(grouped-query attention); value width may differ from key width.
+Lengths include 1 and non-powers of two, and, given a kernel's block sizes, the lengths around
+each block b (`block_edges`: b - 1, b, b + 1, 2b + 1); masks are boolean or additive float and
+include rows that see no key; causal alignment top-left or bottom-right; kv heads divide the
+query heads (grouped-query attention); value width may differ from key width; torch runs with
+1 or 2 threads (a problem's ``threads``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from hypothesis import strategies as st
@@ -15,11 +19,21 @@ from attn_zoo.testing.problems import MASK_KINDS, AttentionProblem, RelationalPr
 
 LENGTHS = (1, 2, 3, 7, 16, 31, 64, 100)
 SCALES = st.one_of(st.none(), st.floats(0.05, 2.0))
+THREADS = (1, 2)
 
 
-def lengths(max_len: int = 100) -> st.SearchStrategy[int]:
-    """Sequence lengths up to `max_len`: edge values first, then any integer."""
+def block_edges(block: int) -> tuple[int, ...]:
+    """Lengths where a kernel tiling by `block` changes: one short of a block, exactly one,
+    one over, and several blocks with a partial one (2 block + 1, odd)."""
+    return tuple(n for n in (block - 1, block, block + 1, 2 * block + 1) if n >= 1)
+
+
+def lengths(max_len: int = 100, block_sizes: Sequence[int] = ()) -> st.SearchStrategy[int]:
+    """Sequence lengths: edge values first (those of LENGTHS up to `max_len`, and the
+    `block_edges` of every block size, even above `max_len`), then any integer up to
+    `max_len`."""
     edges = [n for n in LENGTHS if n <= max_len]
+    edges += sorted({n for b in block_sizes for n in block_edges(b)} - set(edges))
     return st.one_of(st.sampled_from(edges), st.integers(1, max_len))
 
 
@@ -37,18 +51,22 @@ def attention_problems(
     same_lengths: bool = False,
     same_widths: bool = False,
     scales: st.SearchStrategy[float | None] = SCALES,
+    block_sizes: Sequence[int] = (),
+    threads: tuple[int | None, ...] = THREADS,
 ) -> AttentionProblem:
     """Draw an `AttentionProblem`; narrow it with the arguments (e.g. ``masks=("none",)``;
-    ``scales=st.none()`` keeps the default scale 1/sqrt(key_dim))."""
+    ``scales=st.none()`` keeps the default scale 1/sqrt(key_dim)); `block_sizes`: the tile
+    sizes of the kernels under test (their `block_edges` are drawn as lengths); `threads`:
+    torch thread counts to run with."""
     kv_heads = draw(st.integers(1, max_kv_heads))
-    q_len = draw(lengths(max_len))
+    q_len = draw(lengths(max_len, block_sizes))
     key_dim = draw(st.integers(1, max_width))
     return AttentionProblem(
         batch=draw(st.integers(1, max_batch)),
         heads=kv_heads * draw(st.integers(1, max_groups)),
         kv_heads=kv_heads,
         q_len=q_len,
-        k_len=q_len if same_lengths else draw(lengths(max_len)),
+        k_len=q_len if same_lengths else draw(lengths(max_len, block_sizes)),
         key_dim=key_dim,
         value_dim=key_dim if same_widths else draw(st.integers(1, max_width)),
         mask=draw(st.sampled_from(masks)),
@@ -56,6 +74,7 @@ def attention_problems(
         scale=draw(scales),
         dtype=draw(st.sampled_from(dtypes)),
         seed=draw(st.integers(0, 2**31 - 1)),
+        threads=draw(st.sampled_from(threads)),
     )
 
 
@@ -70,18 +89,21 @@ def relational_problems(
     causal: tuple[bool | str, ...] = (False, True, "bottom_right"),
     relative: tuple[bool, ...] = (False, True),
     scales: st.SearchStrategy[float | None] = SCALES,
+    block_sizes: Sequence[int] = (),
+    threads: tuple[int | None, ...] = THREADS,
 ) -> RelationalProblem:
     """Draw a `RelationalProblem`; narrow it with the arguments (`scales` draws both the
-    attention and the relation scale; None is the default 1/sqrt(width))."""
+    attention and the relation scale; None is the default 1/sqrt(width); `block_sizes` and
+    `threads` as in `attention_problems`)."""
     kv_heads = draw(st.integers(1, 2))
-    q_len = draw(lengths(max_len))
+    q_len = draw(lengths(max_len, block_sizes))
     return RelationalProblem(
         batch=draw(st.integers(1, 2)),
         heads=kv_heads * draw(st.integers(1, 2)),
         kv_heads=kv_heads,
         n_relations=draw(st.integers(1, 3)),
         q_len=q_len,
-        k_len=draw(st.one_of(st.just(q_len), lengths(max_len))),
+        k_len=draw(st.one_of(st.just(q_len), lengths(max_len, block_sizes))),
         key_dim=draw(st.integers(1, max_width)),
         rel_dim=draw(st.integers(1, max_width)),
         head_dim=draw(st.integers(1, max_width)),
@@ -93,4 +115,5 @@ def relational_problems(
         rel_scale=draw(scales),
         dtype=draw(st.sampled_from(dtypes)),
         seed=draw(st.integers(0, 2**31 - 1)),
+        threads=draw(st.sampled_from(threads)),
     )

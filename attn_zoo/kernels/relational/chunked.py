@@ -15,7 +15,8 @@ gradient. Relative symbols are never expanded to N x M x hd: the weights of a ti
 into the 2K+1 relative-position buckets first. Pairwise symbols v_pair (B?, Hkv, N, M, hd) are
 read one (query block, key block) tile at a time: dp_ij gains <dsym_i, v_ij>, and
 dv_ij = p_ij dsym_i (summed over the query heads of a kv head, and over the batch when v_pair
-has none) fills the same tile of dv_pair. Training memory O(N x block) beyond the inputs
+has none) fills the same tile of dv_pair. An additive float mask requiring grad gets ds (as in
+the softmax kernel). Training memory O(N x block) beyond the inputs
 (v_pair and its gradient are themselves N x M x hd).
 """
 
@@ -28,6 +29,7 @@ from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
 from attn_zoo.kernels.relational.family import FEATURES, PAIR_SYMBOLS
 from attn_zoo.kernels.relational.naive import default_scales, relative_index
 from attn_zoo.kernels.softmax.chunked import BLOCK, Tiles
+from attn_zoo.kernels.softmax.family import BOTTOM_RIGHT
 from attn_zoo.kernels.softmax.naive import upcast_half
 
 
@@ -131,6 +133,7 @@ class ChunkedRelationalAttention(torch.autograd.Function):
         dv = None if v is None else torch.zeros_like(v)
         dv_rel = None if v_rel is None else torch.zeros_like(v_rel)
         dv_pair = None if v_pair is None else torch.zeros_like(v_pair)
+        dmask = q.new_zeros(tiles.mask_shape) if ctx.needs_input_grad[7] else None
 
         def relation_tile(i0, i1, j0, j1):
             """Raw relations and relations (B, R, bq, bk) of a tile."""
@@ -187,11 +190,15 @@ class ChunkedRelationalAttention(torch.autograd.Function):
                 ds = p * (dp - delta[..., i0:i1, None])
                 dq[..., i0:i1, :] += einsum(ds, kj, "b h g n m, b h m d -> b h g n d") * scale
                 dk[:, :, j0:j1] += einsum(ds, qi, "b h g n m, b h g n d -> b h m d") * scale
+                if dmask is not None:
+                    tiles.add_mask_grad(dmask, ds, i0, i1, j0, j1)
             if tiles.activation == "softmax":  # skipped tiles: no attention, yet relation grads
                 for j0, j1 in tiles.all_key_blocks()[len(visited) :]:
                     raw, rel = relation_tile(i0, i1, j0, j1)
                     relation_grads(i0, i1, j0, j1, raw, rel, torch.zeros_like(rel))
-        return dq, dk, dqr, dkr, dv, dv_rel, dv_pair, *([None] * 8)
+        if dmask is not None:
+            dmask = dmask.to(tiles.attn_mask.dtype)
+        return dq, dk, dqr, dkr, dv, dv_rel, dv_pair, dmask, *([None] * 7)
 
 
 # On CPU the tiled kernel beats value augmentation at every N measured (512..4096, d_model 512,
@@ -201,7 +208,7 @@ class ChunkedRelationalAttention(torch.autograd.Function):
     "chunked",
     tier="chunked",
     priority={"cpu": 40, "cuda": 10},
-    capabilities=Capabilities(FEATURES | PAIR_SYMBOLS),
+    capabilities=Capabilities(FEATURES | PAIR_SYMBOLS | BOTTOM_RIGHT),
 )
 def chunked(
     q: torch.Tensor,  # (B, H, N, dk)
@@ -211,7 +218,7 @@ def chunked(
     v: torch.Tensor | None = None,  # (B, Hkv, M, hd)
     v_rel: torch.Tensor | None = None,  # (Hkv, 2K+1, hd)
     attn_mask: torch.Tensor | None = None,
-    is_causal: bool = False,
+    is_causal: bool | str = False,  # False, True (top-left) or "bottom_right"
     scale: float | None = None,
     rel_scale: float | None = None,
     rel_activation: str = "identity",
@@ -221,8 +228,6 @@ def chunked(
 ) -> torch.Tensor:  # (B, H, N, hd + R)
     scale, rel_scale = default_scales(q, qr, scale, rel_scale)
     seed = int(torch.randint(2**62, (1,))) if dropout_p > 0 else 0
-    if attn_mask is not None:
-        attn_mask = attn_mask.expand(attn_mask.shape[0], *q.shape[1:3], k.shape[2])
     # contiguous once: tiles of strided views would be copied again in every einsum
     tensors = (q, k, qr, kr, v, v_rel, v_pair)
     cast = [None if t is None else upcast_half(t).contiguous() for t in tensors]

@@ -7,7 +7,8 @@
     pairwise  v_pair (Hkv, N, M, hd) or (B, Hkv, N, M, hd)   value of the pair (i, j): the
               projection of the reference's dense (N, N, d_model) symbols s_ij.
 
-Masks and causal alignment as in the softmax family (softmax/masks.py). Features a call may
+Masks and causal alignment as in the softmax family (softmax/masks.py; ``bottom_right``
+declared by backends that take bottom-right causality without a mask). Features a call may
 need (`describe_call`): ``grad``, ``mask``, ``float_mask``, ``causal``, ``dropout``,
 ``gqa``, ``rel_activation`` (anything but identity), ``relative_symbols`` (v_rel), ``no_keys``
 (M = 0), ``no_queries`` (N = 0), ``pair_symbols`` (v_pair).
@@ -22,7 +23,7 @@ import torch
 from attn_zoo.kernels.dispatch import Call, define_family
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
 from attn_zoo.kernels.softmax.family import check_mask
-from attn_zoo.kernels.softmax.masks import align_causal, is_additive
+from attn_zoo.kernels.softmax.masks import is_additive, lower_bottom_right, normal_causality
 
 FEATURES = frozenset(
     {"grad", "mask", "float_mask", "causal", "dropout", "gqa", "rel_activation",
@@ -75,7 +76,7 @@ def check_inputs(
         raise ValueError(f"rel_activation={rel_activation!r}: valid are {sorted(REL_ACTIVATIONS)}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p={dropout_p}: must be in [0, 1)")
-    mask, is_causal = align_causal(check_mask(attn_mask, q, k), is_causal, n, m, q.device)
+    mask, is_causal = check_mask(attn_mask, q, k), normal_causality(is_causal, n, m)
     checked = dict(
         q=q, k=k, qr=qr, kr=kr, v=v, v_rel=v_rel, attn_mask=mask, is_causal=is_causal,
         scale=scale, rel_scale=rel_scale, rel_activation=rel_activation, dropout_p=dropout_p,
@@ -90,12 +91,12 @@ def describe_call(
     rel_scale=None, rel_activation="identity", dropout_p=0.0, v_pair=None,
 ) -> Call:  # fmt: skip
     """The `Call` a relational attention call makes (for backend choice)."""
-    tensors = [t for t in (q, k, qr, kr, v, v_rel, v_pair) if t is not None]
+    tensors = [t for t in (q, k, qr, kr, v, v_rel, v_pair, attn_mask) if t is not None]
     needs = {
         "grad": torch.is_grad_enabled() and any(t.requires_grad for t in tensors),
-        "mask": attn_mask is not None,
+        "mask": attn_mask is not None or is_causal == "bottom_right",  # a mask once lowered
         "float_mask": is_additive(attn_mask),
-        "causal": is_causal,
+        "causal": is_causal is True,
         "dropout": dropout_p > 0,
         "gqa": k.shape[1] != q.shape[1],
         "rel_activation": rel_activation != "identity",
@@ -107,4 +108,4 @@ def describe_call(
     return Call(q.device.type, q.dtype, frozenset(f for f, used in needs.items() if used))
 
 
-RELATIONAL = define_family("relational", check_inputs, describe_call)
+RELATIONAL = define_family("relational", check_inputs, describe_call, lower_bottom_right)

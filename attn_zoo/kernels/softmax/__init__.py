@@ -5,7 +5,7 @@
 
 Inputs and features: family.py. Backends, each registering itself in its own file: naive
 (the ground truth), chunked (online softmax, O(N) memory), sdpa (torch SDPA), flex
-(FlexAttention), xformers (CUDA).
+(FlexAttention, CUDA only), xformers (CUDA).
 """
 
 import torch

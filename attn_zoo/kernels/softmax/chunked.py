@@ -11,9 +11,12 @@ and saves only q, k, v, out and lse. Backward recomputes each tile's probabiliti
     dv_j += sum_i p_ij dout_i,   ds_ij = p_ij (<dout_i, v_j> - D_i),
     dq_i += scale sum_j ds_ij k_j,   dk_j += scale sum_i ds_ij q_i
 
-so training memory is O(N x block), never O(N x M). Tiles wholly above the causal diagonal
-are skipped. Dropout masks are drawn per tile from a seed and redrawn in backward.
-Half-precision inputs are computed in float32.
+so training memory is O(N x block), never O(N x M). An additive float mask that requires grad
+gets dmask_ij = ds_ij, summed over the dims it broadcasts (its gradient has its own shape).
+Causality, top-left (j <= i) or bottom-right (j <= i + M - N), is applied per tile: tiles
+wholly above the diagonal are skipped, the diagonal's tiles build their own (bq, bk) mask, so
+neither alignment costs an N x M mask. Dropout masks are drawn per tile from a
+seed and redrawn in backward. Half-precision inputs are computed in float32.
 """
 
 import torch
@@ -21,7 +24,7 @@ from einops import einsum, rearrange
 
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import group_queries
-from attn_zoo.kernels.softmax.family import FEATURES
+from attn_zoo.kernels.softmax.family import BOTTOM_RIGHT, FEATURES
 from attn_zoo.kernels.softmax.masks import causal_mask, is_additive, restrict
 from attn_zoo.kernels.softmax.naive import upcast_half
 
@@ -29,12 +32,22 @@ BLOCK = 256  # fastest of 128, 256, 512 on the 2-core CPU (N=2048, fwd+bwd)
 
 
 class Tiles:
-    """The tiling of one call: block ranges, the tile mask and the per-tile dropout."""
+    """The tiling of one call: block ranges, the tile mask and the per-tile dropout.
+
+    q (B, Hkv, G, N, d) grouped, k (B, Hkv, M, d), attn_mask None or 4-D broadcastable to
+    (B, H, N, M) (`add_mask_grad` gives its gradient in its own shape); is_causal False, True
+    (top-left: key j allowed iff j <= i) or "bottom_right" (j <= i + M - N).
+    """
 
     def __init__(self, q, k, attn_mask, is_causal, dropout_p, seed, block):
         self.shape = q.shape  # (B, Hkv, G, N, d)
         self.n, self.m = q.shape[3], k.shape[2]
-        self.attn_mask, self.is_causal = attn_mask, is_causal
+        self.mask_shape = None if attn_mask is None else attn_mask.shape
+        if attn_mask is not None:  # broadcast dims made explicit (a free view) so tiles slice
+            heads = q.shape[1] * q.shape[2]
+            attn_mask = attn_mask.expand(attn_mask.shape[0], heads, self.n, self.m)
+        self.attn_mask, self.is_causal = attn_mask, bool(is_causal)
+        self.offset = self.m - self.n if is_causal == "bottom_right" else 0  # j <= i + offset
         self.dropout_p, self.seed, self.block = dropout_p, seed, block
         self.n_key_blocks = -(-self.m // block)
 
@@ -42,8 +55,9 @@ class Tiles:
         return [(i, min(i + self.block, self.n)) for i in range(0, self.n, self.block)]
 
     def key_blocks(self, i0: int, i1: int):
-        """Key ranges for queries [i0, i1): all, or those not wholly above the diagonal."""
-        stop = min(self.m, i1) if self.is_causal else self.m
+        """Key ranges for queries [i0, i1): all, or those not wholly above the diagonal (none
+        when every query precedes the first key, bottom-right with N > M)."""
+        stop = min(self.m, i1 + self.offset) if self.is_causal else self.m
         return [(j, min(j + self.block, self.m)) for j in range(0, stop, self.block)]
 
     def tile_mask(self, i0, i1, j0, j1, device):
@@ -53,8 +67,9 @@ class Tiles:
         if self.attn_mask is not None:
             tile = self.attn_mask[..., i0:i1, j0:j1]
             mask = rearrange(tile, "b (h g) n m -> b h g n m", h=self.shape[1])
-        if self.is_causal and j1 - 1 > i0:
-            mask = restrict(mask, causal_mask(i1 - i0, j1 - j0, device, offset=i0 - j0))
+        if self.is_causal and j1 - 1 > i0 + self.offset:  # last key past the first row's limit
+            offset = i0 + self.offset - j0
+            mask = restrict(mask, causal_mask(i1 - i0, j1 - j0, device, offset=offset))
         return mask
 
     def keep(self, i0, i1, j0, j1, like):
@@ -95,6 +110,17 @@ class Tiles:
             lse[..., i0:i1] = torch.where(seen, m + torch.log(total), float("inf"))
         return out, lse
 
+    def add_mask_grad(self, dmask, ds, i0, i1, j0, j1) -> None:
+        """Add a tile's score gradient ds (B, Hkv, G, bq, bk) into `dmask` (the mask's shape):
+        the mask is added to the scores, so dmask = ds summed over the dims it broadcasts."""
+        ds = rearrange(ds, "b h g n m -> b (h g) n m")
+        dims = [d for d in range(4) if dmask.shape[d] == 1 and ds.shape[d] != 1]
+        if dims:
+            ds = ds.sum(dim=dims, keepdim=True)
+        rows = slice(i0, i1) if dmask.shape[2] != 1 else slice(0, 1)
+        cols = slice(j0, j1) if dmask.shape[3] != 1 else slice(0, 1)
+        dmask[:, :, rows, cols] += ds
+
     def scores(self, qi, kj, scale, i0, i1, j0, j1):
         s = einsum(qi, kj, "b h g n d, b h m d -> b h g n m") * scale
         mask = self.tile_mask(i0, i1, j0, j1, s.device)
@@ -121,6 +147,7 @@ class ChunkedAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         tiles, scale = ctx.tiles, ctx.scale
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dmask = q.new_zeros(tiles.mask_shape) if ctx.needs_input_grad[3] else None
         delta = (dout * out).sum(dim=-1)  # D_i
         for i0, i1 in tiles.query_blocks():
             qi, doi = q[..., i0:i1, :], dout[..., i0:i1, :]
@@ -137,26 +164,32 @@ class ChunkedAttention(torch.autograd.Function):
                 ds = p * (dp - delta[..., i0:i1, None])
                 dq[..., i0:i1, :] += einsum(ds, kj, "b h g n m, b h m d -> b h g n d") * scale
                 dk[:, :, j0:j1] += einsum(ds, qi, "b h g n m, b h g n d -> b h m d") * scale
-        return dq, dk, dv, None, None, None, None, None, None
+                if dmask is not None:
+                    tiles.add_mask_grad(dmask, ds, i0, i1, j0, j1)
+        if dmask is not None:
+            dmask = dmask.to(tiles.attn_mask.dtype)
+        return dq, dk, dv, dmask, None, None, None, None, None
 
 
 @register_backend(
-    "softmax", "chunked", tier="chunked", priority=10, capabilities=Capabilities(FEATURES)
+    "softmax",
+    "chunked",
+    tier="chunked",
+    priority=10,
+    capabilities=Capabilities(FEATURES | BOTTOM_RIGHT),
 )
 def chunked(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)
     v: torch.Tensor,  # (B, Hkv, M, dv)
     attn_mask: torch.Tensor | None = None,
-    is_causal: bool = False,
+    is_causal: bool | str = False,  # False, True (top-left) or "bottom_right"
     scale: float | None = None,
     dropout_p: float = 0.0,
     block: int = BLOCK,
 ) -> torch.Tensor:  # (B, H, N, dv)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     seed = int(torch.randint(2**62, (1,))) if dropout_p > 0 else 0
-    if attn_mask is not None:  # broadcast dims made explicit (a free view) so tiles slice
-        attn_mask = attn_mask.expand(attn_mask.shape[0], *q.shape[1:3], k.shape[2])
     # contiguous once: tiles of strided views would be copied again in every einsum
     grouped = group_queries(upcast_half(q), k.shape[1]).contiguous()
     k, v = upcast_half(k).contiguous(), upcast_half(v).contiguous()

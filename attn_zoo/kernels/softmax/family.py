@@ -8,17 +8,19 @@
 
 Features a call may need (`describe_call`): ``grad``, ``mask``, ``float_mask`` (an additive
 mask), ``causal``, ``dropout``, ``dv_ne_dk`` (value width != key width), ``gqa`` (fewer kv
-heads than query heads). A bottom-right causal call with N != M reaches the backends as a
-``mask`` (masks.align_causal).
+heads than query heads). A bottom-right causal call with N != M is described as a ``mask``
+call; backends declaring ``bottom_right`` (chunked) take it as is_causal="bottom_right", the
+others as an explicit mask (masks.lower_bottom_right).
 """
 
 import torch
 
 from attn_zoo.kernels.dispatch import Call, define_family
-from attn_zoo.kernels.softmax.masks import align_causal, is_additive
+from attn_zoo.kernels.softmax.masks import is_additive, lower_bottom_right, normal_causality
 
 FEATURES = frozenset({"grad", "mask", "float_mask", "causal", "dropout", "dv_ne_dk", "gqa"})
 LOW_AND_SINGLE = frozenset({torch.float16, torch.bfloat16, torch.float32})
+BOTTOM_RIGHT = frozenset({"bottom_right"})  # declared by backends taking it without a mask
 
 
 def check_mask(attn_mask, q, k) -> torch.Tensor | None:
@@ -66,10 +68,10 @@ def check_qkv(q, k, v, attn_mask, dropout_p) -> torch.Tensor | None:
 
 
 def check_inputs(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0) -> dict:
-    """The call's keyword arguments, validated, with the mask viewed as 4-D and causality
-    top-left (a bottom-right causal call with N != M becomes a mask)."""
+    """The call's keyword arguments, validated, with the mask viewed as 4-D and is_causal
+    False, True (top-left) or "bottom_right" (N != M, N > 1; masks.normal_causality)."""
     mask = check_qkv(q, k, v, attn_mask, dropout_p)
-    mask, is_causal = align_causal(mask, is_causal, q.shape[2], k.shape[2], q.device)
+    is_causal = normal_causality(is_causal, q.shape[2], k.shape[2])
     return dict(
         q=q, k=k, v=v, attn_mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p
     )
@@ -77,11 +79,12 @@ def check_inputs(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p
 
 def describe_call(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0) -> Call:
     """The `Call` a softmax attention call makes (for backend choice)."""
+    tensors = (q, k, v) if attn_mask is None else (q, k, v, attn_mask)
     needs = {
-        "grad": torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
-        "mask": attn_mask is not None,
+        "grad": torch.is_grad_enabled() and any(t.requires_grad for t in tensors),
+        "mask": attn_mask is not None or is_causal == "bottom_right",  # a mask once lowered
         "float_mask": is_additive(attn_mask),
-        "causal": is_causal,
+        "causal": is_causal is True,
         "dropout": dropout_p > 0,
         "dv_ne_dk": v.shape[-1] != k.shape[-1],
         "gqa": k.shape[1] != q.shape[1],
@@ -89,4 +92,4 @@ def describe_call(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_
     return Call(q.device.type, q.dtype, frozenset(f for f, used in needs.items() if used))
 
 
-SOFTMAX = define_family("softmax", check_inputs, describe_call)
+SOFTMAX = define_family("softmax", check_inputs, describe_call, lower_bottom_right)

@@ -3,9 +3,14 @@
 A mask is boolean (True = may attend) or additive float (added to the scores; -inf = masked),
 broadcastable to (B, H, N, M). Causal alignment is top-left by default: query i may attend key
 j iff j <= i (torch SDPA's ``is_causal``); bottom-right (FlashAttention, KV-cache decoding: the
-last query sees the last key) is j <= i + M - N. The kernel families turn a bottom-right call
-with N != M into an explicit mask, so backends only ever see top-left causality.
+last query sees the last key) is j <= i + M - N. The kernel families keep a bottom-right call
+with N != M as ``is_causal="bottom_right"`` for backends that declare the ``bottom_right``
+feature (the chunked kernels: their tiles apply it, O(N) memory) and turn it into an explicit
+(N, M) mask for every other backend (`lower_bottom_right`), which then sees top-left
+causality only.
 """
+
+from collections.abc import Collection
 
 import torch
 
@@ -45,19 +50,40 @@ def restrict(mask: torch.Tensor | None, allowed: torch.Tensor) -> torch.Tensor:
     return mask & allowed
 
 
+def normal_causality(is_causal: bool | str, n: int, m: int) -> bool | str:
+    """False, True (top-left) or "bottom_right", the last only where it differs from both
+    (n != m, n != 1): with one query (a decoding step) bottom-right masks nothing, with n == m
+    it is top-left."""
+    alignment = causal_alignment(is_causal)
+    if alignment == "bottom_right" and n == 1:  # the one query is the last: it sees every key
+        return False
+    if alignment == "bottom_right" and n != m:
+        return "bottom_right"
+    return alignment is not None
+
+
 def align_causal(
     attn_mask: torch.Tensor | None, is_causal: bool | str, n: int, m: int, device
 ) -> tuple[torch.Tensor | None, bool]:
     """(mask, is_causal) with top-left causality only: a bottom-right causal call with n != m
     becomes its explicit mask, 4-D, merged into `attn_mask` (j <= i + m - n); with one query
     (a decoding step) it masks nothing."""
-    alignment = causal_alignment(is_causal)
-    if alignment == "bottom_right" and n == 1:  # the one query is the last: it sees every key
-        return attn_mask, False
-    if alignment == "bottom_right" and n != m:
+    causality = normal_causality(is_causal, n, m)
+    if causality == "bottom_right":
         causal = causal_mask(n, m, device, offset=m - n).view(1, 1, n, m)
         return restrict(attn_mask, causal), False
-    return attn_mask, alignment is not None
+    return attn_mask, causality
+
+
+def lower_bottom_right(kwargs: dict, features: Collection[str]) -> dict:
+    """A family's checked kwargs (q (B, H, N, .), k (B, Hkv, M, .), attn_mask, is_causal) as a
+    backend declaring `features` takes them: without ``bottom_right``, a bottom-right call
+    arrives as its explicit mask with top-left causality (`align_causal`)."""
+    if kwargs["is_causal"] != "bottom_right" or "bottom_right" in features:
+        return kwargs
+    n, m = kwargs["q"].shape[2], kwargs["k"].shape[2]
+    mask, is_causal = align_causal(kwargs["attn_mask"], "bottom_right", n, m, kwargs["q"].device)
+    return {**kwargs, "attn_mask": mask, "is_causal": is_causal}
 
 
 def allowed_keys(
