@@ -55,6 +55,7 @@ COUNT = number(int, 1)  # workers, repeats, sizes, lengths
 def _bench(args: argparse.Namespace) -> None:
     from ablations.bench.suites import BenchRun, run_bench
 
+    _import_plugins(args)
     bench = BenchRun(**{f.name: getattr(args, f.name) for f in fields(BenchRun)})
     try:
         run_bench(bench)
@@ -62,14 +63,26 @@ def _bench(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: {err}") from None
 
 
-def _load_grid(path: str, overrides: list[str], here: bool = True):
-    """The grid (SpecError -> exit with its line); `here=False` for commands that train nothing
-    (status, report): a device this machine lacks is not refused."""
+def _load_grid(args: argparse.Namespace, path: str, here: bool = True):
+    """The grid at `path` with the --set overrides and --import plugins of `args` (SpecError ->
+    exit with its line); `here=False` for commands that train nothing (status, report): a
+    device this machine lacks is not refused."""
     from ablations.spec import SpecError, load_grid
 
     try:
-        return load_grid(path, overrides, check_device=here)
+        return load_grid(path, args.set, check_device=here, imports=args.imports)
     except SpecError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+def _import_plugins(args: argparse.Namespace) -> None:
+    """The --import plugins of a command without a grid (bench, a report of a store)."""
+    from ablations.plugins import import_plugins
+    from attn_zoo.registry import PluginError
+
+    try:
+        import_plugins(args.imports, where="--import")
+    except PluginError as err:
         raise SystemExit(f"error: {err}") from None
 
 
@@ -88,14 +101,15 @@ def _cell_table(spec) -> pd.DataFrame:
 def _ablate_run(args: argparse.Namespace) -> int:
     from ablations.runner import RunStopped, check_cells, run_grid
     from ablations.spec import SpecError
+    from ablations.status import status_text
     from ablations.store import StoreError
 
-    spec = _load_grid(args.grid, args.set)
+    spec = _load_grid(args, args.grid)
     try:
         if args.dry_run:
             check_cells(spec)
             table = _cell_table(spec)
-            print(table.to_string(index=False, na_rep="-"))
+            print(status_text(table, spec.swept_keys))
             print(f"\n{len(table)} cells; store {spec.store}; by status:")
             print(table["status"].value_counts().to_string())
             return 0
@@ -111,7 +125,7 @@ def _ablate_run(args: argparse.Namespace) -> int:
 
 
 def _ablate_status(args: argparse.Namespace) -> int:
-    spec = _load_grid(args.grid, args.set, here=False)
+    spec = _load_grid(args, args.grid, here=False)
     from ablations.status import status_text
 
     table = _cell_table(spec)
@@ -128,10 +142,11 @@ def _report(args: argparse.Namespace) -> int:
 
     source, selection, keys = Path(args.source), None, None
     if source.suffix == ".toml":  # the grid's cells only
-        spec = _load_grid(args.source, args.set, here=False)
+        spec = _load_grid(args, args.source, here=False)
         store, name, selection = spec.store, spec.name, spec.selection
         keys = {cell.key for cell in spec.cells}
     else:
+        _import_plugins(args)
         store, name = source, source.stem
     out = Path(args.out or Path("reports") / name)
     try:  # read-only, as status reads it: no store, or a file that is not one, refused at once
@@ -162,6 +177,14 @@ class Help(argparse.ArgumentDefaultsHelpFormatter):
         if skip or "(default" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
+
+
+def _add_import(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--import", dest="imports", action="append", default=[], metavar="MODULE",
+        help="a module or .py file to import first: your own mechanisms, backends, tasks "
+        "(repeatable; every worker imports it too)",
+    )  # fmt: skip
 
 
 def parser() -> argparse.ArgumentParser:
@@ -209,6 +232,7 @@ def parser() -> argparse.ArgumentParser:
         "--ra-backends", nargs="+", default=None,
         help="our backends to time (without: auto and all); reference and standard_sdpa always",
     )  # fmt: skip
+    _add_import(b)
     b.set_defaults(func=_bench)
 
     a = sub.add_parser("ablate", help="run grids of mechanism x size x task x seed",
@@ -230,6 +254,7 @@ def parser() -> argparse.ArgumentParser:
             "--set", action="append", default=[], metavar="KEY=VALUE",
             help="override a spec value, e.g. --set training.steps=50 (repeatable)",
         )  # fmt: skip
+        _add_import(q)
     run.add_argument("--executor", choices=("local", "ray"), default="local",
                      help="local processes on this machine, or a Ray cluster")  # fmt: skip
     run.add_argument("--address", default=None,
@@ -267,6 +292,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--note", default=None, help="a paragraph under the header, e.g. a conclusion")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="overrides of a grid spec given as source (repeatable)")  # fmt: skip
+    _add_import(r)
     r.set_defaults(func=_report)
     return p
 

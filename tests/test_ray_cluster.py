@@ -213,3 +213,21 @@ def test_500_cells_on_a_cluster_with_a_worker_killed_mid_cell(cluster, tmp_path)
     """The scale run: 500 tiny cells through `ray start --head` and its address, one worker
     killed mid-cell (about 20 s on 2 cores)."""
     run_with_a_worker_killed(cluster, tmp_path, 500)
+
+
+def test_a_plugin_mechanism_runs_on_the_cluster(cluster, tmp_path):
+    """examples/sliding_window.toml names its mechanism's module in `imports`: every Ray
+    worker imports it before training (the driver's import alone would not reach them)."""
+    grid = ROOT / "examples" / "sliding_window.toml"
+    store = tmp_path / "sw.sqlite"
+    args = ["ablate", "run", str(grid), "--executor", "ray", "--address", cluster.address]
+    args += ["--set", f"store={store}", "--set", "training.steps=4", "--set", "seeds=[0]"]
+    run = subprocess.run([sys.executable, "-m", "ablations.cli", *args], cwd=tmp_path,
+                         env={**cluster.env, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = list(ResultsStore(store, readonly=True).rows())
+    assert sorted((r["config"]["mechanism"], r["status"]) for r in rows) == [
+        ("standard", "done"), ("window8", "done"),
+    ]  # fmt: skip
+    assert all(r["environment"]["attn_zoo"] for r in rows)
