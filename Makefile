@@ -18,8 +18,8 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 install: $(VENV)/.installed
 
 lint: install
-	$(BIN)/ruff check attn_zoo ablations tests
-	$(BIN)/ruff format --check attn_zoo ablations tests
+	$(BIN)/ruff check attn_zoo ablations tests examples
+	$(BIN)/ruff format --check attn_zoo ablations tests examples
 
 # Two test processes (pytest-xdist): the suite's subprocess, signal and Ray tests wait more than
 # they compute, so two workers on two cores finish it in well under 10 minutes.

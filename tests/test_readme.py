@@ -20,7 +20,8 @@ def test_the_readme_has_python_blocks():
 
 def test_every_python_block_runs_verbatim(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # files the blocks write (maps.png) land here
-    (tmp_path / "ablations").symlink_to(ROOT / "ablations")  # paths as from the repository
+    for folder in ("ablations", "examples"):  # paths as from the repository
+        (tmp_path / folder).symlink_to(ROOT / folder)
     namespace: dict = {"__name__": "readme"}
     for line, block in python_blocks():
         try:
@@ -28,3 +29,9 @@ def test_every_python_block_runs_verbatim(tmp_path, monkeypatch):
         except Exception as err:
             raise AssertionError(f"README.md block at line {line} failed: {err!r}") from err
     assert (tmp_path / "maps.png").stat().st_size > 0
+
+
+def test_the_example_plugin_in_the_readme_is_the_file_the_tests_run():
+    text = (ROOT / "README.md").read_text()
+    (shown,) = re.findall(r"```py\n(.*?)```", text, re.S)
+    assert shown == (ROOT / "examples" / "sliding_window.py").read_text()
