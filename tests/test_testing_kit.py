@@ -5,10 +5,12 @@ import torch
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis.errors import NoSuchExample
 
+import attn_zoo as az
 from attn_zoo.kernels.softmax.naive import naive
 from attn_zoo.testing import (
     AttentionProblem,
     assert_backends_agree,
+    assert_mechanism_backends_agree,
     attention_problems,
     block_edges,
     lengths,
@@ -153,3 +155,32 @@ def test_torch_threads_restores_the_count_after_an_error():
         assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="threads=0: must be None or an integer >= 1"):
         AttentionProblem(threads=0)
+
+
+def test_the_mechanism_check_catches_a_dropped_last_key_block_by_default():
+    """A planted bug: a 'chunked' softmax kernel that drops the last partial key block when
+    there are several blocks. At the old default length (9, one block) it agrees; the default
+    lengths (`mechanism_lengths`: the edges of every declared block) catch it."""
+    from attn_zoo.kernels.dispatch import Capabilities, family, register_backend
+    from attn_zoo.kernels.softmax.chunked import BLOCK, chunked
+    from attn_zoo.kernels.softmax.family import FEATURES
+    from attn_zoo.testing import mechanism_lengths
+
+    @register_backend("softmax", "dropping", tier="fused", priority=-100,
+                      capabilities=Capabilities(FEATURES), block_sizes=(BLOCK,))  # fmt: skip
+    def dropping(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0):
+        m = k.shape[2]
+        keep = m - m % BLOCK if m > BLOCK else m  # the last partial block is lost
+        mask = None if attn_mask is None else attn_mask[..., :keep]
+        return chunked(q, k[:, :, :keep], v[:, :, :keep], mask, is_causal, scale, dropout_p)
+
+    try:
+        kwargs = {"d_model": 8, "n_heads": 2}
+        layer = az.build("standard", **kwargs)
+        assert {BLOCK - 1, BLOCK + 1, 2 * BLOCK + 1} <= set(mechanism_lengths(layer))
+        ok = assert_mechanism_backends_agree("standard", kwargs, length=9, backends=["dropping"])
+        assert ok == {"dropping": "ok"}  # what the old default saw
+        with pytest.raises(AssertionError, match="backend 'dropping' disagrees"):
+            assert_mechanism_backends_agree("standard", kwargs, backends=["dropping"])
+    finally:
+        del family("softmax").backends["dropping"]

@@ -125,6 +125,8 @@ class Backend:
     priority: int | Mapping[str, int]  # higher is preferred by ``auto``; or per device type
     capabilities: Capabilities
     available: Callable[[], str | None] = lambda: None  # None, or why the software is missing
+    block_sizes: tuple[int, ...] = ()  # the tile lengths it splits N or M by (testing draws
+    # the lengths around them: attn_zoo.testing.block_edges)
 
     def refusal(self, call: Call) -> str | None:
         return self.capabilities.refusal(call) or self.available()
@@ -179,6 +181,10 @@ class KernelFamily:
                 f"backend name {backend.name!r} is a tier name: register it with that tier"
             )
         self.backends[backend.name] = backend
+
+    def block_sizes(self) -> tuple[int, ...]:
+        """Every tile length a backend of the family declares, sorted."""
+        return tuple(sorted({n for b in self.backends.values() for n in b.block_sizes}))
 
     def names(self) -> list[str]:
         """Registered backend names plus the tier names they make usable, in priority order."""
@@ -307,10 +313,12 @@ def register_backend(
     priority: int | Mapping[str, int],
     capabilities: Capabilities,
     available: Callable[[], str | None] | None = None,
+    block_sizes: tuple[int, ...] = (),
 ) -> Callable[[Callable], Callable]:
     """Decorator: register `fn` as backend `name` of kernel family `family_name`; returns `fn`
     unchanged (the raw kernel: call it through the family, which checks the call against the
-    capabilities declared here).
+    capabilities declared here). `block_sizes`: the tile lengths it splits sequences by, so
+    that tests draw the lengths where it changes (attn_zoo.testing).
 
     >>> @register_backend("softmax", "mine", tier="fused", priority=5,
     ...                   capabilities=Capabilities(features=frozenset({"grad"})))
@@ -319,7 +327,9 @@ def register_backend(
 
     def decorate(fn: Callable) -> Callable:
         kwargs = {} if available is None else {"available": available}
-        family(family_name).register(Backend(name, fn, tier, priority, capabilities, **kwargs))
+        family(family_name).register(
+            Backend(name, fn, tier, priority, capabilities, **kwargs, block_sizes=block_sizes)
+        )
         return fn
 
     return decorate

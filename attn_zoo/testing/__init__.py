@@ -14,7 +14,7 @@ from attn_zoo.testing.agreement import (
     assert_backends_agree,
     compare,
 )
-from attn_zoo.testing.mechanisms import assert_mechanism_backends_agree
+from attn_zoo.testing.mechanisms import assert_mechanism_backends_agree, mechanism_lengths
 from attn_zoo.testing.problems import (
     MASK_KINDS,
     AttentionProblem,
@@ -42,6 +42,7 @@ __all__ = [
     "compare",
     "lengths",
     "load_profile",
+    "mechanism_lengths",
     "relational_problems",
     "torch_threads",
 ]

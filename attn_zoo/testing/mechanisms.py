@@ -1,7 +1,10 @@
 """Compare a mechanism's backends: same parameters, float64 naive reference.
 
 Outputs, the gradient of the input and of every parameter are compared with the per-dtype
-tolerances of `attn_zoo.testing.agreement`. Modules run in eval mode (no dropout).
+tolerances of `attn_zoo.testing.agreement`. Modules run in eval mode (no dropout). Without a
+`length`, every length where one of its kernels' backends changes is checked
+(`mechanism_lengths`: 1, 9 and the `block_edges` of each declared block size), so a backend
+that mishandles a partial last block cannot pass on short inputs alone.
 """
 
 from __future__ import annotations
@@ -11,9 +14,19 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from attn_zoo.kernels.dispatch import UnsupportedCallError
+from attn_zoo.kernels.dispatch import UnsupportedCallError, family
+from attn_zoo.mechanisms.base import AttentionMechanism
 from attn_zoo.mechanisms.registry import build, list_backends
 from attn_zoo.testing.agreement import disagreements
+from attn_zoo.testing.strategies import block_edges
+
+
+def mechanism_lengths(module: torch.nn.Module) -> list[int]:
+    """1, 9 and the `block_edges` of every block size that a backend of a kernel family the
+    module (or any mechanism inside it) calls declares, sorted."""
+    families = {m.kernel_family for m in module.modules() if isinstance(m, AttentionMechanism)}
+    blocks = {b for name in families for b in family(name).block_sizes()}
+    return sorted({1, 9, *(n for b in blocks for n in block_edges(b))})
 
 
 def _outputs_and_grads(module, x, cotangent, **call) -> dict:
@@ -33,7 +46,7 @@ def assert_mechanism_backends_agree(
     mechanism: str,
     kwargs: Mapping,
     batch: int = 2,
-    length: int = 9,
+    length: int | None = None,
     attn_mask: torch.Tensor | None = None,
     is_causal: bool = False,
     symbols: torch.Tensor | None = None,
@@ -43,7 +56,9 @@ def assert_mechanism_backends_agree(
     shape: Sequence[int] | None = None,
 ) -> dict[str, str]:
     """Build `mechanism` with `kwargs`, run each backend on one random input (batch, length,
-    d_model) and check output and gradients against the float64 ``naive`` backend.
+    d_model) and check output and gradients against the float64 ``naive`` backend. Without
+    `length` (and `shape`), at every length of `mechanism_lengths` in turn (an `attn_mask` or
+    `symbols` then needs its `length`).
 
     shape: the input's shape instead of (batch, length, d_model), for mechanisms whose input
     has another rank or layout (axial attention, MSA attention); `batch` and `length` are then
@@ -55,6 +70,13 @@ def assert_mechanism_backends_agree(
     """
     torch.manual_seed(seed)
     module = build(mechanism, backend="naive", **kwargs).eval().to(dtype)
+    if length is None and shape is None:
+        if attn_mask is not None or symbols is not None:
+            raise ValueError("attn_mask and symbols are for one length: pass length= too")
+        call = dict(batch=batch, is_causal=is_causal, dtype=dtype, backends=backends, seed=seed)
+        for n in mechanism_lengths(module):
+            report = assert_mechanism_backends_agree(mechanism, kwargs, length=n, **call)
+        return report
     gen = torch.Generator().manual_seed(seed)
     shape = (batch, length, kwargs["d_model"]) if shape is None else tuple(shape)
     x = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)

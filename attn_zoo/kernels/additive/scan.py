@@ -93,6 +93,7 @@ def global_pool(scores: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
             "that do not depend on the query (shape (B, H, 1, N), e.g. padding); use 'naive'"
         },
     ),
+    block_sizes=(BLOCK,),
 )
 def scan(
     q: torch.Tensor,  # (B, H, N, d)

@@ -39,6 +39,7 @@ CHUNK = 64
             "masks that do not depend on the query (shape (B, H, 1, M), e.g. padding); use 'naive'"
         },
     ),
+    block_sizes=(CHUNK,),
 )
 def chunked(
     q: torch.Tensor,  # (B, H, N, dk)

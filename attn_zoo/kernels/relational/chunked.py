@@ -209,6 +209,7 @@ class ChunkedRelationalAttention(torch.autograd.Function):
     tier="chunked",
     priority={"cpu": 40, "cuda": 10},
     capabilities=Capabilities(FEATURES | PAIR_SYMBOLS | BOTTOM_RIGHT),
+    block_sizes=(BLOCK,),
 )
 def chunked(
     q: torch.Tensor,  # (B, H, N, dk)

@@ -209,6 +209,7 @@ _forward_op.register_autograd(_backward, setup_context=_setup_context)
             "no_keys": "the C++ kernel needs at least one key",
         },
     ),
+    block_sizes=tuple(sorted(set(BLOCKS[True] + BLOCKS[False]))),
 )
 def cpp(
     q: torch.Tensor,  # (B, H, N, dk)

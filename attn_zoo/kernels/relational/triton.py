@@ -595,6 +595,7 @@ _forward_op.register_autograd(_backward, setup_context=_setup_context)
             "float_mask": "the Triton kernel takes boolean masks only",
         },
     ),
+    block_sizes=(BLOCK,),
 )
 def triton_relational(
     q: torch.Tensor,  # (B, H, N, dk)

@@ -177,6 +177,7 @@ class ChunkedAttention(torch.autograd.Function):
     tier="chunked",
     priority=10,
     capabilities=Capabilities(FEATURES | BOTTOM_RIGHT),
+    block_sizes=(BLOCK,),
 )
 def chunked(
     q: torch.Tensor,  # (B, H, N, dk)
