@@ -305,16 +305,6 @@ class ResultsStore:
             )
         return key
 
-    def start(self, config: Mapping) -> str:
-        """Deprecated (use `claim`): claim the cell of `config` for this handle; its key.
-        ClaimError when it cannot be claimed."""
-        key = self.claim(config)
-        if key is None:
-            raise ClaimError(
-                f"cell {config_key(config)} in {self.path} is finished or held by a live run"
-            )
-        return key
-
     def heartbeat(self, keys: Iterable[str], owner: str | None = None) -> int:
         """Refresh the heartbeat of `owner`'s running claims among `keys`; how many it held."""
         owner = owner or self.owner

@@ -86,15 +86,15 @@ def grid(tmp_path_factory):
             for m, mechanism in enumerate(MECHANISMS):
                 for seed in SEEDS:
                     metrics, curve = outcome(t, s, m, seed)
-                    key = store.start(config(task, size, mechanism, seed))
+                    key = store.claim(config(task, size, mechanism, seed))
                     store.finish(key, "done", metrics, curve, ENVIRONMENT)
                     inputs.setdefault((task, size, mechanism), []).append((metrics, curve))
-    key = store.start(config("same_pair", "small", "softmax", 3))
+    key = store.claim(config("same_pair", "small", "softmax", 3))
     store.finish(key, "failed", environment=ENVIRONMENT, error=TRACEBACK)
-    key = store.start(config("same_pair", "big", "relational", 3))
+    key = store.claim(config("same_pair", "big", "relational", 3))
     diverged = {"steps": 30, "params": 8000, "diverged_at": 30}
     store.finish(key, "diverged", diverged, [[10, 2.0, 2.0, 0.1]], ENVIRONMENT)
-    store.start(config("match_pattern/n=250", "small", "softmax", 3))
+    store.claim(config("match_pattern/n=250", "small", "softmax", 3))
     return store, inputs
 
 
@@ -297,7 +297,7 @@ def test_task_labels_and_empty_store(tmp_path):
     store = ResultsStore(tmp_path / "labels.sqlite")
     for label in ("copy_short", "copy_long"):
         cell = config("same_pair", "small", "softmax", 0) | {"task": label, "task_name": "copy"}
-        store.finish(store.start(cell), "done", *outcome(0, 0, 0, 0))
+        store.finish(store.claim(cell), "done", *outcome(0, 0, 0, 0))
     assert list(summary_table(store.to_dataframe()).task) == ["copy_short", "copy_long"]
 
     out = write_report(ResultsStore(tmp_path / "empty.sqlite"), tmp_path / "empty")
