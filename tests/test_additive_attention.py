@@ -80,7 +80,11 @@ def test_scan_multi_block_float64(problem, block):
     )
 
 
-@given(additive_problems(dtypes=(torch.float16, torch.bfloat16), max_len=24, masks=KEY_MASKS))
+# Scales up to 1: at 1.94 (float16, causal, 22 positions) the float16 arithmetic itself, the
+# naive backend's alike, is 0.0147 off in grad q (atol 0.01): the comparison would then test
+# float16, not the backend.
+@given(additive_problems(dtypes=(torch.float16, torch.bfloat16), max_len=24, masks=KEY_MASKS,
+                         scales=st.one_of(st.none(), st.floats(0.05, 1.0))))  # fmt: skip
 def test_half_precision(problem):
     assert_backends_agree(problem, "additive", backends=["scan"])
 
