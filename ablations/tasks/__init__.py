@@ -1,4 +1,5 @@
-"""Offline synthetic tasks for the ablation runner: `build_task(name, ...).splits(seed)`.
+"""Offline tasks for the ablation runner (synthetic, and the relations-game files shipped in
+ablations/data): `build_task(name, ...).splits(seed)`.
 
 Importing this package registers every task below; see `registry` for the API.
 """
@@ -12,6 +13,7 @@ from . import (
     match_pattern,
     mqar,
     relational_games,
+    relations_game_files,
     same_pair,
     sorting,
 )
@@ -42,6 +44,7 @@ __all__ = [
     "mqar",
     "register_task",
     "relational_games",
+    "relations_game_files",
     "same_pair",
     "sorting",
     "task_arguments",
