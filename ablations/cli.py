@@ -179,6 +179,18 @@ class Help(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _version() -> str:
+    """The installed attn_zoo's version (attn_zoo.__version__, read without importing torch)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("attn_zoo")
+    except PackageNotFoundError:  # a source tree on sys.path, not installed
+        import attn_zoo
+
+        return attn_zoo.__version__
+
+
 def _add_import(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--import", dest="imports", action="append", default=[], metavar="MODULE",
@@ -191,6 +203,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="attn-zoo", description="attn_zoo: benchmarks and ablation grids", formatter_class=Help
     )
+    p.add_argument("--version", action="version", version=f"attn-zoo {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser(
         "bench", help="time and peak memory of every backend over N", formatter_class=Help,

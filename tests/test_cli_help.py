@@ -29,3 +29,13 @@ def test_every_option_has_help_and_shows_its_default(path):
         if action.default not in (None, False, [], argparse.SUPPRESS):
             shown = formatter._get_help_string(action) % {"default": action.default}
             assert "(default: " in shown, f"{' '.join(path)} {action.dest}: {shown!r}"
+
+
+def test_version_is_the_packages_one(capsys):
+    import attn_zoo
+    from ablations.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"attn-zoo {attn_zoo.__version__}"
