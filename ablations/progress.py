@@ -53,6 +53,7 @@ STYLES = {  # the first word of a printed line -> its style on a terminal
     "interrupted": "bold",
 }
 REDRAW = 0.25  # seconds between redraws of a live display
+LIVE_COLUMNS = 52  # characters of the live table's other columns (bar, step, loss, time)
 
 
 def cell_label(cell: Cell) -> str:
@@ -60,6 +61,20 @@ def cell_label(cell: Cell) -> str:
     ('.../lr=0.003/seed0': the key's last part)."""
     swept = [f"{key.rsplit('.', 1)[-1]}={cell.setting(key)}/" for key in cell.swept]
     return f"{cell.task}/{cell.size['label']}/{cell.mechanism}/{''.join(swept)}seed{cell.seed}"
+
+
+def fit_label(label: str, width: int) -> str:
+    """`label` ('task/size/mechanism/lr=0.003/seed0') in at most `width` characters: its
+    leading parts give way first ('…/mechanism/lr=0.003/seed0'), so the parts that tell
+    cells of one kind apart (mechanism, swept values, seed) stay readable."""
+    if len(label) <= width:
+        return label
+    parts = label.split("/")
+    for first in range(1, len(parts)):
+        tail = "…/" + "/".join(parts[first:])
+        if len(tail) <= width:
+            return tail
+    return "…" + label[-(max(width, 2) - 1) :]
 
 
 def duration(seconds: float) -> str:
@@ -251,9 +266,10 @@ class LiveProgress(Progress):
         for column in ("step", "loss", "time"):
             table.add_column(column, justify="right")
         now = time.monotonic()
+        width = max(24, self.console.width - LIVE_COLUMNS)  # what the other columns leave
         for cell in self.running.values():
             table.add_row(
-                Text(cell.label),
+                Text(fit_label(cell.label, width), no_wrap=True),
                 ProgressBar(cell.steps, cell.step, width=20),
                 Text(f"{cell.step}/{cell.steps}"),
                 Text(f"{cell.loss:.3f}" if cell.step else "-"),

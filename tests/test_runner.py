@@ -19,7 +19,7 @@ from ablations import spec as spec_module
 from ablations.cell import Cell
 from ablations.cli import main
 from ablations.executors import make_executor
-from ablations.progress import LiveProgress, Progress, make_progress
+from ablations.progress import LiveProgress, Progress, fit_label, make_progress
 from ablations.runner import check_cells, run_grid
 from ablations.spec import SpecError, load_grid
 from ablations.status import grid_status
@@ -260,3 +260,18 @@ def test_cli_dry_run_status_and_report(tmp_path, capsys):
     assert (tmp_path / "report" / "report.md").exists()
     with pytest.raises(SystemExit, match="mechanisms\\[0\\].name = 'standrd' is not valid"):
         main(["ablate", "run", str(path), "--set", "mechanisms=[{name='standrd'}]"])
+
+
+def test_the_live_table_keeps_swept_values_and_the_seed_readable_at_80_columns(tmp_path):
+    path = grid_file(tmp_path, steps=300)
+    path.write_text(path.read_text() + "[sweep]\ntraining.lr = [0.003]\n")
+    cells = load_grid(path).cells
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=80, color_system=None)
+    progress = LiveProgress(cells, total=4, slots=1, interval=10.0, console=console)
+    progress.started("a", cells[0])
+    progress.tick()
+    progress.close()
+    assert "/std/lr=0.003/seed0" in screen.getvalue()
+    assert fit_label("same_pair/xs/std/lr=0.003/seed0", 19) == "…/lr=0.003/seed0"
+    assert fit_label("short", 19) == "short" and len(fit_label("x" * 50, 10)) == 10
