@@ -8,7 +8,10 @@ Kwargs and parameter names follow ``dual_attention.attention.Attention`` (Altaba
 head_dim = d_model // total_n_heads, key_dim defaults to head_dim, the scale is
 1/sqrt(head_dim) even when key_dim differs, and the output width is n_heads * head_dim
 (d_model unless the module is one branch of dual attention, where total_n_heads > n_heads).
-Dropout acts on the attention weights and on the output, in training only.
+Dropout acts on the attention weights and on the output, in training only. `score_mod` and
+`mask_mod` (a name, a table ``{name = "sliding_window", window = 64}``, or a function; see
+attn_zoo/kernels/softmax/mods.py) change the scores and the visible keys on every backend
+that serves them (naive, chunked natively; others get a mask mod as a mask).
 
 Cached decoding (`cache`, a `LayerCache`): the keys (after RoPE) and values of every position
 seen so far are cached, the kv heads only under GQA; a call computes its new positions' queries,
@@ -25,6 +28,7 @@ from torch import nn
 
 from attn_zoo.kernels.rotary import Rotary
 from attn_zoo.kernels.softmax import softmax_attention
+from attn_zoo.kernels.softmax.mods import build_mod, shift_queries
 from attn_zoo.kernels.softmax.naive import attention_weights
 from attn_zoo.mechanisms.base import AttentionMechanism, check_dropout, check_int
 from attn_zoo.mechanisms.cache import LayerCache
@@ -61,6 +65,8 @@ class StandardAttention(AttentionMechanism):
         add_bias_kv: bool = False,
         add_bias_out: bool = False,
         total_n_heads: int | None = None,
+        score_mod: object = None,
+        mask_mod: object = None,
         backend: str = "auto",
     ):
         check_heads(d_model, n_heads, n_kv_heads, total_n_heads)
@@ -78,6 +84,7 @@ class StandardAttention(AttentionMechanism):
         out_dim = n_heads * self.head_dim
         self.wo = nn.Linear(out_dim, out_dim, bias=add_bias_out)
         self.resid_dropout = nn.Dropout(dropout)
+        self.score_mod, self.mask_mod = build_mod(score_mod), build_mod(mask_mod)
 
     def forward(
         self,
@@ -97,6 +104,7 @@ class StandardAttention(AttentionMechanism):
         if cache is not None:
             k, v = cache.append(k=k, v=v)
             cache.advance(x.shape[1])
+        offset = k.shape[2] - q.shape[2] if cache is not None else 0  # new queries come last
         out = softmax_attention(
             q,
             k,
@@ -106,6 +114,8 @@ class StandardAttention(AttentionMechanism):
             scale=self.head_dim**-0.5,
             dropout_p=self.dropout if self.training else 0.0,
             backend=self.backend,
+            score_mod=shift_queries(self.score_mod, offset, score=True),
+            mask_mod=shift_queries(self.mask_mod, offset, score=False),
         )
         return self.resid_dropout(self.wo(rearrange(out, "b h n d -> b n (h d)")))
 

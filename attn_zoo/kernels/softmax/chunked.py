@@ -15,7 +15,10 @@ so training memory is O(N x block), never O(N x M). An additive float mask that 
 gets dmask_ij = ds_ij, summed over the dims it broadcasts (its gradient has its own shape).
 Causality, top-left (j <= i) or bottom-right (j <= i + M - N), is applied per tile: tiles
 wholly above the diagonal are skipped, the diagonal's tiles build their own (bq, bk) mask, so
-neither alignment costs an N x M mask. Dropout masks are drawn per tile from a
+neither alignment costs an N x M mask. Score and mask mods (mods.py) are evaluated per tile
+too; a mask mod's `kv_range` hint skips the key tiles outside it (a sliding window of width w:
+O(N w) time), and backward takes the score mod's derivative tile by tile (autograd on the
+recomputed tile: ds_raw = ds d score_mod / d s). Dropout masks are drawn per tile from a
 seed and redrawn in backward. Half-precision inputs are computed in float32.
 """
 
@@ -24,8 +27,9 @@ from einops import einsum, rearrange
 
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import group_queries
-from attn_zoo.kernels.softmax.family import BOTTOM_RIGHT, FEATURES
+from attn_zoo.kernels.softmax.family import BOTTOM_RIGHT, FEATURES, MODS
 from attn_zoo.kernels.softmax.masks import causal_mask, is_additive, restrict
+from attn_zoo.kernels.softmax.mods import MaskMod, ScoreMod, mod_indices
 from attn_zoo.kernels.softmax.naive import upcast_half
 
 BLOCK = 256  # fastest of 128, 256, 512 on the 2-core CPU (N=2048, fwd+bwd)
@@ -39,7 +43,8 @@ class Tiles:
     (top-left: key j allowed iff j <= i) or "bottom_right" (j <= i + M - N).
     """
 
-    def __init__(self, q, k, attn_mask, is_causal, dropout_p, seed, block):
+    def __init__(self, q, k, attn_mask, is_causal, dropout_p, seed, block, mods=(None, None)):
+        self.score_mod, self.mask_mod = mods
         self.shape = q.shape  # (B, Hkv, G, N, d)
         self.n, self.m = q.shape[3], k.shape[2]
         self.mask_shape = None if attn_mask is None else attn_mask.shape
@@ -57,8 +62,12 @@ class Tiles:
     def key_blocks(self, i0: int, i1: int):
         """Key ranges for queries [i0, i1): all, or those not wholly above the diagonal (none
         when every query precedes the first key, bottom-right with N > M)."""
-        stop = min(self.m, i1 + self.offset) if self.is_causal else self.m
-        return [(j, min(j + self.block, self.m)) for j in range(0, stop, self.block)]
+        start, stop = 0, min(self.m, i1 + self.offset) if self.is_causal else self.m
+        kv_range = getattr(self.mask_mod, "kv_range", None)
+        if kv_range is not None:  # the keys the mask mod can allow these queries
+            low, high = kv_range(i0, i1, self.m)
+            start, stop = low // self.block * self.block, min(stop, high)
+        return [(j, min(j + self.block, self.m)) for j in range(start, stop, self.block)]
 
     def tile_mask(self, i0, i1, j0, j1, device):
         """The tile's mask (boolean or additive), broadcastable to (B, Hkv, G, bq, bk), or None
@@ -70,7 +79,28 @@ class Tiles:
         if self.is_causal and j1 - 1 > i0 + self.offset:  # last key past the first row's limit
             offset = i0 + self.offset - j0
             mask = restrict(mask, causal_mask(i1 - i0, j1 - j0, device, offset=offset))
+        if self.mask_mod is not None:
+            allowed = self.mask_mod(*self.indices(i0, i1, j0, j1, device)).to(torch.bool)
+            if allowed.shape[1] == 1:  # the same for every head
+                mask = restrict(mask, allowed.unsqueeze(2))
+            else:
+                grouped = rearrange(allowed, "b (h g) n m -> b h g n m", h=self.shape[1])
+                mask = restrict(mask, grouped)
         return mask
+
+    def indices(self, i0, i1, j0, j1, device) -> tuple[torch.Tensor, ...]:
+        """The mods' index tensors of a tile: (b, h, q_idx, kv_idx), h over every query head."""
+        heads = self.shape[1] * self.shape[2]
+        return mod_indices(self.shape[0], heads, (i0, i1), (j0, j1), device)
+
+    def modded(self, raw, i0, i1, j0, j1):
+        """A tile's raw scores (B, Hkv, G, bq, bk) through the score mod."""
+        if self.score_mod is None:
+            return raw
+        flat = rearrange(raw, "b h g n m -> b (h g) n m")
+        flat = self.score_mod(flat, *self.indices(i0, i1, j0, j1, raw.device)).to(raw.dtype)
+        return rearrange(flat.expand(raw.shape[0], -1, -1, -1), "b (h g) n m -> b h g n m",
+                         h=self.shape[1])  # fmt: skip
 
     def keep(self, i0, i1, j0, j1, like):
         """Dropout multiplier of a tile (0 or 1/(1-p)), the same in forward and backward."""
@@ -121,8 +151,11 @@ class Tiles:
         cols = slice(j0, j1) if dmask.shape[3] != 1 else slice(0, 1)
         dmask[:, :, rows, cols] += ds
 
-    def scores(self, qi, kj, scale, i0, i1, j0, j1):
-        s = einsum(qi, kj, "b h g n d, b h m d -> b h g n m") * scale
+    def scores(self, qi, kj, scale, i0, i1, j0, j1, raw=None):
+        """A tile's scores, modded and masked; `raw`: the tile's q k^T scale if computed."""
+        if raw is None:
+            raw = einsum(qi, kj, "b h g n d, b h m d -> b h g n m") * scale
+        s = self.modded(raw, i0, i1, j0, j1)
         mask = self.tile_mask(i0, i1, j0, j1, s.device)
         if mask is None:
             return s
@@ -131,8 +164,8 @@ class Tiles:
 
 class ChunkedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, attn_mask, is_causal, scale, dropout_p, seed, block):
-        tiles = Tiles(q, k, attn_mask, is_causal, dropout_p, seed, block)
+    def forward(ctx, q, k, v, attn_mask, is_causal, scale, dropout_p, seed, block, mods):
+        tiles = Tiles(q, k, attn_mask, is_causal, dropout_p, seed, block, mods)
 
         def values(p, i0, i1, j0, j1):
             return einsum(p, v[:, :, j0:j1], "b h g n m, b h m d -> b h g n d")
@@ -153,7 +186,12 @@ class ChunkedAttention(torch.autograd.Function):
             qi, doi = q[..., i0:i1, :], dout[..., i0:i1, :]
             for j0, j1 in tiles.key_blocks(i0, i1):
                 kj, vj = k[:, :, j0:j1], v[:, :, j0:j1]
-                s = tiles.scores(qi, kj, scale, i0, i1, j0, j1)
+                raw = einsum(qi, kj, "b h g n d, b h m d -> b h g n m") * scale
+                if tiles.score_mod is not None:  # its derivative, by autograd on the tile
+                    raw = raw.detach().requires_grad_(True)
+                with torch.enable_grad():
+                    s_graph = tiles.scores(qi, kj, scale, i0, i1, j0, j1, raw)
+                s = s_graph.detach()
                 p = torch.exp(s - lse[..., i0:i1, None])
                 dp = einsum(doi, vj, "b h g n d, b h m d -> b h g n m")
                 p_used = p
@@ -162,13 +200,16 @@ class ChunkedAttention(torch.autograd.Function):
                     p_used, dp = p * keep, dp * keep
                 dv[:, :, j0:j1] += einsum(p_used, doi, "b h g n m, b h g n d -> b h m d")
                 ds = p * (dp - delta[..., i0:i1, None])
-                dq[..., i0:i1, :] += einsum(ds, kj, "b h g n m, b h m d -> b h g n d") * scale
-                dk[:, :, j0:j1] += einsum(ds, qi, "b h g n m, b h g n d -> b h m d") * scale
+                ds_raw = ds
+                if tiles.score_mod is not None:
+                    (ds_raw,) = torch.autograd.grad(s_graph, raw, ds.masked_fill(p == 0, 0.0))
+                dq[..., i0:i1, :] += einsum(ds_raw, kj, "b h g n m, b h m d -> b h g n d") * scale
+                dk[:, :, j0:j1] += einsum(ds_raw, qi, "b h g n m, b h g n d -> b h m d") * scale
                 if dmask is not None:
                     tiles.add_mask_grad(dmask, ds, i0, i1, j0, j1)
         if dmask is not None:
             dmask = dmask.to(tiles.attn_mask.dtype)
-        return dq, dk, dv, dmask, None, None, None, None, None
+        return dq, dk, dv, dmask, None, None, None, None, None, None
 
 
 @register_backend(
@@ -176,7 +217,7 @@ class ChunkedAttention(torch.autograd.Function):
     "chunked",
     tier="chunked",
     priority=10,
-    capabilities=Capabilities(FEATURES | BOTTOM_RIGHT),
+    capabilities=Capabilities(FEATURES | BOTTOM_RIGHT | MODS),
     block_sizes=(BLOCK,),
 )
 def chunked(
@@ -187,6 +228,8 @@ def chunked(
     is_causal: bool | str = False,  # False, True (top-left) or "bottom_right"
     scale: float | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
     block: int = BLOCK,
 ) -> torch.Tensor:  # (B, H, N, dv)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -194,5 +237,8 @@ def chunked(
     # contiguous once: tiles of strided views would be copied again in every einsum
     grouped = group_queries(upcast_half(q), k.shape[1]).contiguous()
     k, v = upcast_half(k).contiguous(), upcast_half(v).contiguous()
-    out = ChunkedAttention.apply(grouped, k, v, attn_mask, is_causal, scale, dropout_p, seed, block)
+    mods = (score_mod, mask_mod)
+    out = ChunkedAttention.apply(
+        grouped, k, v, attn_mask, is_causal, scale, dropout_p, seed, block, mods
+    )
     return rearrange(out, "b h g n d -> b (h g) n d").to(q.dtype)

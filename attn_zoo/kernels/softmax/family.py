@@ -8,7 +8,9 @@
 
 Features a call may need (`describe_call`): ``grad``, ``mask``, ``float_mask`` (an additive
 mask), ``causal``, ``dropout``, ``dv_ne_dk`` (value width != key width), ``gqa`` (fewer kv
-heads than query heads). A bottom-right causal call with N != M is described as a ``mask``
+heads than query heads), ``score_mod`` (a score mod, mods.py). A mask mod is a ``mask`` call:
+backends declaring ``mask_mod`` (naive, chunked) take it as is, the others as its materialised
+boolean mask (`lower_call`). A bottom-right causal call with N != M is described as a ``mask``
 call; backends declaring ``bottom_right`` (chunked) take it as is_causal="bottom_right", the
 others as an explicit mask (masks.lower_bottom_right).
 """
@@ -16,11 +18,18 @@ others as an explicit mask (masks.lower_bottom_right).
 import torch
 
 from attn_zoo.kernels.dispatch import Call, define_family
-from attn_zoo.kernels.softmax.masks import is_additive, lower_bottom_right, normal_causality
+from attn_zoo.kernels.softmax.masks import (
+    is_additive,
+    lower_bottom_right,
+    normal_causality,
+    restrict,
+)
+from attn_zoo.kernels.softmax.mods import check_mod, mask_from_mod
 
 FEATURES = frozenset({"grad", "mask", "float_mask", "causal", "dropout", "dv_ne_dk", "gqa"})
 LOW_AND_SINGLE = frozenset({torch.float16, torch.bfloat16, torch.float32})
 BOTTOM_RIGHT = frozenset({"bottom_right"})  # declared by backends taking it without a mask
+MODS = frozenset({"score_mod", "mask_mod"})  # declared by backends applying mods themselves
 
 
 def check_mask(attn_mask, q, k) -> torch.Tensor | None:
@@ -67,22 +76,32 @@ def check_qkv(q, k, v, attn_mask, dropout_p) -> torch.Tensor | None:
     return check_mask(attn_mask, q, k)
 
 
-def check_inputs(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0) -> dict:
+def check_inputs(
+    q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0, score_mod=None,
+    mask_mod=None,
+) -> dict:  # fmt: skip
     """The call's keyword arguments, validated, with the mask viewed as 4-D and is_causal
     False, True (top-left) or "bottom_right" (N != M, N > 1; masks.normal_causality)."""
     mask = check_qkv(q, k, v, attn_mask, dropout_p)
     is_causal = normal_causality(is_causal, q.shape[2], k.shape[2])
+    check_mod("score_mod", score_mod)
+    check_mod("mask_mod", mask_mod)
     return dict(
-        q=q, k=k, v=v, attn_mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p
-    )
+        q=q, k=k, v=v, attn_mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
+        score_mod=score_mod, mask_mod=mask_mod,
+    )  # fmt: skip
 
 
-def describe_call(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0) -> Call:
+def describe_call(
+    q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0, score_mod=None,
+    mask_mod=None,
+) -> Call:  # fmt: skip
     """The `Call` a softmax attention call makes (for backend choice)."""
     tensors = (q, k, v) if attn_mask is None else (q, k, v, attn_mask)
     needs = {
         "grad": torch.is_grad_enabled() and any(t.requires_grad for t in tensors),
-        "mask": attn_mask is not None or is_causal == "bottom_right",  # a mask once lowered
+        "mask": attn_mask is not None or is_causal == "bottom_right" or mask_mod is not None,
+        "score_mod": score_mod is not None,
         "float_mask": is_additive(attn_mask),
         "causal": is_causal is True,
         "dropout": dropout_p > 0,
@@ -92,4 +111,18 @@ def describe_call(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_
     return Call(q.device.type, q.dtype, frozenset(f for f, used in needs.items() if used))
 
 
-SOFTMAX = define_family("softmax", check_inputs, describe_call, lower_bottom_right)
+def lower_call(kwargs: dict, features: frozenset[str]) -> dict:
+    """Checked `kwargs` as a backend declaring `features` takes them: bottom-right causality
+    as a mask where it lacks ``bottom_right`` (masks.lower_bottom_right); a mask mod
+    materialised into the mask where it lacks ``mask_mod``; mods it does not declare left out
+    (a score mod never reaches such a backend: the call's ``score_mod`` feature refuses it)."""
+    kwargs = lower_bottom_right(kwargs, features)
+    mask_mod = kwargs["mask_mod"]
+    if mask_mod is not None and "mask_mod" not in features:
+        q, k = kwargs["q"], kwargs["k"]
+        allowed = mask_from_mod(mask_mod, q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.device)
+        kwargs = {**kwargs, "attn_mask": restrict(kwargs["attn_mask"], allowed)}
+    return {k: v for k, v in kwargs.items() if k not in MODS or k in features}
+
+
+SOFTMAX = define_family("softmax", check_inputs, describe_call, lower_call)

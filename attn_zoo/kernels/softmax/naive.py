@@ -13,8 +13,15 @@ from einops import einsum
 
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import repeat_kv
-from attn_zoo.kernels.softmax.family import FEATURES
-from attn_zoo.kernels.softmax.masks import align_causal, allowed_keys, is_additive
+from attn_zoo.kernels.softmax.family import FEATURES, MODS
+from attn_zoo.kernels.softmax.masks import align_causal, allowed_keys, is_additive, restrict
+from attn_zoo.kernels.softmax.mods import (
+    MaskMod,
+    ScoreMod,
+    apply_score_mod,
+    mask_from_mod,
+    mod_indices,
+)
 
 
 def upcast_half(x: torch.Tensor) -> torch.Tensor:
@@ -44,18 +51,27 @@ def attention_weights(
     attn_mask: torch.Tensor | None = None,
     is_causal: bool | str = False,
     scale: float | None = None,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
 ) -> torch.Tensor:  # (B, H, N, M), float32 or wider
-    """The weights p_ij, materialised (rows with nothing allowed are zero); any mask and causal
-    alignment (see masks.py)."""
+    """The weights p_ij, materialised (rows with nothing allowed are zero); any mask, causal
+    alignment (see masks.py) and score and mask mods (mods.py: s_ij = score_mod(s_ij, b, h, i,
+    j), keys where mask_mod is False masked)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q, k = upcast_half(q), repeat_kv(upcast_half(k), q.shape[1])
-    n, m = q.shape[2], k.shape[2]
+    (b, h, n, _), m = q.shape, k.shape[2]
     attn_mask, is_causal = align_causal(attn_mask, is_causal, n, m, q.device)
     scores = einsum(q, k, "b h n d, b h m d -> b h n m") * scale
-    return masked_softmax(scores, allowed_keys(attn_mask, is_causal, n, m, q.device))
+    scores = apply_score_mod(score_mod, scores, mod_indices(b, h, (0, n), (0, m), q.device))
+    mask = allowed_keys(attn_mask, is_causal, n, m, q.device)
+    if mask_mod is not None:
+        mask = restrict(mask, mask_from_mod(mask_mod, b, h, n, m, q.device))
+    return masked_softmax(scores, mask)
 
 
-@register_backend("softmax", "naive", tier="naive", priority=0, capabilities=Capabilities(FEATURES))
+@register_backend(
+    "softmax", "naive", tier="naive", priority=0, capabilities=Capabilities(FEATURES | MODS)
+)
 def naive(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)
@@ -64,8 +80,10 @@ def naive(
     is_causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
 ) -> torch.Tensor:  # (B, H, N, dv)
-    weights = attention_weights(q, k, attn_mask, is_causal, scale)
+    weights = attention_weights(q, k, attn_mask, is_causal, scale, score_mod, mask_mod)
     if dropout_p > 0:
         weights = F.dropout(weights, dropout_p)
     v = repeat_kv(upcast_half(v), q.shape[1])

@@ -1,0 +1,152 @@
+"""Score and mask mods (attn_zoo/kernels/softmax/mods.py): the naive path applies each as its
+math says; every backend that serves a mod (naive, chunked natively, sdpa a mask mod as a
+mask) agrees with the float64 naive path, gradients included, around the chunked block, with
+GQA, both causal alignments, a caller's mask and 1 or 2 threads; chunked with a sliding window
+skips the key tiles outside it and never allocates N x M; a score mod is refused where it
+cannot run; mods reach mechanisms, grids and cached generation."""
+
+import pytest
+import torch
+from allocations import largest_allocation
+from grids import STD, tiny_grid
+
+from attn_zoo.kernels.dispatch import UnsupportedCallError
+from attn_zoo.kernels.softmax import build_mod, softmax_attention
+from attn_zoo.kernels.softmax.chunked import BLOCK, Tiles
+from attn_zoo.kernels.softmax.naive import naive
+from attn_zoo.models import LanguageModel
+from attn_zoo.testing import torch_threads
+from attn_zoo.testing.agreement import disagreements
+
+MODS = {
+    "window": {"mask_mod": {"name": "sliding_window", "window": 37}},
+    "window_both_sides": {"mask_mod": {"name": "sliding_window", "window": 5, "causal": False}},
+    "prefix_lm": {"mask_mod": {"name": "prefix_lm", "prefix": 7}},
+    "softcap": {"score_mod": {"name": "softcap", "cap": 0.8}},
+    "alibi": {"score_mod": {"name": "alibi", "n_heads": 4}},
+    "softcap_in_window": {"score_mod": {"name": "softcap", "cap": 2.0},
+                          "mask_mod": {"name": "sliding_window", "window": 64}},
+}  # fmt: skip
+
+
+def inputs(n, m, dtype=torch.float64, seed=0, heads=4, kv_heads=2):
+    gen = torch.Generator().manual_seed(seed)
+    shapes = ((2, heads, n, 8), (2, kv_heads, m, 8), (2, kv_heads, m, 6))
+    return [torch.randn(s, generator=gen, dtype=torch.float64).to(dtype) for s in shapes]
+
+
+def outputs_and_grads(backend, q, k, v, cotangent, **call):
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    out = softmax_attention(q, k, v, backend=backend, **call)
+    grads = torch.autograd.grad(out, (q, k, v), cotangent.to(out.dtype))
+    return {"output": out, "grad q": grads[0], "grad k": grads[1], "grad v": grads[2]}
+
+
+def test_the_naive_path_applies_each_mod_as_its_math_says():
+    q, k, v = inputs(11, 11)
+    i, j = torch.arange(11)[:, None], torch.arange(11)[None, :]
+    scores = torch.einsum("bhnd,bhmd->bhnm", q, k.repeat_interleave(2, 1)) * 8**-0.5
+    cases = {
+        "window": ({"attn_mask": (j <= i) & (i - j < 3)}, {"mask_mod": ("sliding_window", 3)}),
+        "prefix": ({"attn_mask": (j < 4) | (j <= i)}, {"mask_mod": ("prefix_lm", 4)}),
+        "alibi": ({"attn_mask": -(2.0 ** (-8 * torch.arange(1, 5) / 4)).view(4, 1, 1) * (i - j)},
+                  {"score_mod": ("alibi", 4)}),
+    }  # fmt: skip
+    for name, (explicit, mods) in cases.items():
+        built = {key: _named(*spec) for key, spec in mods.items()}
+        torch.testing.assert_close(naive(q, k, v, **built), naive(q, k, v, **explicit), msg=name)
+    capped = 0.5 * torch.tanh(scores / 0.5)
+    want = torch.softmax(capped, -1) @ v.repeat_interleave(2, 1)
+    torch.testing.assert_close(naive(q, k, v, score_mod=_named("softcap", 0.5)), want)
+
+
+def _named(name: str, value):
+    argument = {"sliding_window": "window", "prefix_lm": "prefix", "alibi": "n_heads",
+                "softcap": "cap"}[name]  # fmt: skip
+    return build_mod({"name": name, argument: value})
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("mod", list(MODS))
+@pytest.mark.parametrize(
+    "n, m, is_causal, with_mask",
+    [(1, 1, False, False), (BLOCK - 1, BLOCK - 1, True, False), (BLOCK + 1, BLOCK + 1, False, True),
+     (37, 2 * BLOCK + 1, "bottom_right", False), (2 * BLOCK + 1, 2 * BLOCK + 1, True, True)],
+)  # fmt: skip
+def test_every_backend_serving_a_mod_agrees_with_float64_naive(mod, n, m, is_causal, with_mask,
+                                                               threads):  # fmt: skip
+    q, k, v = inputs(n, m, torch.float32, seed=n + m)
+    gen = torch.Generator().manual_seed(7)
+    mask = torch.rand(2, 1, n, m, generator=gen) < 0.8 if with_mask else None
+    call = {"attn_mask": mask, "is_causal": is_causal}
+    call.update({key: build_mod(spec) for key, spec in MODS[mod].items()})
+    cotangent = torch.randn(2, 4, n, 6, generator=gen, dtype=torch.float64)
+    want = outputs_and_grads("naive", q.double(), k.double(), v.double(), cotangent, **call)
+    served = ["naive", "chunked"] + ([] if "score_mod" in MODS[mod] else ["sdpa"])
+    with torch_threads(threads):
+        for backend in served:
+            got = outputs_and_grads(backend, q, k, v, cotangent, **call)
+            assert not disagreements(want, got, torch.float32), (backend, mod)
+
+
+def test_a_score_mod_is_refused_where_it_cannot_run_and_auto_picks_one_that_can():
+    q, k, v = inputs(8, 8, torch.float32)
+    cap = build_mod({"name": "softcap", "cap": 1.0})
+    with pytest.raises(UnsupportedCallError, match="sdpa: does not support score_mod"):
+        softmax_attention(q, k, v, score_mod=cap, backend="sdpa")
+    torch.testing.assert_close(softmax_attention(q, k, v, score_mod=cap),
+                               naive(q, k, v, score_mod=cap))  # fmt: skip
+
+
+def test_chunked_with_a_sliding_window_skips_the_tiles_outside_it(monkeypatch):
+    """N = 2048, window 64: a tile is computed only where the window reaches (about 2 key
+    tiles per query tile, not 8), and no N x M tensor is ever allocated."""
+    n, window = 8 * BLOCK, 64
+    q, k, v = (t.requires_grad_(True) for t in inputs(n, n, torch.float32, heads=2, kv_heads=2))
+    mod = build_mod({"name": "sliding_window", "window": window})
+    computed = []
+    scores = Tiles.scores
+    monkeypatch.setattr(Tiles, "scores", lambda self, *a, **kw: computed.append(1) or scores(
+        self, *a, **kw))  # fmt: skip
+
+    def step():
+        out = softmax_attention(q, k, v, mask_mod=mod, is_causal=True, backend="chunked")
+        out.sum().backward()
+
+    largest = largest_allocation(step)
+    assert len(computed) == 2 * (8 + 7)  # forward and backward: 8 diagonal + 7 previous tiles
+    assert largest < n * n // 4
+    dense = largest_allocation(
+        lambda: softmax_attention(q, k, v, mask_mod=mod, is_causal=True, backend="naive")
+    )
+    assert dense >= n * n  # the materialised path does allocate it: the probe can tell
+
+
+def test_mods_reach_mechanisms_grids_and_cached_generation(tmp_path):
+    kwargs = {"n_heads": 2, "mask_mod": {"name": "sliding_window", "window": 4},
+              "score_mod": {"name": "softcap", "cap": 5.0}}  # fmt: skip
+    torch.manual_seed(0)
+    model = LanguageModel(50, 32, 2, max_block_size=64, attention="standard",
+                          attention_kwargs=kwargs).eval()  # fmt: skip
+    prompt = torch.randint(0, 50, (1, 6))
+    cached = model.generate(prompt, 10, temperature=0, use_cache=True)
+    assert torch.equal(cached, model.generate(prompt, 10, temperature=0, use_cache=False))
+    from ablations.spec import load_grid
+    from ablations.train import train_cell
+
+    windowed = {**STD, "label": "std_window", "kwargs": {**STD["kwargs"], **kwargs}}
+    path = tiny_grid(tmp_path, mechanisms=[windowed], seeds=[0], training={"steps": 4})
+    (cell,) = load_grid(path).cells
+    assert train_cell(cell).status == "done"
+
+
+def test_bad_mods_are_named():
+    with pytest.raises(ValueError, match="unknown attention mod: 'window'"):
+        build_mod("window")
+    with pytest.raises(ValueError, match="window=0: must be a positive int"):
+        build_mod({"name": "sliding_window", "window": 0})
+    with pytest.raises(ValueError, match="a mod is a name"):
+        build_mod(3)
+    q, k, v = inputs(4, 4)
+    with pytest.raises(ValueError, match="mask_mod must be a function"):
+        softmax_attention(q, k, v, mask_mod="sliding_window")
