@@ -59,7 +59,7 @@ def _bench(args: argparse.Namespace) -> None:
     bench = BenchRun(**{f.name: getattr(args, f.name) for f in fields(BenchRun)})
     try:
         run_bench(bench)
-    except ValueError as err:
+    except (ValueError, OSError) as err:  # a bad setting, a folder that cannot be written
         raise SystemExit(f"error: {err}") from None
 
 
@@ -312,7 +312,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    return args.func(args) or 0
+    try:
+        return args.func(args) or 0
+    except KeyboardInterrupt:  # before a run installs its own handlers, or in a report
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

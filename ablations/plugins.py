@@ -57,7 +57,7 @@ def import_plugins(names: Sequence[str], folder: Path | None = None, where: str 
     for i, name in enumerate(resolve(names, folder)):
         try:
             _import(name)
-        except Exception as err:
+        except (Exception, SystemExit) as err:  # a plugin calling sys.exit is a failed import
             named = f" (named by {where}[{i}])" if where else ""
             raise PluginError(
                 f"plugin {name!r}{named} cannot be imported: "
@@ -66,9 +66,9 @@ def import_plugins(names: Sequence[str], folder: Path | None = None, where: str 
 
 
 def _find(name: str) -> object:
-    try:
+    try:  # a dotted name imports its parent, which may fail: `_import` reports that
         return importlib.util.find_spec(name)
-    except (ImportError, ValueError):
+    except (Exception, SystemExit):
         return None
 
 

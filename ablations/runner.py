@@ -47,6 +47,8 @@ from ablations.store import FINISHED, ClaimError, ResultsStore, StoreError, conf
 from ablations.tasks.registry import TASKS
 from ablations.train import LOST, CellOutcome, smoke_test
 from attn_zoo.mechanisms.registry import MECHANISMS
+from attn_zoo.models.positional import POSITIONAL
+from attn_zoo.symbols import SYMBOL_RETRIEVERS
 
 
 class GridInterrupted(KeyboardInterrupt, SystemExit):
@@ -264,12 +266,17 @@ def run_grid(
 
 
 def _check_importable(spec: GridSpec) -> None:
-    """SpecError when a name of the grid is defined in the script that runs
-    it (module __main__): other worker processes cannot import a script, so they would fail
-    every cell with an unknown name."""
-    names = {("mechanism", MECHANISMS, cell.mechanism_name) for cell in spec.cells} | {
-        ("task", TASKS, cell.task_name) for cell in spec.cells
-    }
+    """SpecError when a name of the grid (a mechanism, task, symbol retriever or positional
+    encoding) is defined in the script that runs it (module __main__): other worker processes
+    cannot import a script, so they would fail every cell with an unknown name."""
+    names = set()
+    for cell in spec.cells:
+        names |= {("mechanism", MECHANISMS, cell.mechanism_name), ("task", TASKS, cell.task_name)}
+        for options in (cell.size, cell.mechanism_kwargs):
+            if isinstance(options.get("symbol_retrieval"), str):
+                names.add(("symbol_retrieval", SYMBOL_RETRIEVERS, options["symbol_retrieval"]))
+            if isinstance(options.get("pos_enc"), str):
+                names.add(("pos_enc", POSITIONAL, options["pos_enc"]))
     for kind, registry, name in sorted(names, key=str):
         if name in registry and getattr(registry[name], "__module__", "") == "__main__":
             raise SpecError(

@@ -156,6 +156,8 @@ class ResultsStore:
         else:
             if self.path.is_dir():
                 raise StoreError(f"{self.path} is a folder, not a results store file")
+            if self.path.exists():  # a file of another kind is refused before it is touched
+                ResultsStore(self.path, readonly=True)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._target = f"file:{quote(str(self.path.resolve()))}"
             with self._connect() as db:
@@ -173,6 +175,8 @@ class ResultsStore:
         the store open, or was killed), SQLite reads through them; without them the store file
         is whole and is read as it is (immutable: SQLite would otherwise create the -wal and
         -shm files, and cannot in a read-only folder)."""
+        if self.path.is_dir():
+            raise StoreError(f"{self.path} is a folder, not a results store file")
         if not self.path.is_file():
             raise FileNotFoundError(errno.ENOENT, "no results store", str(self.path))
         target = f"file:{quote(str(self.path.resolve()))}?mode=ro"

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from grids import MQAR_LONG, SAME_PAIR, STD, tiny_grid
 
 from ablations.cli import main
@@ -164,3 +165,86 @@ def test_a_bad_store_or_deep_overrides_are_one_line_errors(tmp_path):
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
     assert run.stderr.startswith("error:") and len(run.stderr.strip().splitlines()) == 1
     assert corrupt.read_bytes() == b"not a database, " * 64  # never turned into a store
+
+
+def test_a_file_that_is_not_a_store_is_refused_by_every_command_and_left_as_it_was(tmp_path):
+    """Found by a second hostile pass: `ablate run` added a cells table to a foreign SQLite
+    database (and switched it to WAL even when it refused it); status and dry runs gave a
+    traceback for a folder."""
+    grid = tiny_grid(tmp_path, mechanisms=[STD], tasks=[SAME_PAIR], training=FAST)
+    foreign = tmp_path / "notes.sqlite"
+    with sqlite3.connect(foreign) as db:
+        db.execute("CREATE TABLE other (a)")
+        db.execute("INSERT INTO other VALUES (1)")
+    db.close()
+    empty = tmp_path / "empty.sqlite"
+    empty.write_bytes(b"")
+    folder = tmp_path / "folder.sqlite"
+    folder.mkdir()
+    before = {path: path.read_bytes() for path in (foreign, empty)}
+    cases = {foreign: "is not an attn_zoo results store: no cells table (tables: other)",
+             empty: "is not an attn_zoo results store: an empty file",
+             folder: "is a folder, not a results store file"}  # fmt: skip
+    for store, message in cases.items():
+        for command in (["ablate", "run"], ["ablate", "run", "--dry-run"], ["ablate", "status"]):
+            with pytest.raises(SystemExit) as stopped:
+                main([*command, str(grid), "--set", f"store={store}"])
+            assert message in str(stopped.value.code), (command, stopped.value.code)
+    assert {path: path.read_bytes() for path in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["grid.toml", "notes.sqlite", "empty.sqlite", "folder.sqlite"]
+    )  # no -wal, -shm, checkpoints or maps beside them
+
+
+def test_a_retriever_defined_in_the_running_script_is_refused_with_workers(tmp_path):
+    from ablations.runner import run_grid
+    from ablations.spec import SpecError
+    from attn_zoo.symbols import SYMBOL_RETRIEVERS, PositionalSymbolRetriever
+
+    class Mine(PositionalSymbolRetriever):
+        pass
+
+    Mine.__module__ = "__main__"  # as a class in the script that runs the grid
+    SYMBOL_RETRIEVERS.register("mine_in_main", Mine)
+    try:
+        rel = {"label": "rel", "name": "relational", "kwargs": {
+            "n_heads": 2, "symbol_retrieval": "mine_in_main",
+            "symbol_retrieval_kwargs": {"max_length": 4}}}  # fmt: skip
+        spec = load_grid(tiny_grid(tmp_path, mechanisms=[rel], seeds=[0]))
+        with pytest.raises(SpecError, match="symbol_retrieval 'mine_in_main' is defined in the"):
+            run_grid(spec, workers=2)
+    finally:
+        SYMBOL_RETRIEVERS.unregister("mine_in_main")
+
+
+def test_plugins_that_exit_or_break_their_parent_are_one_line_errors(tmp_path, monkeypatch):
+    from ablations.plugins import import_plugins
+    from attn_zoo.registry import PluginError
+
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(0)\n")
+    (tmp_path / "broken_parent.py").write_text("raise RuntimeError('parent bug')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PluginError, match="cannot be imported: SystemExit: 0"):
+        import_plugins(["exits"])
+    with pytest.raises(PluginError, match="RuntimeError: parent bug"):
+        import_plugins(["broken_parent.child"])
+
+
+def test_bench_refuses_devices_it_cannot_use_and_an_interrupt_is_one_line(monkeypatch, capsys):
+    from ablations import cli
+    from ablations.bench.measure import peak_memory_mb
+
+    for device, message in (("nonsense", "is not a torch device"), ("cuda", "is False here")):
+        if device == "cuda" and torch.cuda.is_available():
+            continue
+        with pytest.raises(SystemExit, match=message):
+            main(["bench", "--suite", "softmax", "--lengths", "8", "--device", device])
+    freed = torch.ones(16 * 2**20 // 4)  # a peak below the start reads as unmeasurable
+    assert not (peak_memory_mb(lambda: freed.resize_(0), "cpu") < 0)
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_ablate_status", interrupted)
+    assert main(["ablate", "status", "x.toml"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"

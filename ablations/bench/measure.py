@@ -166,9 +166,10 @@ def peak_memory_mb(fn: Callable[[], object], device: str = "cpu") -> float:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the peak resident set (VmHWM) to the current one
         fn()
-        return (_status_kib("VmHWM") - before) / 1024
+        rise = (_status_kib("VmHWM") - before) / 1024
     except (OSError, StopIteration):
         return float("nan")
+    return rise if rise >= 0 else float("nan")  # pages freed below the start: unmeasurable
 
 
 def _map_large_blocks() -> None:

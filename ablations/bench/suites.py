@@ -355,6 +355,14 @@ def run_bench(bench: BenchRun, out: Callable[[str], None] = print) -> dict[str, 
 
     if "generation" in bench.suite and len(bench.suite) > 1:
         raise ValueError("--suite generation runs on its own (its report differs)")
+    try:
+        device = torch.device(bench.device)
+    except RuntimeError:
+        raise ValueError(
+            f"--device {bench.device!r} is not a torch device (cpu, cuda, cuda:N)"
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {bench.device}: torch.cuda.is_available() is False here")
     if bench.suite == ["generation"]:
         torch.set_num_threads(1)  # for the whole run, so the machine line names it
         modes = [True]
