@@ -144,7 +144,7 @@ def _report(args: argparse.Namespace) -> int:
     if source.suffix == ".toml":  # the grid's cells only
         spec = _load_grid(args, args.source, here=False)
         store, name, selection = spec.store, spec.name, spec.selection
-        keys = {cell.key for cell in spec.cells}
+        keys = {cell.key: cell.config() for cell in spec.cells}  # those not run: listed
     else:
         _import_plugins(args)
         store, name = source, source.stem

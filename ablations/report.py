@@ -46,6 +46,7 @@ import re
 import shutil
 import sys
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
@@ -309,6 +310,20 @@ def _outcomes(cells: pd.DataFrame) -> str:
     return ", ".join(parts) or "no cell"
 
 
+def _with_cells_not_run(frame: pd.DataFrame, keys: set[str] | Mapping[str, dict]) -> pd.DataFrame:
+    """`frame` and, when `keys` maps each cell of a grid to its config, a "todo" row for every
+    cell the store does not hold: counted, listed, and never taken for a finished seed."""
+    if not isinstance(keys, Mapping):
+        return frame
+    held = set(frame.key)
+    rows = [
+        {"key": key, "status": "todo", **{f"config.{k}": v for k, v in config.items()}}
+        for key, config in keys.items()
+        if key not in held
+    ]
+    return pd.concat([frame, pd.DataFrame(rows)], ignore_index=True) if rows else frame
+
+
 def _detail(cell: pd.Series) -> str:
     """Why a cell is not in the tables: the traceback's last line, or its divergence step."""
     if cell.status == "failed":
@@ -318,6 +333,8 @@ def _detail(cell: pd.Series) -> str:
     if cell.status == "diverged":
         step = cell.diverged_at
         return "loss diverged" if pd.isna(step) else f"loss diverged at step {step:.0f}"
+    if cell.status == "todo":
+        return "not run: a cell of the grid that the store does not hold"
     return "unfinished: still running, or its run was interrupted"
 
 
@@ -583,9 +600,8 @@ def _page(
     date), how to read the tables, and the note."""
     grids = sorted(set(frame.get("config.grid", [])))
     counts = cells.status.value_counts()
-    statuses = ", ".join(
-        f"{counts.get(s, 0)} {s}" for s in ("done", "failed", "diverged", "running")
-    )
+    shown = ("done", "failed", "diverged", "running") + (("todo",) if counts.get("todo") else ())
+    statuses = ", ".join(f"{counts.get(s, 0)} {s}" for s in shown)  # todo: the grid's, not run
     facts = [
         f"Grid: {', '.join(grids) or '-'} (store {store.path})",
         f"Cells: {len(cells)} ({statuses})",
@@ -603,7 +619,7 @@ def write_report(
     target: float | None = None,
     note: str | None = None,
     selection: Selection | None = None,
-    keys: set[str] | None = None,
+    keys: set[str] | Mapping[str, dict] | None = None,
 ) -> Path:
     """Write the report of `store` (a ResultsStore or the path of its SQLite file) into the
     folder `out_dir`: report.md, index.html, summary.csv, cells.csv and the PNG plots, with
@@ -614,7 +630,9 @@ def write_report(
     grid's [selection]) adds the section comparing each mechanism at its best setting
     (ablations.selection) and writes selection.csv and paired.csv; `keys` limits the report to
     those cells (a grid's: the store's other cells, e.g. of an earlier version of the grid, are
-    left out and counted in the header). Returns `out_dir`.
+    left out and counted in the header); given as {key: config}, the grid's cells the store
+    does not hold are counted and listed as not run, and no selection takes a setting that
+    lacks one. Returns `out_dir`.
 
     The folder belongs to the report and is written whole or not at all: the report is written
     into a new hidden sibling folder (``.<name>.partial-<pid>-<random>``), which then replaces
@@ -760,7 +778,7 @@ def report_page(
     target: float | None = None,
     note: str | None = None,
     selection: Selection | None = None,
-    keys: set[str] | None = None,
+    keys: set[str] | Mapping[str, dict] | None = None,
 ) -> Page:
     """Write the report's data and plots (summary.csv, cells.csv, the PNGs) into the empty
     `folder` and return its page (the model report.md and index.html are rendered from, see
@@ -773,6 +791,7 @@ def report_page(
     if keys is not None:
         mine = frame.key.isin(keys)
         left_out, frame = int((~mine).sum()), frame[mine]
+        frame = _with_cells_not_run(frame, keys)
     cells = _cells(frame)
     summary = summary_table(frame, target)
 

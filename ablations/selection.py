@@ -192,7 +192,9 @@ def select(
     return pd.DataFrame(rows)
 
 
-UNFINISHED = {"diverged": "diverged", "failed": "failed", "running": "unfinished"}
+UNFINISHED = {
+    "diverged": "diverged", "failed": "failed", "running": "unfinished", "todo": "not run",
+}  # fmt: skip
 
 
 def setting_problems(runs: pd.DataFrame, seeds: set, metrics: list[str]) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from grids import STD, tiny_grid
 from test_report_safety import add_done, config, files_under
 from test_report_safety import section as section_of
 
@@ -438,3 +439,23 @@ def test_seeds_of_one_mechanism_trained_for_different_steps_are_told_apart(tmp_p
     assert list(std.cells) == [1, 1]  # not one setting of 2 seeds
     rel = summary[summary.mechanism == "rel"]
     assert list(rel.cells) == [2] and list(rel.setting) == ["training.steps=40"]
+
+
+def test_a_partly_run_grid_is_reported_as_partly_run(tmp_path):
+    """Found by a second hostile pass: a grid run with one of its two seeds (or without a
+    mechanism) was reported as every cell finished, and its selection took settings with half
+    the seeds. Cells of the grid that the store lacks are counted, listed as not run, and no
+    setting that lacks one is selected."""
+    lin = {"label": "lin", "name": "linear", "kwargs": {"n_heads": 2}}
+    grid = tiny_grid(tmp_path, mechanisms=[STD, lin], training={"steps": 4, "eval_every": 2})
+    grid.write_text(grid.read_text() + '[sweep]\ntraining.lr = [1e-3, 3e-2]\n'
+                    '[selection]\nover = ["training.lr"]\n')  # fmt: skip
+    assert main(["ablate", "run", str(grid), "--workers", "1", "--set", "seeds=[0]"]) == 0
+    out = tmp_path / "report"
+    assert main(["report", str(grid), "--out", str(out)]) == 0
+    markdown = (out / "report.md").read_text()
+    assert "4 done" in markdown and "4 todo" in markdown
+    assert "not run: a cell of the grid that the store does not hold" in markdown
+    selection = pd.read_csv(out / "selection.csv")
+    assert (selection.n == 0).all()  # no setting has both seeds: none is selected
+    assert selection.excluded.str.contains("1 of 2 seeds not run").all()
