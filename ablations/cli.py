@@ -314,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args) or 0
+    except SystemExit:  # GridInterrupted too: its summary is printed, its code 130 or 143
+        raise
     except KeyboardInterrupt:  # before a run installs its own handlers, or in a report
         print("interrupted", file=sys.stderr)
         return 130
