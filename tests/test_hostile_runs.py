@@ -88,6 +88,7 @@ def test_a_full_disk_stops_the_run_in_one_line_and_the_next_run_resumes(tmp_path
     assert "2 done" in (tmp_path / "status2.txt").read_text()
 
 
+@pytest.mark.slow  # `make test-slow`: the default suite stays under 10 minutes
 def test_a_file_size_limit_stops_the_run_in_one_line_and_the_next_run_resumes(tmp_path):
     grid = tiny_grid(tmp_path, mechanisms=[STD], sizes=[BIG], training=FAST, checkpoints=True)
 

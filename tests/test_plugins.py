@@ -46,6 +46,7 @@ def test_the_example_grid_runs_with_two_worker_processes(tmp_path):
     assert done(store) == ["standard", "window8"]
 
 
+@pytest.mark.slow  # `make test-slow`: the default suite stays under 10 minutes
 def test_import_names_a_module_for_a_grid_that_does_not(tmp_path):
     grid = tiny_grid(tmp_path, mechanisms=[{"label": "w", "name": "sliding_window",
                                             "kwargs": {"n_heads": 2, "window": 2}}])  # fmt: skip
@@ -129,6 +130,7 @@ def test_a_plugin_that_cannot_be_imported_is_one_line_before_any_cell(tmp_path):
     assert not (tmp_path / "tiny.sqlite").exists()  # before any cell
 
 
+@pytest.mark.slow  # `make test-slow`: the default suite stays under 10 minutes
 def test_an_installed_package_registers_through_its_entry_point(tmp_path):
     """A distribution on the path whose entry point (group attn_zoo.plugins) names a module:
     the grid names its mechanism without imports, and worker processes find it too."""
