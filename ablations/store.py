@@ -157,7 +157,10 @@ class ResultsStore:
             if self.path.is_dir():
                 raise StoreError(f"{self.path} is a folder, not a results store file")
             if self.path.exists():  # a file of another kind is refused before it is touched
-                ResultsStore(self.path, readonly=True)
+                probe = ResultsStore.__new__(ResultsStore)
+                probe.path, probe.readonly, probe._local = self.path, True, threading.local()
+                probe._target = f"file:{quote(str(self.path.resolve()))}?mode=ro"
+                probe._check_is_store(creating=True)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._target = f"file:{quote(str(self.path.resolve()))}"
             with self._connect() as db:
@@ -185,16 +188,22 @@ class ResultsStore:
             target += "&immutable=1"
         return target
 
-    def _check_is_store(self) -> None:
+    def _check_is_store(self, creating: bool = False) -> None:
         """StoreError "PATH is not an attn_zoo results store: ..." unless the file is an SQLite
-        database with a cells table of the results store's columns."""
+        database with a cells table of the results store's columns; with `creating` (a write
+        handle), an empty file or one without any table passes: another run may be creating
+        the store this instant."""
         if self.path.stat().st_size == 0:
+            if creating:
+                return
             raise StoreError(f"{self.path} is not an attn_zoo results store: an empty file")
         with self._connect() as db:
             tables = sorted(
                 name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")
             )
             columns = {row[1] for row in db.execute("PRAGMA table_info(cells)")}
+        if creating and not tables:
+            return
         if "cells" not in tables:
             held = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "") or "none"
             raise StoreError(
