@@ -171,6 +171,7 @@ def write_bench_report(
         file_name,
         label_colours,
         new_figure,
+        write_csv,
         write_pages,
     )
 
@@ -184,7 +185,7 @@ def write_bench_report(
     generation = all(_is_generation(table) for table in tables.values())
     page = Page(title, facts, GENERATION_NOTES if generation else NOTES)
     for suite, table in tables.items():
-        table.to_csv(folder / f"bench_{suite}.csv", index=False)
+        write_csv(table, folder / f"bench_{suite}.csv")
         section = Section(f"Suite: {suite}")
         section.parts.extend([Paragraph(settings[suite]), Table(_shown(table))])
         if notes := _notes(table):

@@ -352,6 +352,7 @@ def run_bench(bench: BenchRun, out: Callable[[str], None] = print) -> dict[str, 
     generation suite alone, with one torch thread for the whole run), print each table, write
     the CSVs and the report it asks for; the tables by name (<suite> or <suite>_noncausal)."""
     from ablations.bench.report import write_bench_report
+    from ablations.report_pages import write_csv
 
     if "generation" in bench.suite and len(bench.suite) > 1:
         raise ValueError("--suite generation runs on its own (its report differs)")
@@ -380,7 +381,7 @@ def run_bench(bench: BenchRun, out: Callable[[str], None] = print) -> dict[str, 
         if bench.csv_dir:
             path = Path(bench.csv_dir) / f"bench_{name}.csv"
             path.parent.mkdir(parents=True, exist_ok=True)
-            table.to_csv(path, index=False)
+            write_csv(table, path)
             out(f"wrote {path}")
     if bench.report:
         title = f"Attention benchmarks: {', '.join(bench.suite)} on {bench.device}"
