@@ -38,6 +38,7 @@ from typing import ClassVar
 
 import pandas as pd
 from jinja2 import Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup
 from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -87,14 +88,25 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # characters a plot has no glyph for
 TITLE_LABEL = 2 * TITLE_WIDTH  # at most this many characters of a label in a plot's title
 
 
+# Unicode's bidirectional controls: U+202E in a label shows everything after it reversed
+BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text: object) -> str:
+    """`text` with each bidirectional control character shown as its code point ('<U+202E>'),
+    so that a label cannot reverse itself or what follows it (a hash suffix, the next cell)."""
+    return BIDI.sub(lambda match: f"<U+{ord(match[0]):04X}>", str(text))
+
+
 def short_label(text: object, limit: int = LABEL_CHARS) -> str:
-    """`text`, or where it is longer than `limit` characters, its start, '…#' and the first 6
-    hex digits of its SHA-256: `limit` characters, and labels that share a start stay apart."""
-    text = str(text)
-    if len(text) <= limit:
-        return text
-    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:6]
-    return f"{text[: limit - 8]}…#{digest}"
+    """`text` (`visible`), or where it is longer than `limit` characters, its start, '…#' and
+    the first 6 hex digits of the SHA-256 of the exact text: `limit` characters, and labels
+    that share a start stay apart."""
+    shown = visible(text)
+    if len(shown) <= limit:
+        return shown
+    digest = hashlib.sha256(str(text).encode("utf-8", "surrogatepass")).hexdigest()[:6]
+    return f"{shown[: limit - 8]}…#{digest}"
 
 
 def plot_text(text: object) -> str:
@@ -273,13 +285,13 @@ def _markdown_text(text: object) -> str:
     """Plain text for markdown, shown as written: one line; a backslash before each character
     that markdown would read as code, emphasis, a link or image (every [ and ]), a table cell
     or a bare URL; & < > as HTML entities (no HTML, no <autolink>)."""
-    line = " ".join(str(text).splitlines())
+    line = " ".join(visible(text).splitlines())
     return escape(MARKDOWN_SPECIAL.sub(lambda match: "\\" + match[0], line), quote=False)
 
 
 def _markdown_note(text: object) -> str:
     """A researcher's markdown note: its markdown and lines kept, raw HTML escaped."""
-    return escape("\n".join(str(text).splitlines()).strip("\n"), quote=False)
+    return escape("\n".join(visible(text).splitlines()).strip("\n"), quote=False)
 
 
 def _paragraphs(text: object) -> list[str]:
@@ -288,11 +300,18 @@ def _paragraphs(text: object) -> list[str]:
     return [part for part in parts if part]
 
 
+def _html_value(value: object) -> object:
+    """A value of the HTML page as shown: `visible`; markup made by the template (a macro's
+    output, whose values were shown so already) as it is."""
+    return value if isinstance(value, Markup) else visible(value)
+
+
 @cache
 def _templates(kind: str) -> Environment:
-    """The Jinja2 environment of the "md" or "html" template: HTML autoescaped; markdown
-    through the filters md (plain text) and md_note (see the module)."""
+    """The Jinja2 environment of the "md" or "html" template: HTML autoescaped, every value
+    `visible`; markdown through the filters md (plain text) and md_note (see the module)."""
     environment = Environment(
+        finalize=_html_value if kind == "html" else None,
         loader=PackageLoader("ablations", "templates"),
         autoescape=kind == "html",
         undefined=StrictUndefined,

@@ -102,9 +102,9 @@ def check_cells(spec: GridSpec) -> None:
 
 def cells_to_train(spec: GridSpec, retry_failed: bool = False) -> list[Cell]:
     """The cells of `spec` a run trains, in grid order: those whose status (`grid_status`, as
-    `ablate status` shows it) is todo or running (claiming one decides whether its run is still
-    alive), and failed ones with `retry_failed`; done and diverged cells never."""
-    wanted = {"todo", "running"} | ({"failed"} if retry_failed else set())
+    `ablate status` shows it) is todo, stale or running (claiming one decides whether its run is
+    still alive), and failed ones with `retry_failed`; done and diverged cells never."""
+    wanted = {"todo", "stale", "running"} | ({"failed"} if retry_failed else set())
     frame = grid_status(spec)
     status = dict(zip(frame["key"], frame["status"], strict=True))
     return [cell for cell in spec.cells if status[cell.key] in wanted]

@@ -111,7 +111,7 @@ from types import UnionType
 from typing import Annotated, Union, get_args, get_origin, get_type_hints
 
 import torch
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -347,6 +347,12 @@ def _where(loc: tuple, root: type[BaseModel] = None) -> tuple[str, list[str], Va
     if isinstance(base, type) and issubclass(base, BaseModel):
         keys = list(base.model_fields)
     return key, keys, (valids[0] if valids else None)
+
+
+# A grid file's `imports` alone, validated before the rest (as GridFile types it)
+_IMPORTS = create_model(
+    "Imports", imports=(get_type_hints(GridFile, include_extras=True)["imports"], [])
+)
 
 
 def _spec_error(
@@ -709,12 +715,10 @@ def load_grid(
         raise SpecError(f"{path}: cannot read the grid spec: {_one_line(err)}") from None
     _check_depth(path, "the grid spec", raw)
     raw = apply_overrides(raw, overrides or [], path)
-    try:
-        named = TypeAdapter(GridFile.model_fields["imports"].annotation).validate_python(
-            raw.get("imports", [])
-        )
+    try:  # plugins first: the rest of the file may name what they register
+        named = _IMPORTS.model_validate({"imports": raw.get("imports", [])}).imports
     except ValidationError as err:
-        raise _spec_error(path, err, key="imports") from None
+        raise _spec_error(path, err, root=_IMPORTS) from None
     plugins = [*resolve(named, path.parent), *resolve(imports or [])]
     try:
         import_plugins(named, path.parent, f"{path.name} imports")

@@ -3,8 +3,10 @@
     frame = grid_status(spec)      # one row per cell of the grid, in grid order
     frame[frame.status == "todo"]  # never started (or given back by an interrupted run)
 
-Statuses: todo, running (claimed by a run, live or dead), done, failed, diverged. The store is
-opened read-only and never created; a store that does not exist yet means every cell is todo.
+Statuses: todo, running (claimed by a live run), stale (claimed by a run that ended without giving
+it back, e.g. killed, or stopped by a full disk that left no room to release it: the next run
+trains it again), done, failed, diverged. The store is opened read-only and never created; a
+store that does not exist yet means every cell is todo.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 import pandas as pd
 
 from ablations.spec import GridSpec
-from ablations.store import ResultsStore, error_summary
+from ablations.store import ResultsStore, claim_is_stale, error_summary
 
 COLUMNS = ["key", "task", "size", "mechanism", "seed", "status", "steps", "test_acc", "error"]
 # between mechanism and seed: the grid's swept keys (GridSpec.swept_keys), where it has any
@@ -32,11 +34,14 @@ def grid_status(spec: GridSpec) -> pd.DataFrame:
         row = rows.get(cell.key, {})
         metrics = row.get("metrics") or {}
         error = row.get("error")
+        status = row.get("status", "todo")
+        if status == "running" and claim_is_stale(row.get("owner"), row.get("heartbeat")):
+            status = "stale"
         records.append(
             {
                 "key": cell.key,
                 **cell.labels,
-                "status": row.get("status", "todo"),
+                "status": status,
                 "steps": metrics.get("steps"),
                 "test_acc": metrics.get("test_acc"),
                 "error": error_summary(error) if error else None,

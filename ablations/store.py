@@ -156,12 +156,18 @@ class ResultsStore:
         else:
             if self.path.is_dir():
                 raise StoreError(f"{self.path} is a folder, not a results store file")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            writable = [self.path.parent, *([self.path] if self.path.exists() else [])]
+            if not all(os.access(p, os.W_OK) for p in writable):  # a read-only mount, say
+                raise StoreError(
+                    f"{self.path} cannot be written: its file or folder is read-only (a "
+                    "read-only mount?); ablate status and report can still read it"
+                )
             if self.path.exists():  # a file of another kind is refused before it is touched
                 probe = ResultsStore.__new__(ResultsStore)
                 probe.path, probe.readonly, probe._local = self.path, True, threading.local()
                 probe._target = f"file:{quote(str(self.path.resolve()))}?mode=ro"
                 probe._check_is_store(creating=True)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             self._target = f"file:{quote(str(self.path.resolve()))}"
             with self._connect() as db:
                 db.execute("PRAGMA journal_mode=WAL")

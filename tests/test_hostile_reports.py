@@ -112,6 +112,9 @@ def test_report_and_status_read_a_store_on_a_read_only_mount(read_only_mount, tm
     assert main(["report", str(grid), "--out", str(tmp_path / "grid_out")]) == 0
     assert main(["ablate", "status", str(grid)]) == 0
     assert "2 done" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:  # a run cannot write there: it says why
+        main(["ablate", "run", str(grid), "--set", "seeds=[0, 1]"])
+    assert "cannot be written: its file or folder is read-only" in str(refused.value)
     assert files_under(read_only_mount) == before
 
 

@@ -5,6 +5,7 @@ and a mechanism defined in the running script are one-line errors before any cel
 Ray cluster: tests/test_ray_cluster.py.)"""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -128,6 +129,23 @@ def test_a_plugin_that_cannot_be_imported_is_one_line_before_any_cell(tmp_path):
     assert result.returncode == 1 and result.stderr.startswith("error:")
     assert len(result.stderr.strip().splitlines()) == 1 and "my bug" in result.stderr
     assert not (tmp_path / "tiny.sqlite").exists()  # before any cell
+
+
+@pytest.mark.parametrize(
+    ("imports", "message"),
+    [
+        ('[""]', "imports[0] = '' must be a non-empty str"),
+        ("[1]", "imports[0] = 1 must be a non-empty str"),
+        ('"my_attention"', "imports = 'my_attention' must be a list of modules or .py files"),
+    ],
+)
+def test_a_grid_imports_that_is_not_a_list_of_names_is_one_line_naming_it(
+    tmp_path, imports, message
+):
+    grid = tiny_grid(tmp_path)
+    grid.write_text(f"imports = {imports}\n" + grid.read_text())
+    with pytest.raises(SpecError, match=re.escape(message)):
+        load_grid(grid)
 
 
 @pytest.mark.slow  # `make test-slow`: the default suite stays under 10 minutes

@@ -25,8 +25,10 @@ from ablations.report_pages import (
     file_name,
     label_file_name,
     path_in,
+    plot_text,
     render_html,
     render_markdown,
+    short_label,
 )
 from ablations.store import ResultsStore
 from ablations.tasks import build_task
@@ -186,6 +188,21 @@ def test_every_text_of_the_page_model_is_escaped_on_both_pages(tmp_path):
     assert "<i>" not in page_html and page_html.count("&lt;i&gt;x&lt;/i&gt; &amp; a|b") == 11
     with pytest.raises(ValueError):  # an image must be a file inside the folder
         render_html(Page("t", sections=[Section("s", [Image("../plot.png", "a")])]), tmp_path)
+
+
+def test_a_right_to_left_override_in_a_label_is_shown_as_its_code(tmp_path):
+    """U+202E in a label would show the rest of its line reversed (a hash suffix, the next
+    cells): the pages, figures' texts and shortened labels show '<U+202E>' instead."""
+    label = "std\u202eevil" + "x" * 60
+    store = ResultsStore(tmp_path / "bidi.sqlite")
+    add_done(store, config(mechanism=label), 0.8)
+    out = write_report(store, tmp_path / "out", note="a note \u202e reversed")
+    markdown, page = (out / "report.md").read_text(), (out / "index.html").read_text()
+    for text in (markdown, page):
+        assert "\u202e" not in text and "&lt;U+202E&gt;" in text
+    shown = short_label(label, 20)
+    assert "\u202e" not in shown and shown.startswith("std<U+202E>") and "…#" in shown
+    assert "\u202e" not in plot_text(label)
 
 
 def test_dollar_signs_in_labels_are_drawn_as_text(tmp_path):

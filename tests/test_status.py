@@ -1,11 +1,19 @@
 """One status function for run, status and dry run: every cell of the grid with its state."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
+from ablations.runner import cells_to_train
 from ablations.spec import load_grid
 from ablations.status import COLUMNS, grid_status
 from ablations.store import ResultsStore
 from tests.test_spec import GRID
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -37,6 +45,23 @@ def test_statuses_and_metrics_come_from_the_store(spec):
     assert set(frame.drop([done, failed, running]).status) == {"todo"}
     row = frame.loc[done]
     assert (row.task, row["size"], row.mechanism, row.seed) == tuple(cells[0].labels.values())
+
+
+def test_a_claim_whose_run_died_shows_as_stale_and_the_next_run_trains_it(spec):
+    """A real process claims a cell and dies without giving it back (as a run does when a
+    full disk leaves no room to release its claim): status says stale, not running, and the
+    cell is among those a run trains."""
+    (cell,) = spec.cells[:1]
+    claim = (
+        "import os, sys; from ablations.store import ResultsStore; "
+        f"ResultsStore({str(spec.store)!r}).claim({cell.config()!r}); os._exit(0)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-c", claim], check=True, env=env, timeout=60)
+    assert ResultsStore(spec.store, readonly=True).status(cell.config()) == "running"
+    frame = grid_status(spec).set_index("key")
+    assert frame.loc[cell.key, "status"] == "stale"
+    assert cell in cells_to_train(spec)
 
 
 def test_a_corrupt_store_is_one_error_naming_it(spec):
