@@ -8,6 +8,10 @@ from hypothesis.errors import NoSuchExample
 import attn_zoo as az
 from attn_zoo.kernels.softmax.naive import naive
 from attn_zoo.testing import (
+    ALL_MASK_MODS,
+    ALL_SCORE_MODS,
+    MASK_MODS,
+    SCORE_MODS,
     AttentionProblem,
     assert_backends_agree,
     assert_mechanism_backends_agree,
@@ -184,3 +188,53 @@ def test_the_mechanism_check_catches_a_dropped_last_key_block_by_default():
             assert_mechanism_backends_agree("standard", kwargs, backends=["dropping"])
     finally:
         del family("softmax").backends["dropping"]
+
+
+def ignores_the_score_mod(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0,
+                          score_mod=None, mask_mod=None):  # fmt: skip
+    return naive(q, k, v, attn_mask, is_causal, scale, dropout_p, None, mask_mod)
+
+
+def window_one_short(b, h, q_idx, kv_idx):  # a user's mask mod: keys i - 1 .. i
+    return (kv_idx <= q_idx) & (q_idx - kv_idx < 2)
+
+
+def test_the_kit_draws_its_mods_and_a_users_and_catches_a_kernel_that_drops_one():
+    """Problems drawn with mods hold each of the kit's and the user's; a kernel that declares
+    score_mod but ignores it is caught (and shrunk to a problem with a score mod); one that
+    does not declare it is reported skipped, not run without it."""
+    search = settings(database=None, max_examples=500)
+    drawn = attention_problems(score_mods=ALL_SCORE_MODS, mask_mods=(*ALL_MASK_MODS,
+                                                                     window_one_short))  # fmt: skip
+    for mod in (*SCORE_MODS, None):
+        find(drawn, lambda p, mod=mod: p.score_mod == mod, settings=search)
+    for mod in (*MASK_MODS, window_one_short):
+        find(drawn, lambda p, mod=mod: p.mask_mod is mod or p.mask_mod == mod, settings=search)
+
+    def agrees(problem):
+        try:
+            assert_backends_agree(
+                problem, backends=[], kernels={"bug": ignores_the_score_mod},
+                kernel_features={"score_mod", "mask_mod"}, grads=False,
+            )  # fmt: skip
+        except AssertionError:
+            return False
+        return True
+
+    found = find(drawn, lambda p: not agrees(p), settings=search)
+    assert found.score_mod is not None
+    problem = AttentionProblem(q_len=5, k_len=5, score_mod="softcap", mask_mod=window_one_short)
+    report = assert_backends_agree(problem, backends=["naive", "sdpa"],
+                                   kernels={"bug": ignores_the_score_mod})  # fmt: skip
+    assert report["bug"].startswith("skipped") and report["sdpa"].startswith("skipped")
+    with pytest.raises(ValueError, match="mod='nope': the kit's are"):
+        AttentionProblem(score_mod="nope")
+
+
+@given(attention_problems(max_len=40, score_mods=ALL_SCORE_MODS, mask_mods=ALL_MASK_MODS))
+def test_every_backend_agrees_under_the_kits_mods(problem):
+    """naive and chunked run every mod, sdpa the mask mods (as masks): outputs and gradients
+    equal the float64 naive path's."""
+    report = assert_backends_agree(problem)
+    assert report["chunked"] == "ok"
+    assert report["sdpa"] == "ok" or problem.score_mod is not None

@@ -17,12 +17,16 @@ from attn_zoo.testing.agreement import (
 from attn_zoo.testing.mechanisms import assert_mechanism_backends_agree, mechanism_lengths
 from attn_zoo.testing.problems import (
     MASK_KINDS,
+    MASK_MODS,
+    SCORE_MODS,
     AttentionProblem,
     RelationalProblem,
     torch_threads,
 )
 from attn_zoo.testing.profiles import load_profile
 from attn_zoo.testing.strategies import (
+    ALL_MASK_MODS,
+    ALL_SCORE_MODS,
     attention_problems,
     block_edges,
     lengths,
@@ -30,11 +34,15 @@ from attn_zoo.testing.strategies import (
 )
 
 __all__ = [
+    "ALL_MASK_MODS",
+    "ALL_SCORE_MODS",
     "GRAD_TOLERANCE",
     "MASK_KINDS",
+    "MASK_MODS",
     "OUTPUT_TOLERANCE",
     "AttentionProblem",
     "RelationalProblem",
+    "SCORE_MODS",
     "assert_backends_agree",
     "assert_mechanism_backends_agree",
     "attention_problems",

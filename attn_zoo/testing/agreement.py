@@ -29,6 +29,7 @@ OUTPUT_TOLERANCE = {
     torch.bfloat16: (5e-2, 2e-2),
 }
 GRAD_TOLERANCE = {**OUTPUT_TOLERANCE, torch.float32: (5e-5, 1e-4)}
+NO_SCORE_MOD = "the problem has a score mod, which this kernel does not declare (score_mod)"
 
 
 @dataclass(frozen=True)
@@ -112,15 +113,18 @@ def assert_backends_agree(
     problem:  anything with ``.dtype`` and ``.inputs(dtype)`` -> the kernel's kwargs
               (e.g. `attn_zoo.testing.AttentionProblem`); its ``threads`` (optional) sets
               torch's thread count for the whole check.
-    backends: names to check; each must serve the problem (else UnsupportedCallError).
-              Default: every registered backend that serves it; the rest are reported skipped.
+    backends: names to check; each must serve the problem (else UnsupportedCallError), but
+              for a drawn score mod, which one that does not declare ``score_mod`` cannot
+              run: reported skipped (a mask mod reaches it as a mask). Default: every
+              registered backend that serves it; the rest are reported skipped.
     kernels:  extra functions with the family's signature, checked too (name -> fn), e.g. a
               kernel under development that is not registered. Every kernel gets the inputs
               as the family passes them to a backend declaring `kernel_features`: checked,
               the mask 4-D (boolean or additive float), causality top-left (a bottom-right
               call arrives as a mask, unless ``bottom_right`` is declared).
     grads:    also compare the gradients of every tensor input.
-    kernel_features: the features the `kernels` declare (registered backends: their own).
+    kernel_features: the features the `kernels` declare (registered backends: their own);
+              a problem with a score mod skips the kernels unless it holds ``score_mod``.
 
     Returns {name: "ok" or "skipped: <reason>"}; raises AssertionError on a disagreement.
     """
@@ -151,17 +155,24 @@ def _agree(problem, family_name, backends, kernels, grads, kernel_features) -> d
 
     with torch.set_grad_enabled(grads):
         call = fam.describe(**fam.check(**cast_inputs(drawn, dtype, grads)))
+    modded = "score_mod" in call.features  # only a backend declaring it can run the call
     report: dict[str, str] = {}
-    to_check = {name: checked(fn, kernel_features) for name, fn in (kernels or {}).items()}
-    for name in backends if backends is not None else list(fam.backends):
-        if backends is not None:
-            chosen = fam.select(name, call)
-        elif (reason := fam.backends[name].refusal(call)) is not None:
-            report[name] = f"skipped: {reason}"
-            continue
+    to_check: dict[str, Callable] = {}
+    for name, fn in (kernels or {}).items():
+        if modded and "score_mod" not in kernel_features:
+            report[name] = f"skipped: {NO_SCORE_MOD}"
         else:
-            chosen = fam.backends[name]
-        to_check[name] = checked(chosen.fn, chosen.capabilities.features)
+            to_check[name] = checked(fn, kernel_features)
+    for name in backends if backends is not None else list(fam.backends):
+        registered = fam.backends.get(name)
+        lacks_mod = registered is not None and "score_mod" not in registered.capabilities.features
+        if backends is None and (reason := registered.refusal(call)) is not None:
+            report[name] = f"skipped: {reason}"
+        elif modded and lacks_mod:
+            report[name] = f"skipped: {NO_SCORE_MOD}"
+        else:
+            chosen = fam.select(name, call) if backends is not None else registered
+            to_check[name] = checked(chosen.fn, chosen.capabilities.features)
 
     for name, fn in to_check.items():
         got = outputs_and_grads(fn, cast_inputs(drawn, dtype, grads), cotangent)

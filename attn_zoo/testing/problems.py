@@ -6,14 +6,51 @@ repr; `inputs(dtype)` rebuilds the same tensors from its seed every time.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
+from attn_zoo.kernels.softmax.mods import MODS
+
 MASK_KINDS = ("none", "random", "key_padding", "empty_rows", "additive")
 CAUSAL = (False, True, "top_left", "bottom_right")
+# The kit's own mods (mods.py), by name, with arguments small enough to matter at short
+# lengths: a problem names one of these, or holds a user's function (a mod as mods.py says)
+SCORE_MODS: dict[str, Callable[[AttentionProblem], Callable]] = {
+    "alibi": lambda p: MODS.build("alibi", n_heads=p.heads),
+    "softcap": lambda p: MODS.build("softcap", cap=1.5),
+    "relative_bias": lambda p: relative_bias(p.heads, p.seed),
+}
+MASK_MODS: dict[str, Callable[[AttentionProblem], Callable]] = {
+    "causal": lambda p: MODS.build("causal"),
+    "sliding_window": lambda p: MODS.build("sliding_window", window=3),
+    "window_both_sides": lambda p: MODS.build("sliding_window", window=2, causal=False),
+    "prefix_lm": lambda p: MODS.build("prefix_lm", prefix=2),
+    "document": lambda p: MODS.build("document", lengths=[3, 5, 2]),
+}
+
+
+def relative_bias(heads: int, seed: int, reach: int = 4) -> Callable:
+    """A score mod adding a learned-style relative-position bias, a captured tensor indexed by
+    the head and the clipped offset: score + table[h, clip(i - j, -reach, reach) + reach]."""
+    table = torch.randn(heads, 2 * reach + 1, generator=torch.Generator().manual_seed(seed))
+
+    def relative_bias_score(score, b, h, q_idx, kv_idx):
+        offset = (q_idx - kv_idx).clamp(-reach, reach) + reach
+        return score + table.to(score.device, score.dtype)[h, offset]
+
+    return relative_bias_score
+
+
+def resolve_mod(mod: str | Callable | None, kit: dict, problem: AttentionProblem):
+    """A problem's mod as a function: a kit name built for `problem`, a function as it is."""
+    if mod is None or callable(mod):
+        return mod
+    if mod not in kit:
+        raise ValueError(f"mod={mod!r}: the kit's are {sorted(kit)} (or give a function)")
+    return kit[mod](problem)
 
 
 def make_mask(kind: str, b: int, h: int, n: int, m: int, gen: torch.Generator):
@@ -72,8 +109,10 @@ def leaves(tensors: dict, dtype: torch.dtype, device: str) -> dict:
 class AttentionProblem:
     """q (batch, heads, q_len, key_dim), k (batch, kv_heads, k_len, key_dim),
     v (batch, kv_heads, k_len, value_dim), a mask of kind `mask` (see `MASK_KINDS`), causal
-    alignment `is_causal` (False, True = "top_left", or "bottom_right"); `threads`: torch's
-    thread count while the kit runs it (None: the process's)."""
+    alignment `is_causal` (False, True = "top_left", or "bottom_right"); `score_mod` and
+    `mask_mod`: a mod of the kit (`SCORE_MODS`, `MASK_MODS`) by name, a function (mods.py's
+    signatures), or None; `threads`: torch's thread count while the kit runs it (None: the
+    process's)."""
 
     batch: int = 1
     heads: int = 2
@@ -88,15 +127,20 @@ class AttentionProblem:
     dtype: torch.dtype = torch.float32
     seed: int = 0
     threads: int | None = None
+    score_mod: str | Callable | None = None
+    mask_mod: str | Callable | None = None
 
     def __post_init__(self):
         check_fields(self.mask, self.heads, self.kv_heads, self.is_causal, self.threads)
+        resolve_mod(self.score_mod, SCORE_MODS, self)
+        resolve_mod(self.mask_mod, MASK_MODS, self)
 
     def attn_mask(self, gen: torch.Generator) -> torch.Tensor | None:
         return make_mask(self.mask, self.batch, self.heads, self.q_len, self.k_len, gen)
 
     def inputs(self, dtype: torch.dtype | None = None, device: str = "cpu") -> dict:
-        """Kernel kwargs: q, k, v (leaf tensors requiring grad), attn_mask, is_causal, scale."""
+        """Kernel kwargs: q, k, v (leaf tensors requiring grad), attn_mask, is_causal, scale,
+        and score_mod and mask_mod where the problem has them."""
         gen = torch.Generator().manual_seed(self.seed)
         shapes = {
             "q": (self.batch, self.heads, self.q_len, self.key_dim),
@@ -112,6 +156,9 @@ class AttentionProblem:
         inputs["attn_mask"] = None if mask is None else mask.to(device)
         inputs["is_causal"] = self.is_causal
         inputs["scale"] = self.scale
+        for name, kit in (("score_mod", SCORE_MODS), ("mask_mod", MASK_MODS)):
+            if (mod := getattr(self, name)) is not None:
+                inputs[name] = resolve_mod(mod, kit, self)
         return inputs
 
 

@@ -4,22 +4,32 @@ Lengths include 1 and non-powers of two, and, given a kernel's block sizes, the 
 each block b (`block_edges`: b - 1, b, b + 1, 2b + 1); masks are boolean or additive float and
 include rows that see no key; causal alignment top-left or bottom-right; kv heads divide the
 query heads (grouped-query attention); value width may differ from key width; torch runs with
-1 or 2 threads (a problem's ``threads``).
+1 or 2 threads (a problem's ``threads``). Score and mask mods are drawn where asked for: the
+kit's (``score_mods=ALL_SCORE_MODS``, ``mask_mods=ALL_MASK_MODS``) and a user's functions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from hypothesis import strategies as st
 
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
-from attn_zoo.testing.problems import MASK_KINDS, AttentionProblem, RelationalProblem
+from attn_zoo.testing.problems import (
+    MASK_KINDS,
+    MASK_MODS,
+    SCORE_MODS,
+    AttentionProblem,
+    RelationalProblem,
+)
 
 LENGTHS = (1, 2, 3, 7, 16, 31, 64, 100)
 SCALES = st.one_of(st.none(), st.floats(0.05, 2.0))
 THREADS = (1, 2)
+ALL_SCORE_MODS = (None, *SCORE_MODS)  # no mod, or one of the kit's
+ALL_MASK_MODS = (None, *MASK_MODS)
+Mods = Sequence[str | Callable | None]
 
 
 def block_edges(block: int) -> tuple[int, ...]:
@@ -53,11 +63,15 @@ def attention_problems(
     scales: st.SearchStrategy[float | None] = SCALES,
     block_sizes: Sequence[int] = (),
     threads: tuple[int | None, ...] = THREADS,
+    score_mods: Mods = (None,),
+    mask_mods: Mods = (None,),
 ) -> AttentionProblem:
     """Draw an `AttentionProblem`; narrow it with the arguments (e.g. ``masks=("none",)``;
     ``scales=st.none()`` keeps the default scale 1/sqrt(key_dim)); `block_sizes`: the tile
     sizes of the kernels under test (their `block_edges` are drawn as lengths); `threads`:
-    torch thread counts to run with."""
+    torch thread counts to run with; `score_mods`, `mask_mods`: the mods to draw from (kit
+    names, a user's functions, None for none; default none), e.g.
+    ``score_mods=(*ALL_SCORE_MODS, my_score_mod)``."""
     kv_heads = draw(st.integers(1, max_kv_heads))
     q_len = draw(lengths(max_len, block_sizes))
     key_dim = draw(st.integers(1, max_width))
@@ -75,6 +89,8 @@ def attention_problems(
         dtype=draw(st.sampled_from(dtypes)),
         seed=draw(st.integers(0, 2**31 - 1)),
         threads=draw(st.sampled_from(threads)),
+        score_mod=draw(st.sampled_from(score_mods)),
+        mask_mod=draw(st.sampled_from(mask_mods)),
     )
 
 

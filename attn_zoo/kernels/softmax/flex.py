@@ -1,7 +1,8 @@
 """Softmax attention on FlexAttention (torch.nn.attention.flex_attention), compiled.
 
-The mask and causal flag become a ``mask_mod`` and a block mask, so fully masked key blocks are
-skipped; a float mask's values are added by a ``score_mod``. Compiled once per input shape
+Score and mask mods (mods.py) run natively. The mask, the causal flag and a mask mod become one
+``mask_mod`` and a block mask, so fully masked key blocks are skipped; a float mask's values are
+added after the score mod, as on the naive path. Compiled once per input shape
 (cached by torch). No dropout. A row with no allowed key gives zeros; a call with no keys
 (M = 0) or no queries returns zeros without reaching the kernel.
 
@@ -14,8 +15,9 @@ import functools
 import torch
 
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
-from attn_zoo.kernels.softmax.family import FEATURES, LOW_AND_SINGLE
-from attn_zoo.kernels.softmax.masks import allowed_keys, as_boolean, is_additive
+from attn_zoo.kernels.softmax.family import FEATURES, LOW_AND_SINGLE, MODS
+from attn_zoo.kernels.softmax.masks import as_boolean, is_additive
+from attn_zoo.kernels.softmax.mods import MaskMod, ScoreMod
 
 
 def flex_missing() -> str | None:
@@ -33,14 +35,15 @@ CPU_REFUSAL = (
 )
 
 
+def _causal(b, h, q_idx, kv_idx):
+    return kv_idx <= q_idx
+
+
 @functools.lru_cache(maxsize=16)
 def _causal_block_mask(n: int, m: int, device: torch.device):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    def causal(b, h, qi, ki):
-        return ki <= qi
-
-    return create_block_mask(causal, None, None, n, m, device=device, _compile=False)
+    return create_block_mask(_causal, None, None, n, m, device=device, _compile=False)
 
 
 @functools.cache
@@ -50,6 +53,13 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
+def _all_of(mods: list[MaskMod]) -> MaskMod:
+    def mask_mod(b, h, q_idx, kv_idx):
+        return functools.reduce(torch.logical_and, (mod(b, h, q_idx, kv_idx) for mod in mods))
+
+    return mask_mod
+
+
 @register_backend(
     "softmax",
     "flex",
@@ -57,7 +67,7 @@ def _compiled_flex():
     priority=20,
     available=flex_missing,
     capabilities=Capabilities(
-        FEATURES - {"dropout"},
+        (FEATURES - {"dropout"}) | MODS,
         devices=frozenset({"cuda"}),
         dtypes=LOW_AND_SINGLE,
         why={"cpu": CPU_REFUSAL, "dropout": "FlexAttention has none"},
@@ -71,30 +81,36 @@ def flex(
     is_causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    score_mod: ScoreMod | None = None,
+    mask_mod: MaskMod | None = None,
 ) -> torch.Tensor:  # (B, H, N, dv)
     from torch.nn.attention.flex_attention import create_block_mask
 
     (b, h, n, _), m = q.shape, k.shape[2]
     if n == 0 or m == 0:  # nothing to attend (zeros); with M = 0 the kernel divides by 0
         return q.new_zeros(b, h, n, v.shape[-1])
-    block_mask = score_mod = None
-    mask = allowed_keys(attn_mask, is_causal, n, m, q.device)
-    if attn_mask is None and is_causal:
+    mask_mods, bias = [mask_mod] if mask_mod is not None else [], None
+    if is_causal:
+        mask_mods.append(_causal)
+    if attn_mask is not None:
+        allowed = as_boolean(attn_mask).expand(b, h, n, m)
+        mask_mods.append(lambda bi, hi, qi, ki: allowed[bi, hi, qi, ki])
+        if is_additive(attn_mask):
+            bias = attn_mask.masked_fill(~allowed, 0.0).to(q.dtype).expand(b, h, n, m)
+    if mask_mods == [_causal]:
         block_mask = _causal_block_mask(n, m, q.device)
-    elif mask is not None:
-        allowed = as_boolean(mask).expand(b, h, n, m)
+    elif mask_mods:
+        block_mask = create_block_mask(_all_of(mask_mods), b, h, n, m, device=q.device,
+                                       _compile=False)  # fmt: skip
+    else:
+        block_mask = None
 
-        def mask_mod(bi, hi, qi, ki):
-            return allowed[bi, hi, qi, ki]
+    def scores(score, bi, hi, qi, ki):  # the naive path's order: score_mod, then the bias
+        score = score if score_mod is None else score_mod(score, bi, hi, qi, ki)
+        return score if bias is None else score + bias[bi, hi, qi, ki]
 
-        block_mask = create_block_mask(mask_mod, b, h, n, m, device=q.device, _compile=False)
-        if is_additive(mask):
-            bias = mask.masked_fill(~allowed, 0.0).to(q.dtype).expand(b, h, n, m)
-
-            def score_mod(score, bi, hi, qi, ki):
-                return score + bias[bi, hi, qi, ki]
-
+    modded = score_mod is not None or bias is not None
     return _compiled_flex()(
-        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+        q, k, v, score_mod=scores if modded else None, block_mask=block_mask, scale=scale,
         enable_gqa=k.shape[1] != h,
     )  # fmt: skip

@@ -15,7 +15,7 @@ memory) and refuse a score_mod by capability. Gradients flow through a score_mod
 tensors a mod captures get none.
 
 Named mods (`MODS`, for grid files and mechanism kwargs: ``mask_mod = { name =
-"sliding_window", window = 64 }``): causal, sliding_window, prefix_lm, alibi, softcap.
+"sliding_window", window = 64 }``): causal, sliding_window, prefix_lm, document, alibi, softcap.
 """
 
 from __future__ import annotations
@@ -140,6 +140,26 @@ def prefix_lm(prefix: int) -> MaskMod:
         return (kv_idx < prefix) | (kv_idx <= q_idx)
 
     return prefix_lm_mask
+
+
+@MODS.register("document")
+def document(lengths: list[int]) -> MaskMod:
+    """Packed documents of `lengths` tokens, in order (positions past their sum: one more
+    document): a query sees only keys of its own document. Combine with causality for a
+    packed causal LM."""
+    if not isinstance(lengths, list | tuple) or not lengths:
+        raise ValueError(f"lengths={lengths!r}: must be a non-empty list of positive ints")
+    for i, length in enumerate(lengths):
+        _positive(f"lengths[{i}]", length)
+    ends = torch.tensor(lengths).cumsum(0)
+
+    def document_id(position: torch.Tensor) -> torch.Tensor:  # how many documents end <= it
+        return (position.unsqueeze(-1) >= ends.to(position.device)).sum(-1)
+
+    def document_mask(b, h, q_idx, kv_idx):
+        return document_id(q_idx) == document_id(kv_idx)
+
+    return document_mask
 
 
 @MODS.register("alibi")
