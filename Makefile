@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-slow lint install demo demo-lr-check relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long benchmarks bench \
+.PHONY: test test-slow lint install docs docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long benchmarks bench \
 	clean
 
 $(BIN)/python:
@@ -30,6 +30,29 @@ test: lint
 # runs, dynamic shapes (about 9 more CPU minutes).
 test-slow: install
 	$(BIN)/python -m pytest -n 2 -m slow
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: any warning (a broken link,
+# a reference to a name the code does not define, a missing included file) fails the build.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
+# The package as a user gets it: build the sdist and the wheel, install each into a fresh venv
+# and run it there (tests/test_packaging.py, about 2-3 min: it compiles the C++ kernel twice).
+package-smoke: install
+	$(BIN)/python -m pytest tests/test_packaging.py -m slow
+
+# Debian's chromium, for the browser test and the docs' screenshot (needs root; never part of
+# `make install` or `make test`, whose browser test skips without it).
+browser-deps:
+	apt-get install -y chromium
+
+# A report with hostile labels opened in headless chromium (tests/test_browser.py).
+test-browser: install
+	$(BIN)/python -m pytest tests/test_browser.py -m slow
+
+# The docs' picture of the demo report (after make browser-deps).
+docs-screenshot: install
+	$(BIN)/python tests/browser.py reports/demo/index.html docs/img/demo_report.png
 
 # The main job: train the demo grid (resumable: run it again to finish or skip), write its report.
 demo: install
@@ -108,4 +131,4 @@ bench: install
 	$(BIN)/attn-zoo bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis results
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis results site

@@ -1,9 +1,11 @@
 """attn_zoo: interchangeable attention mechanisms and backends, one model family, ablations.
 
-import attn_zoo as az
-m = az.build("standard", d_model=64, n_heads=4, backend="auto")
-y = m(x, attn_mask=None, is_causal=True)       # (B, N, D) -> (B, N, D)
-m.backend = "chunked"                          # same parameters, other kernel
+Build a mechanism by name, run it, switch its kernel:
+
+    import attn_zoo as az
+    m = az.build("standard", d_model=64, n_heads=4, backend="auto")
+    y = m(x, attn_mask=None, is_causal=True)       # (B, N, D) -> (B, N, D)
+    m.backend = "chunked"                          # same parameters, other kernel
 """
 
 from attn_zoo import mechanisms  # noqa: F401  (registers the built-in mechanisms)

@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from installed import link_dependencies
 
 ROOT = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
@@ -62,29 +63,7 @@ def only_the_library_needs(folder: Path) -> Path:
     """`folder` filled with links to the installed distributions that torch, einops and ninja
     need (their dependency closure, by their metadata) and to attn_zoo: a stand-in for a
     fresh venv where only `pip install attn_zoo` ran. Returns `folder`."""
-    from importlib import metadata
-
-    from packaging.requirements import Requirement
-
-    todo, seen = ["torch", "einops", "ninja"], set()
-    while todo:
-        name = todo.pop()
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            continue
-        key = dist.metadata["Name"].lower().replace("-", "_")
-        if key in seen:
-            continue
-        seen.add(key)
-        for text in dist.requires or []:
-            requirement = Requirement(text)
-            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
-                todo.append(requirement.name)
-        for top in {f.parts[0] for f in dist.files or [] if f.parts[0] != ".."}:
-            source = Path(dist.locate_file(top))
-            if source.exists() and not (folder / top).exists():
-                (folder / top).symlink_to(source)
+    link_dependencies(folder, ["torch", "einops", "ninja"])
     (folder / "attn_zoo").symlink_to(ROOT / "attn_zoo")
     return folder
 

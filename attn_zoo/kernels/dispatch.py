@@ -66,21 +66,25 @@ class Capabilities:
     """What a backend serves. `why` explains a refusal, keyed by feature or device name.
 
     Feature names (a call needs those its inputs use; see each family's family.py):
-      grad              inputs require grad (a backward is needed)
-      mask, float_mask  an attention mask; float_mask: an additive float one
-      key_mask          (linear, additive) a mask that is the same for every query
-      causal            top-left causality (bottom-right with N != M arrives as a mask)
-      dropout           dropout on the attention weights
-      dv_ne_dk          value head width != key head width (softmax, linear)
-      gqa               fewer key/value heads than query heads
-      rel_activation    (relational) a relation activation other than identity
-      relative_symbols  (relational) symbol values by relative position, v_rel
-      no_keys           (relational) M = 0 keys
-      no_queries        (relational) N = 0 queries
-      pair_symbols      (relational) dense symbol values per (query, key) pair, v_pair
+
+        grad              inputs require grad (a backward is needed)
+        mask, float_mask  an attention mask; float_mask: an additive float one
+        key_mask          (linear, additive) a mask that is the same for every query
+        causal            top-left causality (bottom-right with N != M arrives as a mask)
+        dropout           dropout on the attention weights
+        dv_ne_dk          value head width != key head width (softmax, linear)
+        gqa               fewer key/value heads than query heads
+        rel_activation    (relational) a relation activation other than identity
+        relative_symbols  (relational) symbol values by relative position, v_rel
+        no_keys           (relational) M = 0 keys
+        no_queries        (relational) N = 0 queries
+        pair_symbols      (relational) dense symbol values per (query, key) pair, v_pair
+
     A backend may also declare a feature no call needs but that changes what it receives:
-      bottom_right      (softmax, relational) takes is_causal="bottom_right" (N != M) as is;
-                        without it the call arrives as an explicit (N, M) mask
+
+        bottom_right      (softmax, relational) takes is_causal="bottom_right" (N != M) as is;
+                          without it the call arrives as an explicit (N, M) mask
+
     devices: device types ("cpu", "cuda"); dtypes: served dtypes; grad_devices: devices with
     a backward (None: all).
     """

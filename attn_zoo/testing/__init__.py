@@ -1,11 +1,13 @@
 """A property-testing kit for attention kernels and mechanisms (needs hypothesis).
 
-from hypothesis import given
-from attn_zoo.testing import attention_problems, assert_backends_agree
+A kernel of your own against the float64 naive backend, on drawn problems:
 
-@given(attention_problems())
-def test_my_kernel(problem):
-    assert_backends_agree(problem, kernels={"mine": my_kernel})
+    from hypothesis import given
+    from attn_zoo.testing import attention_problems, assert_backends_agree
+
+    @given(attention_problems())
+    def test_my_kernel(problem):
+        assert_backends_agree(problem, kernels={"mine": my_kernel})
 """
 
 from attn_zoo.testing.agreement import (

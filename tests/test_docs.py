@@ -1,0 +1,90 @@
+"""The documentation site (mkdocs.yml, docs/): it builds with `mkdocs build --strict`, its API
+pages come from the docstrings, its includes are the repository's files, a broken reference
+fails the build, and every Python block of the guides is one the README test runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # no banner about MkDocs' successor
+
+
+def build(config: Path, site: Path) -> subprocess.CompletedProcess:
+    """`mkdocs build --strict` of `config` into `site`."""
+    for module in ("mkdocs", "material", "mkdocstrings_handlers.python"):
+        pytest.importorskip(module)
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", config, "-d", site]
+    return subprocess.run(
+        [str(c) for c in command], cwd=config.parent, env=ENV, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+
+
+def test_the_site_builds_strict_with_the_api_and_the_included_files(tmp_path):
+    result = build(ROOT / "mkdocs.yml", tmp_path / "site")
+    assert result.returncode == 0, result.stderr[-3000:]
+    site = tmp_path / "site"
+    api = (site / "api" / "attn_zoo" / "index.html").read_text()
+    for name in ("build", "register_mechanism", "register_backend", "Capabilities"):
+        assert f'id="attn_zoo.{name}"' in api  # a section per public name, from its docstring
+    ablations = (site / "api" / "ablations" / "index.html").read_text()
+    for name in ("runner.run_grid", "spec.load_grid", "store.ResultsStore", "report.write_report"):
+        assert f'id="ablations.{name}"' in ablations
+    extending = (site / "extending" / "index.html").read_text()
+    assert "SlidingWindowAttention" in extending  # examples/sliding_window.py, included
+    grids = (site / "grids" / "index.html").read_text()
+    assert 'src="../img/demo_report.png"' in grids
+    assert (site / "img" / "demo_report.png").read_bytes() == (
+        ROOT / "docs" / "img" / "demo_report.png"
+    ).read_bytes()
+
+
+PLANTED = {  # page: what is added to it, and what the failed build names
+    "api/attn_zoo.md": ("\n::: attn_zoo.no_such_thing\n", "attn_zoo.no_such_thing"),
+    "quickstart.md": ("\nSee [build][attn_zoo.no_such_thing].\n", "attn_zoo.no_such_thing"),
+    "extending.md": ('\n```py\n--8<-- "examples/no_such_file.py"\n```\n', "no_such_file.py"),
+    "index.md": ("\nSee [the guide](no_such_page.md).\n", "no_such_page.md"),
+}
+
+
+@pytest.mark.slow  # 3-9 s each; the real site's build above runs by default (about 8 s)
+@pytest.mark.parametrize("page", sorted(PLANTED))
+def test_a_broken_reference_fails_the_strict_build(tmp_path, page):
+    """A copy of the site with one broken thing planted in one page: a name the code does not
+    define (an API block, a cross-reference), an included file that does not exist, a link to
+    a page that does not exist. The strict build fails and names it."""
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path)
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    for folder in ("attn_zoo", "ablations", "examples"):  # the code and files the pages name
+        (tmp_path / folder).symlink_to(ROOT / folder)
+    text, named = PLANTED[page]
+    path = tmp_path / "docs" / page
+    path.write_text(path.read_text() + text)
+    result = build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert result.returncode != 0, result.stderr[-3000:]
+    assert named in result.stderr
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+def test_every_python_block_of_the_guides_is_one_the_readme_runs():
+    """tests/test_readme.py runs the README's blocks; the guides show only those (or include
+    the repository's files), so no guide shows code that no test runs."""
+    readme = set(python_blocks((ROOT / "README.md").read_text()))
+    pages = sorted((ROOT / "docs").rglob("*.md"))
+    shown = [(page, block) for page in pages for block in python_blocks(page.read_text())]
+    assert len(shown) >= 8
+    for page, block in shown:
+        assert block in readme, (
+            f"{page.relative_to(ROOT)}: a block the README does not have:\n{block}"
+        )
