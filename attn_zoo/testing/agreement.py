@@ -107,6 +107,7 @@ def assert_backends_agree(
     kernels: Mapping[str, Callable] | None = None,
     grads: bool = True,
     kernel_features: Collection[str] = frozenset(),
+    device: str = "cpu",
 ) -> dict[str, str]:
     """Check backends of kernel family `family_name` against its float64 ``naive`` backend.
 
@@ -125,17 +126,23 @@ def assert_backends_agree(
     grads:    also compare the gradients of every tensor input.
     kernel_features: the features the `kernels` declare (registered backends: their own);
               a problem with a score mod skips the kernels unless it holds ``score_mod``.
+    device:   where every kernel and the reference run (e.g. "cuda": the problem's
+              ``inputs(dtype, device)`` builds the tensors there).
 
     Returns {name: "ok" or "skipped: <reason>"}; raises AssertionError on a disagreement.
     """
     with torch_threads(getattr(problem, "threads", None)):
-        return _agree(problem, family_name, backends, kernels, grads, kernel_features)
+        return _agree(problem, family_name, backends, kernels, grads, kernel_features, device)
 
 
-def _agree(problem, family_name, backends, kernels, grads, kernel_features) -> dict[str, str]:
+def _agree(
+    problem, family_name, backends, kernels, grads, kernel_features, device
+) -> dict[str, str]:
     fam = family(family_name)
     dtype = problem.dtype
-    drawn = problem.inputs(torch.float64)
+    drawn = (
+        problem.inputs(torch.float64, device) if device != "cpu" else problem.inputs(torch.float64)
+    )
     ref_inputs = cast_inputs(cast_inputs(drawn, dtype, False), torch.float64, grads)
 
     def checked(kernel: Callable, features: Collection[str]) -> Callable:
@@ -150,7 +157,7 @@ def _agree(problem, family_name, backends, kernels, grads, kernel_features) -> d
         with torch.no_grad():
             shape = reference(**ref_inputs).shape
         gen = torch.Generator().manual_seed(problem.seed if hasattr(problem, "seed") else 0)
-        cotangent = torch.randn(shape, generator=gen, dtype=torch.float64)
+        cotangent = torch.randn(shape, generator=gen, dtype=torch.float64).to(device)
     want = outputs_and_grads(reference, ref_inputs, cotangent)
 
     with torch.set_grad_enabled(grads):
