@@ -2,9 +2,11 @@
 and gets its outcome back (ablations.train.CellOutcome); executors never write the store.
 
     pool = make_executor("local", workers=2)      # or "ray", address=..., resources=...
-    handle = pool.submit(cell, keep_state=True)
+    handle = pool.submit(cell, keep_state=True, resume=plan)  # ablations.resume.ResumePlan
     for handle, outcome in pool.wait([handle], timeout=1.0): ...   # outcome: a CellOutcome
     for key, step, loss in pool.drain(): ...      # progress events of the running cells
+    for point in pool.resume_points(): ...        # resume checkpoints they sent (drain takes
+                                                  # them in): the driver writes them
     pool.close()                                  # ends every worker, within seconds
 
 `EXECUTORS`:
@@ -20,12 +22,13 @@ and gets its outcome back (ablations.train.CellOutcome); executors never write t
          of a task with num_gpus > 0 and on the CPU otherwise; "cuda" needs num_gpus > 0.
          Ray is imported only here.
 
-Every executor has `slots` (cells at once), `submit`, `wait`, `drain`, `close` and `notes`
-(one-line messages for the driver to print); the local one also `kill` (SIGKILL every worker
-process, from a signal handler). Worker processes ignore SIGINT (the driver decides) and exit
-when the driver dies, SIGKILL included. A cell lost to the infrastructure rather than by its own
-error (a Ray task whose retries ran out, a worker process killed by SIGKILL, SIGTERM, SIGINT or
-SIGHUP) comes back with status `LOST`: the driver releases it, and the next run trains it again.
+Every executor has `slots` (cells at once), `submit`, `wait`, `drain`, `resume_points`, `close`
+and `notes` (one-line messages for the driver to print); the local one also `kill` (SIGKILL
+every worker process, from a signal handler). Worker processes ignore SIGINT (the driver
+decides) and exit when the driver dies, SIGKILL included. A cell lost to the infrastructure
+rather than by its own error (a Ray task whose retries ran out, a worker process killed by
+SIGKILL, SIGTERM, SIGINT or SIGHUP) comes back with status `LOST`: the driver releases it, and
+the next run trains it again.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from ablations.devices import (
     usable_cpus,
 )
 from ablations.plugins import import_plugins
+from ablations.resume import ResumePlan, ResumePoint
 from ablations.store import error_summary
 from ablations.train import LOST, CellOutcome, environment, train_cell
 
@@ -84,6 +88,7 @@ def run_cell(
     keep_state: bool = False,
     device: str | None = None,
     imports: Sequence[str] = (),
+    resume: ResumePlan | None = None,
 ) -> CellOutcome:
     """Train `cell` here with `threads` torch threads, on `device` (the GPU an executor placed
     it on; default: the cell's device resolved here), after importing the grid's plugins
@@ -92,18 +97,19 @@ def run_cell(
     With `keep_state` (a grid that keeps checkpoints) the outcome carries the trained weights
     and, for a finished cell, the attention maps of the trained model
     (`ablations.train.attention_record`), and why recording them failed if it did.
-    `progress.put((key, step, loss))` is called at each evaluation when a queue is given,
-    best-effort: a put that fails ends the reporting, never the cell. `CellInterrupted` (not an
-    Exception) passes through."""
+    `progress.put((key, step, loss))` is called at each evaluation when a queue is given, and
+    `progress.put(ResumePoint(...))` with each resume checkpoint `resume` asks for (and the
+    cell starts from its checkpoint, if any: ablations.resume); best-effort: a put that fails
+    ends the reporting, never the cell. `CellInterrupted` (not an Exception) passes through."""
     torch.set_num_threads(threads)
     key = cell.key
 
-    def report(step: int, loss: float) -> None:
+    def send(item) -> None:
         nonlocal progress
         if progress is None:
             return
         try:
-            progress.put((key, step, loss))
+            progress.put(item)
         except Exception:  # the progress channel is gone (a dead Ray actor): train on without
             progress = None
 
@@ -111,13 +117,20 @@ def run_cell(
     try:
         import_plugins(imports)
         result = train_cell(
-            cell, on_progress=report, keep_state=keep_state, keep_maps=keep_state, **placed
+            cell,
+            on_progress=lambda step, loss: send((key, step, loss)),
+            keep_state=keep_state,
+            keep_maps=keep_state,
+            **placed,
+            resume=resume,
+            on_checkpoint=lambda step, data: send(ResumePoint(key, step, data)),
         )
     except Exception:
         setting = training_settings(cell.training)["device"]
         where = environment(attempted_device(setting, device))
         return CellOutcome("failed", where, error=traceback.format_exc())
     outcome = CellOutcome(result.status, result.environment, result.metrics, result.curve)
+    outcome.notes = result.notes
     if result.state is not None:
         outcome.state = _saved(result.state)
     if result.maps is not None:
@@ -155,17 +168,30 @@ class _ThreadProgress(_PipeProgress):
         super().put(item)
 
 
+def _given(device: str | None, resume: ResumePlan | None) -> dict:
+    """The keyword arguments of run_cell that an executor gives only when set: a device when
+    it placed the cell on a GPU, a resume plan when the driver gave one."""
+    given = {} if device is None else {"device": device}
+    return given if resume is None else {**given, "resume": resume}
+
+
 def _run(
-    cell: Cell, threads: int, progress, keep_state: bool, device: str | None, imports: Sequence[str]
+    cell: Cell,
+    threads: int,
+    progress,
+    keep_state: bool,
+    device: str | None,
+    imports: Sequence[str],
+    resume: ResumePlan | None,
 ) -> CellOutcome:
-    """run_cell, given a device only when the executor placed the cell on a GPU."""
-    placed = {} if device is None else {"device": device}
-    return run_cell(cell, threads, progress, keep_state, **placed, imports=imports)
+    return run_cell(cell, threads, progress, keep_state, imports=imports, **_given(device, resume))
 
 
-def _train_in_thread(conn, cell: Cell, threads: int, keep_state: bool, device, stop) -> None:
+def _train_in_thread(
+    conn, cell: Cell, threads: int, keep_state: bool, device, stop, resume: ResumePlan | None
+) -> None:
     try:  # the driver's process: its plugins are imported
-        outcome = _run(cell, threads, _ThreadProgress(conn, stop), keep_state, device, ())
+        outcome = _run(cell, threads, _ThreadProgress(conn, stop), keep_state, device, (), resume)
     except CellInterrupted:
         return
     except BaseException:  # run_cell catches Exception; the driver must still hear back
@@ -194,7 +220,8 @@ def _worker_main(conn, threads: int, parent: int, imports: Sequence[str]) -> Non
             job = conn.recv()
             if job is None:
                 return
-            outcome = _run(job[0], threads, progress, job[1], job[2], imports)
+            cell, keep_state, device, resume = job
+            outcome = _run(cell, threads, progress, keep_state, device, imports, resume)
             conn.send(("outcome", outcome))
         except (EOFError, OSError):  # the driver is gone
             return
@@ -239,14 +266,16 @@ class _Worker:
     def alive(self) -> bool:
         return self.process.is_alive() if self.process else True
 
-    def start(self, cell: Cell, keep_state: bool, device: str | None = None) -> None:
+    def start(
+        self, cell: Cell, keep_state: bool, device: str | None, resume: ResumePlan | None
+    ) -> None:
         self.busy, self.outcome = True, None
         if self.process:
-            self.conn.send((cell, keep_state, device))
+            self.conn.send((cell, keep_state, device, resume))
         else:
             self.thread = threading.Thread(
                 target=_train_in_thread,
-                args=(self.child, cell, self.threads, keep_state, device, self.stop),
+                args=(self.child, cell, self.threads, keep_state, device, self.stop, resume),
                 name="attn-zoo-cell",
                 daemon=True,  # never joined at exit: a stopped run does not wait for it
             )
@@ -312,7 +341,24 @@ def _without_main_script():
         main.__dict__.update(saved)
 
 
-class LocalExecutor:
+class _ResumePoints:
+    """What an executor does with the resume checkpoints (`ResumePoint`) that come up its
+    progress channel: keeps them for `resume_points`."""
+
+    points: list[ResumePoint]
+
+    def _progress_only(self, events: list) -> list:
+        """`events` without its resume checkpoints, which are kept."""
+        self.points += [event for event in events if isinstance(event, ResumePoint)]
+        return [event for event in events if not isinstance(event, ResumePoint)]
+
+    def resume_points(self) -> list[ResumePoint]:
+        """The resume checkpoints that came up since the last call (`drain` takes them in)."""
+        points, self.points = self.points, []
+        return points
+
+
+class LocalExecutor(_ResumePoints):
     """`workers` spawned processes with usable_cpus() // workers torch threads each (one worker:
     a thread of this process, which keeps the driver free to show progress), worker i on
     `placement(i, gpus, the cell's device)`. Handles are the workers themselves; progress and
@@ -326,16 +372,17 @@ class LocalExecutor:
         self.processes = workers > 1
         self.workers: list[_Worker] = []
         self.events: list[tuple[str, int, float]] = []
+        self.points: list[ResumePoint] = []
         self.notes: list[str] = []
 
-    def submit(self, cell: Cell, keep_state: bool) -> _Worker:
+    def submit(self, cell: Cell, keep_state: bool, resume: ResumePlan | None = None) -> _Worker:
         for worker in list(self.workers):
             if not worker.busy and not worker.alive():  # died idle: start a fresh one
                 self._drop(worker)
         idle = [worker for worker in self.workers if not worker.busy]
         if idle:
             try:
-                idle[0].start(cell, keep_state, self._device(idle[0], cell))
+                idle[0].start(cell, keep_state, self._device(idle[0], cell), resume)
                 return idle[0]
             except OSError:  # it died idle just now
                 self._drop(idle[0])
@@ -343,7 +390,7 @@ class LocalExecutor:
         index = min(i for i in range(len(self.workers) + 1) if i not in taken)
         worker = _Worker(self.threads, self.processes, index, self.imports)
         self.workers.append(worker)
-        worker.start(cell, keep_state, self._device(worker, cell))
+        worker.start(cell, keep_state, self._device(worker, cell), resume)
         return worker
 
     def _device(self, worker: _Worker, cell: Cell) -> str | None:
@@ -377,7 +424,7 @@ class LocalExecutor:
             if worker.busy:
                 worker.read(self.events)
         events, self.events = self.events, []
-        return events
+        return self._progress_only(events)
 
     def close(self) -> None:
         """End every worker within STOP_GRACE seconds: processes are terminated (killed when
@@ -443,7 +490,7 @@ def ray_slots(cluster: dict, options: dict) -> int:
     return max(1, int(slots))
 
 
-class RayExecutor:
+class RayExecutor(_ResumePoints):
     """Cells as `ray.remote` tasks asking for `ray_options(resources)` (default 1 CPU and 1
     torch thread, no GPU; up to `retries` retries when the worker dies); progress through a
     Ray queue, best-effort; outcomes come back to the driver. A local instance started here
@@ -505,13 +552,15 @@ class RayExecutor:
         self.threads = max(1, int(cpus))
         self.progress = Queue()
         self.drained = 0.0  # when drain last asked the queue
+        self.points: list[ResumePoint] = []
         self.task = ray.remote(run_cell)
         self.in_flight: set = set()
 
-    def submit(self, cell: Cell, keep_state: bool):
+    def submit(self, cell: Cell, keep_state: bool, resume: ResumePlan | None = None):
         ref = self.task.options(**self.options).remote(
-            cell, self.threads, self.progress, keep_state, None, self.imports
-        )
+            cell, self.threads, self.progress, keep_state, None, self.imports,
+            **_given(None, resume),
+        )  # fmt: skip
         self.in_flight.add(ref)
         return ref
 
@@ -537,11 +586,12 @@ class RayExecutor:
             return []
         self.drained = time.monotonic()
         try:
-            return self.progress.get_nowait_batch(self.progress.qsize())
+            return self._progress_only(self.progress.get_nowait_batch(self.progress.qsize()))
         except Exception as err:  # the queue actor died: no more progress lines, cells go on
             self.progress = None
             self.notes.append(
-                f"progress channel lost ({type(err).__name__}); cells go on without progress"
+                f"progress channel lost ({type(err).__name__}); cells go on without progress "
+                "lines or resume checkpoints"
             )
             return []
 

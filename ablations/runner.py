@@ -24,6 +24,11 @@ printed and `GridInterrupted` raised (exit code 130 or 143 from the CLI). A seco
 that shutdown exits at once. Losing Ray's progress channel only stops the progress display. A
 cell lost to the infrastructure rather than by its own error (`ablations.train.LOST`) is released,
 not recorded: the next run trains it again.
+
+Resuming: a cell that trains long enough hands the driver resume checkpoints (the grid's
+`[resume]`, ablations.resume), written beside the store (`ResultsStore.resume_path`) only while
+this run holds its claim; a cell interrupted (its run killed or stopped, its worker lost)
+starts from its last one when it runs again, and ends as if it had not been.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from ablations.cell import Cell, training_settings
 from ablations.devices import default_local_workers
 from ablations.executors import make_executor
 from ablations.progress import Progress, cell_label, make_progress
+from ablations.resume import ResumePlan
 from ablations.spec import GridSpec, SpecError
 from ablations.status import grid_status
 from ablations.store import FINISHED, ClaimError, ResultsStore, StoreError, config_key
@@ -117,6 +123,20 @@ def kept_files(store: ResultsStore, key: str, outcome: CellOutcome) -> dict[Path
     return {path: data for path, data in files.items() if data is not None}
 
 
+def resume_plan(spec: GridSpec, store: ResultsStore, key: str, progress: Progress) -> ResumePlan:
+    """When cell `key` takes resume checkpoints (the grid's `[resume]`) and the one it starts
+    from: the bytes of its resume file, if any (one that cannot be read is noted, not used)."""
+    path = store.resume_path(key)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        data = None
+    except OSError as err:
+        progress.note(f"resume checkpoint {path} cannot be read ({err}); trained from step 0")
+        data = None
+    return ResumePlan(spec.resume["every_steps"], 60.0 * spec.resume["every_minutes"], data)
+
+
 STORAGE_HINTS = {  # what an OSError writing the store's files means, in the stop line
     errno.ENOSPC: " (the disk is full)",
     errno.EFBIG: " (a file-size limit: ulimit -f)",
@@ -184,7 +204,8 @@ def run_grid(
                     progress.skipped(cell)  # finished meanwhile, or held by another live run
                     continue
                 claimed.add(cell.key)
-                running[pool.submit(cell, spec.checkpoints)] = cell
+                plan = resume_plan(spec, store, cell.key, progress)
+                running[pool.submit(cell, spec.checkpoints, plan)] = cell
                 progress.started(cell.key, cell)
             for handle, outcome in pool.wait(list(running), timeout=1.0):
                 cell = running.pop(handle)
@@ -199,6 +220,8 @@ def run_grid(
                     progress.note(
                         f"{cell_label(cell)}: attention maps not recorded: {outcome.maps_error}"
                     )
+                for note in outcome.notes:  # e.g. resumed from its checkpoint at step N
+                    progress.note(f"{cell_label(cell)}: {note}")
                 try:
                     store.finish(key, **outcome.record(), files=kept_files(store, key, outcome))
                 except ClaimError as err:  # our claim went stale and another run took it
@@ -212,6 +235,8 @@ def run_grid(
                 beat = time.monotonic()
             for key, step, loss in pool.drain():
                 progress.step(key, step, loss)
+            for point in pool.resume_points():  # written only while this run holds the claim
+                store.save_resume(point.key, point.data)
             _print_notes(pool, progress)
             progress.tick()
     except KeyboardInterrupt:  # not through the handler (it was not installed, or replaced)

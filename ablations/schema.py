@@ -5,11 +5,11 @@ default and range (`Valid`, which error messages quote).
                                                    # the checks across fields and the expansion
 
 `GridFile` and its tables (`TaskEntry`, `SizeEntry`, `MechanismEntry`, `ModelOptions`,
-`Training`, `Sweep`, `Resources`, `GridRules`, `Selection`) refuse unknown keys, wrong types (a
-bool is not an int; an int is a float) and values out of range. Names are checked against the
-registries (tasks, mechanisms and reference models, norms, positions, symbol retrievers). The
-training defaults are ablations.cell's `DEFAULT_TRAINING`; what the keys mean is in the grid
-format's description (ablations/spec.py).
+`Training`, `Sweep`, `Resources`, `Resume`, `GridRules`, `Selection`) refuse unknown keys, wrong
+types (a bool is not an int; an int is a float) and values out of range. Names are checked
+against the registries (tasks, mechanisms and reference models, norms, positions, symbol
+retrievers). The training defaults are ablations.cell's `DEFAULT_TRAINING`; what the keys mean
+is in the grid format's description (ablations/spec.py).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pydantic import (
 from ablations.cell import DEFAULT_TRAINING
 from ablations.devices import DEVICES, RESOURCE_DEFAULTS, is_device_name
 from ablations.references import REFERENCES
+from ablations.resume import RESUME_DEFAULTS
 from ablations.tasks import list_tasks
 from attn_zoo.mechanisms.registry import list_mechanisms
 from attn_zoo.models.feedforward import FF_ACTIVATIONS
@@ -242,6 +243,19 @@ class Resources(Table):
     num_gpus: resource(">= 0", lambda v: v >= 0) = RESOURCE_DEFAULTS["num_gpus"]
 
 
+class Resume(Table):
+    """[resume]: how often each cell takes a resume checkpoint, kept beside the store while it
+    trains, so that a cell interrupted mid-way trains on from there (ablations.resume). No part
+    of any cell: it changes no result."""
+
+    every_minutes: finite(
+        ">= 0 (minutes of training between two checkpoints; 0: not by time)", lambda v: v >= 0
+    ) = RESUME_DEFAULTS["every_minutes"]
+    every_steps: whole(0, "int >= 0 (steps between two checkpoints; 0: not by steps)") = (
+        RESUME_DEFAULTS["every_steps"]
+    )
+
+
 class GridRules(Table):
     """[grid]: cells taken out of the product and cells added to it (checked against the
     grid's labels and swept keys by `load_grid`)."""
@@ -305,6 +319,7 @@ class GridFile(Table):
     sweep: Sweep = Sweep()
     selection: Selection | None = None
     resources: Resources = Resources()
+    resume: Resume = Resume()
     grid: GridRules = GridRules()
 
 

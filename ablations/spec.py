@@ -38,6 +38,10 @@ cells once (`GridSpec.cells`, ablations.cell).
     num_cpus = 1                                # (fractions below 1 allowed; also for GPUs)
     num_gpus = 0
 
+    [resume]                                    # optional: resume checkpoints of each cell
+    every_minutes = 5.0                         # (0: not by time; floats >= 0)
+    every_steps = 0                             # (0: not by steps; ints >= 0)
+
     [grid]                                      # optional: non-rectangular grids
     exclude = [{ task = "match_pattern", mechanism = "standard", seed = 2 }]
     include = []                                # cells added beyond the product
@@ -89,6 +93,11 @@ Training settings resolve into each cell's `training` (which keys it in the stor
   (`num_cpus`, default 1, also its torch threads; `num_gpus`, default 0); a fraction below 1
   shares a device, above 1 it must be whole. The local executor places its own workers
   (one per GPU, ablations.devices.placements).
+- `[resume]` is not part of any cell either: a cell takes a resume checkpoint every
+  `every_minutes` of training and every `every_steps` steps (0 turns either off; by default
+  every 5 minutes, so a shorter cell takes none), kept beside the store until it finishes; an
+  interrupted cell trains on from its last one and ends as if never interrupted
+  (ablations.resume).
 
 The store path (in the file or from ``--set store=...``) is a string resolved relative to the
 folder of the grid file, not the working directory: a grid and its results move together and
@@ -130,6 +139,7 @@ from ablations.cell_model import build_cell_model
 from ablations.devices import DEVICES, RESOURCE_DEFAULTS, device_problem, precision_problem
 from ablations.plugins import import_plugins, resolve
 from ablations.references import REFERENCES
+from ablations.resume import RESUME_DEFAULTS
 from ablations.schema import (
     SECTIONS,
     SEED_RANGE,
@@ -195,6 +205,7 @@ class GridSpec:
     resources: dict = field(default_factory=lambda: dict(RESOURCE_DEFAULTS))  # no cell's part
     selection: Selection | None = None
     imports: list[str] = field(default_factory=list)  # plugins, as workers import them
+    resume: dict = field(default_factory=lambda: dict(RESUME_DEFAULTS))  # no cell's part
 
 
 def _base(file: GridFile, task: TaskEntry, size: SizeEntry, mech: MechanismEntry) -> Base:
@@ -772,4 +783,5 @@ def load_grid(
         grid.resources.model_dump(),
         grid.selection,
         plugins,
+        grid.resume.model_dump(),
     )

@@ -37,7 +37,7 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
@@ -130,6 +130,29 @@ def _folder_writable(folder: Path) -> bool:
     """Whether files can be created in `folder`: writable for us and not marked read-only
     (no write bit at all, which root would otherwise ignore)."""
     return os.access(folder, os.W_OK) and bool(stat.S_IMODE(folder.stat().st_mode) & 0o222)
+
+
+@contextmanager
+def _staged(files: Mapping[Path, bytes]) -> Iterator[Callable[[], None]]:
+    """Write `files` ({path: bytes}) to partial files beside their paths; the body calls the
+    `place()` it is given to move them into place. Partial files left (an error, or no
+    `place()`) are deleted."""
+    partials = {}
+    try:
+        for path, data in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f"{path.name}.{_partial_tag()}.partial")
+            partials[partial] = path
+            partial.write_bytes(data)
+
+        def place() -> None:
+            for partial, path in partials.items():
+                partial.replace(path)
+
+        yield place
+    finally:
+        for partial in partials:
+            partial.unlink(missing_ok=True)
 
 
 class ResultsStore:
@@ -361,7 +384,8 @@ class ResultsStore:
         handle's) still holds its claim; else ClaimError (it would overwrite another run's).
         `files` ({path: bytes}: `checkpoint_path(key)`, `maps_path(key)`) are written to
         partial files first and moved into place inside that transaction: a run that lost its
-        claim writes nothing, and an error (a full disk) leaves no partial file."""
+        claim writes nothing, and an error (a full disk) leaves no partial file. The cell's
+        resume checkpoint (`resume_path(key)`) is deleted in it."""
         if status not in FINISHED:
             raise ValueError(f"status={status!r}: a finished cell is one of {FINISHED}")
         bad = [
@@ -373,33 +397,36 @@ class ResultsStore:
                 "it is finite (record it as diverged)"
             )
         owner = owner or self.owner
-        partials = {}
-        try:
-            for path, data in (files or {}).items():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                partial = path.with_name(f"{path.name}.{_partial_tag()}.partial")
-                partials[partial] = path
-                partial.write_bytes(data)
-            with self._connect(write=True) as db:
-                row = db.execute("SELECT status, owner FROM cells WHERE key=?", (key,)).fetchone()
-                if row is None:
-                    raise ClaimError(f"no cell {key} in {self.path}: claim it first")
-                if row != ("running", owner):
-                    raise ClaimError(
-                        f"cell {key} in {self.path} is {row[0]} and held by {row[1]}, not by "
-                        f"{owner}: finishing it would overwrite another run's result"
-                    )
-                db.execute(
-                    "UPDATE cells SET status=?, metrics=?, curve=?, environment=?, error=?, "
-                    "finished=? WHERE key=?",
-                    (status, json.dumps(metrics), json.dumps(curve), json.dumps(environment),
-                     error, time.time(), key),
-                )  # fmt: skip
-                for partial, path in partials.items():
-                    partial.replace(path)
-        finally:
-            for partial in partials:
-                partial.unlink(missing_ok=True)
+        with _staged(files or {}) as place, self._connect(write=True) as db:
+            row = db.execute("SELECT status, owner FROM cells WHERE key=?", (key,)).fetchone()
+            if row is None:
+                raise ClaimError(f"no cell {key} in {self.path}: claim it first")
+            if row != ("running", owner):
+                raise ClaimError(
+                    f"cell {key} in {self.path} is {row[0]} and held by {row[1]}, not by "
+                    f"{owner}: finishing it would overwrite another run's result"
+                )
+            db.execute(
+                "UPDATE cells SET status=?, metrics=?, curve=?, environment=?, error=?, "
+                "finished=? WHERE key=?",
+                (status, json.dumps(metrics), json.dumps(curve), json.dumps(environment),
+                 error, time.time(), key),
+            )  # fmt: skip
+            place()
+            self.resume_path(key).unlink(missing_ok=True)  # a finished cell never resumes
+
+    def save_resume(self, key: str, data: bytes, owner: str | None = None) -> bool:
+        """Write cell `key`'s resume checkpoint (ablations.resume) to `resume_path(key)`: a
+        partial file moved into place inside a transaction that finds the cell still running
+        under `owner`'s claim (default: this handle's); whether it was written (a run that lost
+        its claim writes nothing)."""
+        owner = owner or self.owner
+        with _staged({self.resume_path(key): data}) as place, self._connect(write=True) as db:
+            row = db.execute("SELECT status, owner FROM cells WHERE key=?", (key,)).fetchone()
+            if row != ("running", owner):
+                return False
+            place()
+        return True
 
     # Checkpoints --------------------------------------------------------------------------
 
@@ -412,12 +439,18 @@ class ResultsStore:
         checkpoints = true; ablations.attention_figures draws them)."""
         return self.path.parent / f"{self.path.stem}.maps" / f"{key}.pt"
 
+    def resume_path(self, key: str) -> Path:
+        """Where cell `key`'s resume checkpoint is kept while it trains (`save_resume`; removed
+        when it finishes)."""
+        return self.path.parent / f"{self.path.stem}.resume" / f"{key}.pt"
+
     def remove_dead_partials(self) -> int:
-        """Delete the partial checkpoint and maps files that runs of this host which are no
-        longer alive left behind (killed between writing them and recording their cell); how
-        many."""
+        """Delete the partial checkpoint, maps and resume files that runs of this host which
+        are no longer alive left behind (killed between writing them and recording their cell
+        or moving them into place); how many."""
         removed = 0
-        for folder in (self.checkpoint_path("k").parent, self.maps_path("k").parent):
+        folders = [self.checkpoint_path("k"), self.maps_path("k"), self.resume_path("k")]
+        for folder in (path.parent for path in folders):
             for partial in folder.glob("*.partial") if folder.is_dir() else ():
                 tag = partial.name.rsplit(".", 2)[-2]
                 pid = tag.rpartition("-")[2]

@@ -24,6 +24,10 @@ the device and compute dtype the cell trained on. Weights and maps come back on 
 With `keep_maps`, a finished cell also returns the attention maps of its trained model on one
 fixed test example (`MAPS_EXAMPLE`, see `attention_record`), so that a report draws them without
 running a model (ablations.attention_figures).
+
+A cell can be interrupted and resumed (ablations.resume): given a resume checkpoint it trains on
+from that step and ends with exactly the metrics and curve of an uninterrupted run (its
+`wall_s` counts the seconds of every part); it hands out checkpoints as its `ResumePlan` says.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from torch import Tensor, nn
 from ablations.cell import Cell, training_settings
 from ablations.cell_model import build_cell_model, forward
 from ablations.devices import compute_dtype, resolve_device
+from ablations.resume import LoopState, ResumeError, ResumePlan, load_state, save_state
 from ablations.tasks import IGNORE_INDEX, build_task
 from attn_zoo.maps import recording_attention
 
@@ -55,6 +60,7 @@ class CellResult:
     environment: dict = field(default_factory=dict)
     state: dict | None = None  # the trained model's state_dict, when asked for
     maps: dict | None = None  # attention_record of the trained model, when asked for (done only)
+    notes: list[str] = field(default_factory=list)  # one-line messages for the driver to print
 
 
 LOST = "lost"  # no result of the cell's (Ray lost the task, a worker was killed): not recorded
@@ -77,6 +83,7 @@ class CellOutcome:
     state: bytes | None = None
     maps: bytes | None = None
     maps_error: str | None = None
+    notes: list[str] = field(default_factory=list)  # CellResult.notes
 
     def record(self) -> dict:
         """The keyword arguments of `ResultsStore.finish` (status, metrics, curve, environment,
@@ -207,14 +214,18 @@ def train_cell(
     keep_state: bool = False,
     keep_maps: bool = False,
     device: str | None = None,
+    resume: ResumePlan | None = None,
+    on_checkpoint=None,
 ) -> CellResult:
     """Train and evaluate `cell`; `on_progress(step, loss)` is called at each evaluation;
     `keep_state` returns the trained weights too, `keep_maps` the `attention_record` of the
     trained model (a cell that finished, not a diverged one; should recording fail, a record
     without maps whose "error" is the traceback). `device`: where to train (an executor's
     placement), default the cell's `training.device` resolved here (`resolve_device`).
-    Exceptions propagate (the runner records them as failed cells with the traceback), a
-    compile error included."""
+    `resume` (ablations.resume): the checkpoint to start from, if any (one that is not trusted
+    is ignored, with a note: the cell trains from step 0), and when `on_checkpoint(step, data)`
+    is handed a new one (never after the last step). Exceptions propagate (the runner records
+    them as failed cells with the traceback), a compile error included."""
     t = training_settings(cell.training)
     device = torch.device(resolve_device(t["device"]) if device is None else device)
     dtype = compute_dtype(t["precision"], str(device))
@@ -231,11 +242,19 @@ def train_cell(
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, t))
     gen = torch.Generator().manual_seed(cell.seed)
+    resume = resume or ResumePlan()
+    loop, notes = LoopState(), []
+    if resume.data is not None:
+        try:
+            loop = load_state(resume.data, cell, model, opt, schedule, gen, device)
+            notes.append(f"resumed from its checkpoint at step {loop.step}")
+        except ResumeError as err:
+            notes.append(f"resume checkpoint ignored ({err}); trained from step 0")
+    resumed_from, before = loop.step, loop.wall_s
     train = splits["train"]
-    curve, start, status, step = [], time.perf_counter(), "done", 0
-    val_loss = val_metric = float("nan")
-    best, stale = -math.inf, 0  # best validation metric; evaluations since it improved
-    for step in range(1, t["steps"] + 1):
+    start = saved = time.perf_counter()
+    status, step = "done", loop.step
+    for step in range(loop.step + 1, t["steps"] + 1):
         batch = torch.randint(len(train.inputs), (t["batch_size"],), generator=gen).to(device)
         with _autocast(device, dtype):
             _, loss, _ = forward(run, task, train.inputs[batch], train.targets[batch])
@@ -251,19 +270,28 @@ def train_cell(
         if step % t["eval_every"] == 0 or step == t["steps"]:
             with _autocast(device, dtype):
                 val = evaluate(run, task, splits["validation"])
-            val_loss, val_metric = val["loss"], val["acc"]
-            curve.append([step, loss.item(), val_loss, val_metric])
+            loop.val_loss, loop.val_metric = val["loss"], val["acc"]
+            loop.curve.append([step, loss.item(), loop.val_loss, loop.val_metric])
             if on_progress is not None:
                 on_progress(step, loss.item())
             target = t["early_stop_target"]
-            if target and val_metric >= target:
+            if target and loop.val_metric >= target:
                 break
-            best, stale = (val_metric, 0) if val_metric > best else (best, stale + 1)
-            if t["patience"] and stale >= t["patience"]:
+            if loop.val_metric > loop.best:
+                loop.best, loop.stale = loop.val_metric, 0
+            else:
+                loop.stale += 1
+            if t["patience"] and loop.stale >= t["patience"]:
                 break
+        now = time.perf_counter()
+        if on_checkpoint is not None and step < t["steps"] and resume.due(step, now - saved):
+            loop.step, loop.wall_s = step, before + now - start
+            on_checkpoint(step, save_state(cell, loop, model, opt, schedule, gen, device))
+            saved = time.perf_counter()
     if status == "done" and not all(torch.isfinite(p).all() for p in model.parameters()):
         status = "diverged"  # the last update made the weights non-finite
-    wall = time.perf_counter() - start
+    wall = before + time.perf_counter() - start
+    val_loss, val_metric = loop.val_loss, loop.val_metric
     metrics = {
         "steps": step,
         "params": sum(p.numel() for p in model.parameters()),
@@ -294,4 +322,6 @@ def train_cell(
             maps = {"example": MAPS_EXAMPLE, "labels": None, "target": None, "maps": {},
                     "error": traceback.format_exc()}  # fmt: skip
     env = environment(str(device), str(dtype).removeprefix("torch."))
-    return CellResult(status, metrics, curve, env, state, maps)
+    if resumed_from:
+        env["resumed_from_step"] = resumed_from
+    return CellResult(status, metrics, loop.curve, env, state, maps, notes)

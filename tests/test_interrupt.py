@@ -183,7 +183,7 @@ import sys, time
 from ablations import executors
 from ablations.cli import main
 
-def stubborn(cell, on_progress=None, keep_state=False, keep_maps=False):
+def stubborn(cell, on_progress=None, keep_state=False, keep_maps=False, **resume):
     while True:
         time.sleep(0.05)
 

@@ -47,15 +47,15 @@ from ablations.cli import main
 
 MARKER, VICTIM_KEY = Path(sys.argv[1]), sys.argv[2]
 
-def run_cell(cell, threads, progress=None, keep_state=False, device=None, imports=()):
+def run_cell(cell, threads, progress=None, keep_state=False, device=None, imports=(), **resume):
     from ablations.executors import run_cell as real  # in a Ray worker: the real one
     if cell.key == VICTIM_KEY and not MARKER.exists():
         partial = MARKER.with_suffix(".partial")
         partial.write_text(str(os.getpid()))
         partial.replace(MARKER)
         while True:
-            real(cell, threads, progress, keep_state, device, imports)
-    return real(cell, threads, progress, keep_state, device, imports)
+            real(cell, threads, progress, keep_state, device, imports, **resume)
+    return real(cell, threads, progress, keep_state, device, imports, **resume)
 
 executors.run_cell = run_cell
 sys.exit(main(sys.argv[3:]))

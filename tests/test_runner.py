@@ -56,10 +56,10 @@ def test_every_cell_recorded_once_and_a_second_run_skips_them(tmp_path):
 def test_a_failing_cell_is_recorded_with_its_traceback_and_the_grid_goes_on(tmp_path, monkeypatch):
     real = executors.train_cell
 
-    def flaky(cell, on_progress=None, keep_state=False, keep_maps=False, device=None):
+    def flaky(cell, on_progress=None, keep_state=False, keep_maps=False, device=None, **resume):
         if cell.mechanism == "rel" and cell.seed == 1:
             raise RuntimeError("boom in cell rel/1")
-        return real(cell, on_progress, keep_state, keep_maps, device)
+        return real(cell, on_progress, keep_state, keep_maps, device, **resume)
 
     monkeypatch.setattr(executors, "train_cell", flaky)
     spec = load_grid(grid_file(tmp_path))
