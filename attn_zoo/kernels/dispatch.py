@@ -74,6 +74,7 @@ class Capabilities:
         dropout           dropout on the attention weights
         dv_ne_dk          value head width != key head width (softmax, linear)
         gqa               fewer key/value heads than query heads
+        narrow_heads      (softmax) a key or value head width below 16
         rel_activation    (relational) a relation activation other than identity
         relative_symbols  (relational) symbol values by relative position, v_rel
         no_keys           (relational) M = 0 keys

@@ -18,39 +18,44 @@ MASK_KINDS = ("none", "random", "key_padding", "empty_rows", "additive")
 CAUSAL = (False, True, "top_left", "bottom_right")
 # The kit's own mods (mods.py), by name, with arguments small enough to matter at short
 # lengths: a problem names one of these, or holds a user's function (a mod as mods.py says)
-SCORE_MODS: dict[str, Callable[[AttentionProblem], Callable]] = {
-    "alibi": lambda p: MODS.build("alibi", n_heads=p.heads),
-    "softcap": lambda p: MODS.build("softcap", cap=1.5),
-    "relative_bias": lambda p: relative_bias(p.heads, p.seed),
+SCORE_MODS: dict[str, Callable[[AttentionProblem, str], Callable]] = {
+    "alibi": lambda p, device: MODS.build("alibi", n_heads=p.heads),
+    "softcap": lambda p, device: MODS.build("softcap", cap=1.5),
+    "relative_bias": lambda p, device: relative_bias(p.heads, p.seed, device),
 }
-MASK_MODS: dict[str, Callable[[AttentionProblem], Callable]] = {
-    "causal": lambda p: MODS.build("causal"),
-    "sliding_window": lambda p: MODS.build("sliding_window", window=3),
-    "window_both_sides": lambda p: MODS.build("sliding_window", window=2, causal=False),
-    "prefix_lm": lambda p: MODS.build("prefix_lm", prefix=2),
-    "document": lambda p: MODS.build("document", lengths=[3, 5, 2]),
+MASK_MODS: dict[str, Callable[[AttentionProblem, str], Callable]] = {
+    "causal": lambda p, device: MODS.build("causal"),
+    "sliding_window": lambda p, device: MODS.build("sliding_window", window=3),
+    "window_both_sides": lambda p, device: MODS.build("sliding_window", window=2, causal=False),
+    "prefix_lm": lambda p, device: MODS.build("prefix_lm", prefix=2),
+    "document": lambda p, device: MODS.build("document", lengths=[3, 5, 2]),
 }
 
 
-def relative_bias(heads: int, seed: int, reach: int = 4) -> Callable:
-    """A score mod adding a learned-style relative-position bias, a captured tensor indexed by
-    the head and the clipped offset: score + table[h, clip(i - j, -reach, reach) + reach]."""
-    table = torch.randn(heads, 2 * reach + 1, generator=torch.Generator().manual_seed(seed))
+def relative_bias(heads: int, seed: int, device: str = "cpu", reach: int = 4) -> Callable:
+    """A score mod adding a learned-style relative-position bias, a tensor on `device` it
+    captures, indexed by the head and the clipped offset: score + table[h, clip(i - j, -reach,
+    reach) + reach]."""
+    gen = torch.Generator().manual_seed(seed)
+    table = torch.randn(heads, 2 * reach + 1, generator=gen).to(device)  # float32: flex's scores
 
     def relative_bias_score(score, b, h, q_idx, kv_idx):
         offset = (q_idx - kv_idx).clamp(-reach, reach) + reach
-        return score + table.to(score.device, score.dtype)[h, offset]
+        return score + table[h, offset]
 
     return relative_bias_score
 
 
-def resolve_mod(mod: str | Callable | None, kit: dict, problem: AttentionProblem):
-    """A problem's mod as a function: a kit name built for `problem`, a function as it is."""
+def resolve_mod(
+    mod: str | Callable | None, kit: dict, problem: AttentionProblem, device: str = "cpu"
+):
+    """A problem's mod as a function: a kit name built for `problem` (its tensors on
+    `device`), a function as it is."""
     if mod is None or callable(mod):
         return mod
     if mod not in kit:
         raise ValueError(f"mod={mod!r}: the kit's are {sorted(kit)} (or give a function)")
-    return kit[mod](problem)
+    return kit[mod](problem, device)
 
 
 def make_mask(kind: str, b: int, h: int, n: int, m: int, gen: torch.Generator):
@@ -158,7 +163,7 @@ class AttentionProblem:
         inputs["scale"] = self.scale
         for name, kit in (("score_mod", SCORE_MODS), ("mask_mod", MASK_MODS)):
             if (mod := getattr(self, name)) is not None:
-                inputs[name] = resolve_mod(mod, kit, self)
+                inputs[name] = resolve_mod(mod, kit, self, device)
         return inputs
 
 

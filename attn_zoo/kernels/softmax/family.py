@@ -7,12 +7,12 @@
     dropout on the attention weights.
 
 Features a call may need (`describe_call`): ``grad``, ``mask``, ``float_mask`` (an additive
-mask), ``causal``, ``dropout``, ``dv_ne_dk`` (value width != key width), ``gqa`` (fewer kv
-heads than query heads), ``score_mod`` (a score mod, mods.py). A mask mod is a ``mask`` call:
-backends declaring ``mask_mod`` (naive, chunked) take it as is, the others as its materialised
-boolean mask (`lower_call`). A bottom-right causal call with N != M is described as a ``mask``
-call; backends declaring ``bottom_right`` (chunked) take it as is_causal="bottom_right", the
-others as an explicit mask (masks.lower_bottom_right).
+mask), ``causal``, ``dropout``, ``dv_ne_dk`` (value width != key width), ``gqa`` (fewer kv heads
+than query heads), ``narrow_heads`` (a key or value head width below 16), ``score_mod`` (a score
+mod, mods.py). A mask mod is a ``mask`` call: backends declaring ``mask_mod`` (naive, chunked)
+take it as is, the others as its materialised boolean mask (`lower_call`). A bottom-right causal
+call with N != M is described as a ``mask`` call; backends declaring ``bottom_right`` (chunked)
+take it as is_causal="bottom_right", the others as an explicit mask (masks.lower_bottom_right).
 """
 
 import torch
@@ -26,7 +26,10 @@ from attn_zoo.kernels.softmax.masks import (
 )
 from attn_zoo.kernels.softmax.mods import check_mod, mask_from_mod
 
-FEATURES = frozenset({"grad", "mask", "float_mask", "causal", "dropout", "dv_ne_dk", "gqa"})
+FEATURES = frozenset(
+    {"grad", "mask", "float_mask", "causal", "dropout", "dv_ne_dk", "gqa", "narrow_heads"}
+)
+NARROW = 16  # a head width below this is "narrow_heads" (FlexAttention's kernels need >= 16)
 LOW_AND_SINGLE = frozenset({torch.float16, torch.bfloat16, torch.float32})
 BOTTOM_RIGHT = frozenset({"bottom_right"})  # declared by backends taking it without a mask
 MODS = frozenset({"score_mod", "mask_mod"})  # declared by backends applying mods themselves
@@ -107,6 +110,7 @@ def describe_call(
         "dropout": dropout_p > 0,
         "dv_ne_dk": v.shape[-1] != k.shape[-1],
         "gqa": k.shape[1] != q.shape[1],
+        "narrow_heads": min(q.shape[-1], v.shape[-1]) < NARROW,
     }
     return Call(q.device.type, q.dtype, frozenset(f for f, used in needs.items() if used))
 

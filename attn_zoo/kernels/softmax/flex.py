@@ -67,10 +67,14 @@ def _all_of(mods: list[MaskMod]) -> MaskMod:
     priority=20,
     available=flex_missing,
     capabilities=Capabilities(
-        (FEATURES - {"dropout"}) | MODS,
+        (FEATURES - {"dropout", "narrow_heads"}) | MODS,
         devices=frozenset({"cuda"}),
         dtypes=LOW_AND_SINGLE,
-        why={"cpu": CPU_REFUSAL, "dropout": "FlexAttention has none"},
+        why={
+            "cpu": CPU_REFUSAL,
+            "dropout": "FlexAttention has none",
+            "narrow_heads": "FlexAttention's kernels need key and value head widths >= 16",
+        },
     ),
 )
 def flex(

@@ -20,6 +20,7 @@ Named mods (`MODS`, for grid files and mechanism kwargs: ``mask_mod = { name =
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -151,10 +152,10 @@ def document(lengths: list[int]) -> MaskMod:
         raise ValueError(f"lengths={lengths!r}: must be a non-empty list of positive ints")
     for i, length in enumerate(lengths):
         _positive(f"lengths[{i}]", length)
-    ends = torch.tensor(lengths).cumsum(0)
+    ends = list(itertools.accumulate(lengths))
 
     def document_id(position: torch.Tensor) -> torch.Tensor:  # how many documents end <= it
-        return (position.unsqueeze(-1) >= ends.to(position.device)).sum(-1)
+        return sum((position >= end).long() for end in ends)  # no captured tensor: flex-safe
 
     def document_mask(b, h, q_idx, kv_idx):
         return document_id(q_idx) == document_id(kv_idx)
@@ -166,10 +167,10 @@ def document(lengths: list[int]) -> MaskMod:
 def alibi(n_heads: int) -> ScoreMod:
     """ALiBi (Press et al. 2022): score - slope_h (i - j), slopes 2^(-8 h' / H), h' = 1..H."""
     _positive("n_heads", n_heads)
-    slopes = torch.tensor([2 ** (-8 * (i + 1) / n_heads) for i in range(n_heads)])
 
-    def alibi_bias(score, b, h, q_idx, kv_idx):
-        return score - slopes.to(score.device, score.dtype)[h] * (q_idx - kv_idx)
+    def alibi_bias(score, b, h, q_idx, kv_idx):  # the slope computed, not looked up: flex-safe
+        slope = torch.exp2(-8.0 * (h + 1) / n_heads)
+        return score - slope * (q_idx - kv_idx)
 
     return alibi_bias
 
