@@ -201,7 +201,7 @@ def test_a_selection_reports_each_metric_it_names_at_the_same_settings(swept_sto
     cells = pd.read_csv(out / "cells.csv")
     for mechanism, row in by_metric["test_loss"].iterrows():
         lr = float(row.best.removeprefix("training.lr="))
-        mine = (cells["config.mechanism"] == mechanism) & (cells["config.training.lr"] == lr)
+        mine = (cells["mechanism"] == mechanism) & (cells["training.lr"] == lr)
         assert row["mean"] == pytest.approx(cells[mine]["metrics.test_loss"].mean())
     pairs = pd.read_csv(out / "paired.csv")
     assert sorted(pairs.reported) == ["test_acc", "test_loss"]
