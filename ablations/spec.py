@@ -43,6 +43,10 @@ cells once (`GridSpec.cells`, ablations.cell).
     include = []                                # cells added beyond the product
                                                 # (both also take swept keys: training.lr = ...)
 
+    [tracking]                                  # optional: each finished cell also logged to
+    backends = ["tensorboard", "mlflow"]        # these trackers (ablations.tracking), written
+    uri = "tracking"                            # here (default: "tracking" beside the store)
+
 A cell is one (task, size, mechanism, swept values, seed) with everything resolved; `--set
 key=value` overrides (dotted keys, list entries indexed, TOML values: ``--set
 training.steps=50``, ``--set 'mechanisms[1].kwargs.n_heads=2'``) apply before validation.
@@ -145,6 +149,7 @@ from ablations.schema import (
     Valid,
 )
 from ablations.tasks import build_task, task_arguments
+from ablations.tracking import TrackingPlan
 from attn_zoo.mechanisms.registry import MECHANISMS
 from attn_zoo.models.block import build_attention
 from attn_zoo.registry import PluginError
@@ -195,6 +200,7 @@ class GridSpec:
     resources: dict = field(default_factory=lambda: dict(RESOURCE_DEFAULTS))  # no cell's part
     selection: Selection | None = None
     imports: list[str] = field(default_factory=list)  # plugins, as workers import them
+    tracking: TrackingPlan | None = None  # [tracking], its uri resolved; no cell's part
 
 
 def _base(file: GridFile, task: TaskEntry, size: SizeEntry, mech: MechanismEntry) -> Base:
@@ -755,6 +761,9 @@ def load_grid(
     if check_device:
         _check_training(path, cells)
     _check_builds(path, cells)
+    tracking = None
+    if grid.tracking is not None:  # its uri resolved from the grid file's folder
+        tracking = TrackingPlan(tuple(grid.tracking.backends)).at(grid.tracking.uri, path.parent)
     return GridSpec(
         path,
         grid.name,
@@ -768,4 +777,5 @@ def load_grid(
         grid.resources.model_dump(),
         grid.selection,
         plugins,
+        tracking,
     )
