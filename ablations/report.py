@@ -86,7 +86,7 @@ from ablations.selection import (
     varying_per_task,
     varying_settings,
 )
-from ablations.store import ResultsStore, _pid_alive, error_summary, flat_config
+from ablations.store import ResultsStore, _pid_alive, cells_table, error_summary
 from ablations.tasks import build_task
 
 SUMMARY_COLUMNS = [
@@ -305,18 +305,15 @@ def _outcomes(cells: pd.DataFrame) -> str:
     return ", ".join(parts) or "no cell"
 
 
-def _with_cells_not_run(frame: pd.DataFrame, keys: set[str] | Mapping[str, dict]) -> pd.DataFrame:
-    """`frame` and, when `keys` maps each cell of a grid to its config, a "todo" row for every
-    cell the store does not hold: counted, listed, and never taken for a finished seed."""
+def _with_cells_not_run(rows: list[dict], keys: set[str] | Mapping[str, dict]) -> list[dict]:
+    """`rows` (`ResultsStore.rows()`) and, when `keys` maps each cell of a grid to its config, a
+    "todo" row for every cell the store does not hold: counted, listed, and never taken for a
+    finished seed."""
     if not isinstance(keys, Mapping):
-        return frame
-    held = set(frame.key)
-    rows = [
-        {"key": key, "status": "todo", **flat_config(config)}
-        for key, config in keys.items()
-        if key not in held
-    ]
-    return pd.concat([frame, pd.DataFrame(rows)], ignore_index=True) if rows else frame
+        return rows
+    held = {row["key"] for row in rows}
+    todo = [{"key": k, "status": "todo", "config": c} for k, c in keys.items() if k not in held]
+    return rows + todo
 
 
 def _detail(cell: pd.Series) -> str:
@@ -365,7 +362,8 @@ def _plot_curves(
         runs = curves[curves.key.isin(group.key)]
         if runs.empty:
             continue
-        frame = runs.pivot(index="step", columns="key", values=column).sort_index().ffill() - shift
+        frame = runs.pivot(index="step", columns="key", values=column)  # a column per seed
+        frame = frame[runs.key.unique()].sort_index().ffill() - shift  # in the cells' order
         positive |= bool((frame.mean(axis=1) > 0).any())
         label = plot_text(_curve_label(mechanism, size, setting, len(sizes) > 1))
         style = LINESTYLES[(sizes.index(size) + settings.index(setting)) % len(LINESTYLES)]
@@ -783,18 +781,15 @@ def report_page(
     `folder` and return its page (the model report.md and index.html are rendered from, see
     `report_pages.write_pages`); the arguments are `write_report`'s."""
     store, folder = _open(store), Path(folder)
-    frame, curves = store.to_dataframe(), store.curves()
-    configs = {row["key"]: row["config"] for row in store.rows()}  # as stored, not flattened
+    records, left_out = list(store.rows()), 0
+    if keys is not None:
+        mine = [record for record in records if record["key"] in keys]
+        left_out, records = len(records) - len(mine), _with_cells_not_run(mine, keys)
+    configs = [record["config"] for record in records]  # as stored (the frame's are flat)
+    frame, curves = cells_table(records), store.curves()
     non_finite = _non_finite(store)
     frame["non_finite"] = [non_finite.get(key, "") for key in frame.key]
-    left_out = 0
-    if keys is not None:
-        mine = frame.key.isin(keys)
-        left_out, frame = int((~mine).sum()), frame[mine]
-        frame = _with_cells_not_run(frame, keys)
-        if isinstance(keys, Mapping):  # the configs of the grid's cells not run
-            configs = {**keys, **configs}
-    cells = _cells(frame).assign(family=[_family(configs[key]) for key in frame.key])
+    cells = _cells(frame).assign(family=[_family(config) for config in configs])
     summary = summary_table(frame, curves, target)
 
     write_csv(_cells_csv(frame), _new_file(folder, "cells.csv"))
@@ -824,7 +819,7 @@ def report_page(
                 "setting (see Selection; not drawn where no setting finished on every seed)."
             ))  # fmt: skip
         figures, mine = [], plotted[plotted.task == task]
-        floor = _loss_floor([configs[key] for key in mine.key])
+        floor = _loss_floor([configs[i] for i in mine.index])
         if floor is not None:
             section.parts.append(Paragraph(
                 f"Loss floor: no model can have a mean loss below {floor['test']:.3f} on these "

@@ -128,6 +128,36 @@ def flat_config(config: Mapping) -> dict:
     return flat
 
 
+def cells_table(rows: Iterable[Mapping]) -> pd.DataFrame:
+    """The table `ResultsStore.to_dataframe()` describes, of `rows` as `ResultsStore.rows()`
+    gives them, or made up alike (a field a row leaves out: None; e.g. a grid's cells not run,
+    with their configs); ValueError naming a cell whose config has a key that names another
+    column."""
+    records, config_keys = [], {}
+    for row in rows:
+        record = {k: row.get(k) for k in FRAME_COLUMNS}
+        config = flat_config(row.get("config") or {})
+        config_keys.update(dict.fromkeys(config))
+        clash = [k for k in config if k in record or k.startswith("metrics.")]
+        if clash:
+            raise ValueError(
+                f"cell {row['key']}'s config has the keys {', '.join(clash)}, which name "
+                f"columns of the cells' table ({', '.join(FRAME_COLUMNS)}, metrics.*)"
+            )
+        record.update(config)
+        record.update({f"metrics.{k}": v for k, v in (row.get("metrics") or {}).items()})
+        records.append(record)
+    if not records:
+        return pd.DataFrame(columns=list(FRAME_COLUMNS))
+    frame = pd.DataFrame(records)
+    for key in config_keys:  # whole numbers with gaps, which pandas makes floats
+        values = [record.get(key) for record in records]
+        whole = all(type(v) is int for v in values if v is not None)
+        if whole and frame[key].dtype.kind == "f":
+            frame[key] = pd.array(values, dtype="Int64")
+    return frame
+
+
 def new_owner() -> str:
     """A fresh owner id for claims: "{hostname}:{pid}:{random hex}"."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
@@ -500,30 +530,10 @@ class ResultsStore:
             frame = ResultsStore("results/demo.sqlite", readonly=True).to_dataframe()
             frame.groupby(["mechanism", "training.lr"])["metrics.test_acc"].mean()
         """
-        records, config_keys = [], {}
-        for row in self.rows():
-            record = {k: row[k] for k in FRAME_COLUMNS}
-            config = flat_config(row["config"] or {})
-            config_keys.update(dict.fromkeys(config))
-            clash = [k for k in config if k in record or k.startswith("metrics.")]
-            if clash:
-                raise StoreError(
-                    f"{self.path}: cell {row['key']}'s config has the keys {', '.join(clash)}, "
-                    f"which name columns of the cells' table ({', '.join(FRAME_COLUMNS)}, "
-                    "metrics.*)"
-                )
-            record.update(config)
-            record.update({f"metrics.{k}": v for k, v in (row["metrics"] or {}).items()})
-            records.append(record)
-        if not records:
-            return pd.DataFrame(columns=list(FRAME_COLUMNS))
-        frame = pd.DataFrame(records)
-        for key in config_keys:  # whole numbers with gaps, which pandas makes floats
-            values = [record.get(key) for record in records]
-            whole = all(type(v) is int for v in values if v is not None)
-            if whole and frame[key].dtype.kind == "f":
-                frame[key] = pd.array(values, dtype="Int64")
-        return frame
+        try:
+            return cells_table(self.rows())
+        except ValueError as err:
+            raise StoreError(f"{self.path}: {err}") from None
 
     def curves(self) -> pd.DataFrame:
         """The learning curves of the cells, one row per cell and evaluated step, in the order
