@@ -3,9 +3,11 @@
 attn-zoo bench [--suite softmax relational dual mechanisms] [--lengths ...] [--also-non-causal]
                [--ra-backends ...] [--csv-dir DIR] [--report DIR]
 attn-zoo ablate run GRID [--executor local|ray] [--address ADDR] [--workers N] [--set k=v]
-                         [--dry-run] [--retry-failed]
+                         [--dry-run] [--retry-failed] [--track tensorboard|mlflow|wandb]
+                         [--tracking-uri URI]
 attn-zoo ablate status GRID [--set k=v]
-attn-zoo report GRID_OR_STORE [--out DIR] [--target T] [--note TEXT]
+attn-zoo report GRID_OR_STORE [--out DIR] [--target T] [--note TEXT] [--track mlflow]
+                              [--tracking-uri URI]
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ablations.bench import DTYPES, SUITES
+from ablations.tracking import BACKENDS, TrackingError, TrackingPlan
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -86,6 +89,24 @@ def _import_plugins(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: {err}") from None
 
 
+def _tracking(args: argparse.Namespace, plan: TrackingPlan | None) -> TrackingPlan | None:
+    """`plan` (a grid's [tracking], or None) with the --track backends and the --tracking-uri
+    (relative to the working folder) of `args` in place of its own, where given."""
+    if args.track:
+        plan = replace(plan or TrackingPlan(), backends=tuple(args.track))
+    if args.tracking_uri is not None:
+        if plan is None:
+            raise SystemExit(
+                "error: --tracking-uri says where trackers write, but none is on: name one "
+                "with --track (or in the grid's [tracking])"
+            )
+        try:
+            plan = plan.at(args.tracking_uri, Path.cwd())
+        except TrackingError as err:
+            raise SystemExit(f"error: --tracking-uri: {err}") from None
+    return plan
+
+
 def _cell_table(spec) -> pd.DataFrame:
     """One row per cell of `spec`: its labels, status in the store and main metrics."""
     from ablations.status import grid_status
@@ -116,8 +137,9 @@ def _ablate_run(args: argparse.Namespace) -> int:
         counts = run_grid(
             spec, executor=args.executor, workers=args.workers, address=args.address,
             retry_failed=args.retry_failed, interval=args.interval,
+            tracking=_tracking(args, spec.tracking),
         )  # fmt: skip
-    except (SpecError, StoreError) as err:
+    except (SpecError, StoreError, TrackingError) as err:
         raise SystemExit(f"error: {err}") from None
     except RunStopped:  # its one line is printed
         return 1
@@ -140,14 +162,16 @@ def _ablate_status(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from ablations.store import ResultsStore
 
-    source, selection, keys = Path(args.source), None, None
+    source, selection, keys, tracking = Path(args.source), None, None, None
     if source.suffix == ".toml":  # the grid's cells only
         spec = _load_grid(args, args.source, here=False)
-        store, name, selection = spec.store, spec.name, spec.selection
+        store, name, selection, tracking = spec.store, spec.name, spec.selection, spec.tracking
         keys = {cell.key: cell.config() for cell in spec.cells}  # those not run: listed
     else:
         _import_plugins(args)
         store, name = source, source.stem
+    tracking = _tracking(args, tracking)
+    mlflow = tracking is not None and "mlflow" in tracking.backends  # a report goes there only
     out = Path(args.out or Path("reports") / name)
     try:  # read-only, as status reads it: no store, or a file that is not one, refused at once
         if not store.is_file():
@@ -156,15 +180,20 @@ def _report(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
     from ablations.report import write_report  # after the checks: it loads torch (seconds)
+    from ablations.tracking import check_backends, log_report
 
     try:
+        if mlflow:  # a missing package: refused before the report is written
+            check_backends(TrackingPlan(("mlflow",)))
         write_report(
             store, out, title=args.title, target=args.target, note=args.note,
             selection=selection, keys=keys,
         )  # fmt: skip
+        print(f"wrote {out}/report.md, {out}/index.html and the CSVs and plots beside them")
+        for warning in log_report(tracking, name, store.path, out):
+            print(warning)
     except (OSError, ValueError) as err:  # a folder that is not a report, a store unreadable
         raise SystemExit(f"error: {err}") from None
-    print(f"wrote {out}/report.md, {out}/index.html and the CSVs and plots beside them")
     return 0
 
 
@@ -196,6 +225,15 @@ def _add_import(command: argparse.ArgumentParser) -> None:
         "--import", dest="imports", action="append", default=[], metavar="MODULE",
         help="a module or .py file to import first: your own mechanisms, backends, tasks "
         "(repeatable; every worker imports it too)",
+    )  # fmt: skip
+
+
+def _add_tracking_uri(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--tracking-uri", default=None, metavar="URI",
+        help="where the trackers write: a folder, or MLflow's sqlite:///FILE.db or "
+        "file:///FOLDER (in place of the grid's [tracking] uri; without either: tracking/ "
+        "beside the store)",
     )  # fmt: skip
 
 
@@ -282,6 +320,12 @@ def parser() -> argparse.ArgumentParser:
         "--interval", type=number(float, 0, low_open=True), default=10.0,
         help="seconds between status lines when not on a terminal",
     )  # fmt: skip
+    run.add_argument(
+        "--track", action="append", default=[], choices=list(BACKENDS), metavar="BACKEND",
+        help=f"also log each finished cell to this tracker ({', '.join(BACKENDS)}; repeatable; "
+        "in place of the grid's [tracking] backends)",
+    )  # fmt: skip
+    _add_tracking_uri(run)
     run.set_defaults(func=_ablate_run)
     status.set_defaults(func=_ablate_status)
 
@@ -305,6 +349,12 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--note", default=None, help="a paragraph under the header, e.g. a conclusion")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="overrides of a grid spec given as source (repeatable)")  # fmt: skip
+    r.add_argument(
+        "--track", action="append", default=[], choices=["mlflow"], metavar="BACKEND",
+        help="also log the report's files as artifacts of an MLflow run named 'report' in "
+        "the grid's experiment (a grid whose [tracking] names mlflow does so without it)",
+    )  # fmt: skip
+    _add_tracking_uri(r)
     _add_import(r)
     r.set_defaults(func=_report)
     return p

@@ -86,7 +86,7 @@ from ablations.selection import (
     varying_per_task,
     varying_settings,
 )
-from ablations.store import ResultsStore, _pid_alive, error_summary
+from ablations.store import ResultsStore, _pid_alive, cells_table, error_summary
 from ablations.tasks import build_task
 
 SUMMARY_COLUMNS = [
@@ -115,14 +115,16 @@ N_TRAIN_AXES = ("task_kwargs.n_train", "training.steps")  # what a training-set 
 MARKERS = ["o", "s", "^", "D", "v"]
 
 
-FIELDS = {  # tidy column of a cell: its column in the flattened store frame
-    "size": "config.size.label",
-    "mechanism": "config.mechanism",
-    "seed": "config.seed",
+FIELDS = {  # tidy column of a cell: its column in the store's frame (ResultsStore.to_dataframe)
+    "key": "key",
+    "task": "task",
+    "size": "size",
+    "mechanism": "mechanism",
+    "seed": "seed",
     "status": "status",
-    "n_train": "config.task_kwargs.n_train",
-    "batch_size": "config.training.batch_size",
-    "early_stop_target": "config.training.early_stop_target",
+    "n_train": "task_kwargs.n_train",
+    "batch_size": "training.batch_size",
+    "early_stop_target": "training.early_stop_target",
     "test_acc": "metrics.test_acc",
     "test_loss": "metrics.test_loss",
     "test_exact": "metrics.test_exact",
@@ -132,24 +134,21 @@ FIELDS = {  # tidy column of a cell: its column in the flattened store frame
     "step_ms": "metrics.step_ms",
     "diverged_at": "metrics.diverged_at",
     "error": "error",
-    "curve": "curve",
 }
 
 
 def _cells(df: pd.DataFrame) -> pd.DataFrame:
-    """One tidy row per cell (the index of `df`): task label and name, other labels, status
-    (a done cell with a NaN or infinite metric, named in the `non_finite` column of `df`
+    """One tidy row per cell (the index of `df`, a `ResultsStore.to_dataframe()`): key, labels,
+    status (a done cell with a NaN or infinite metric, named in the `non_finite` column of `df`
     that `_non_finite` gives, counts as diverged), the numbers the report uses, the settings
     the cells vary in beyond task, size, mechanism and seed
     (ablations.selection.varying_settings: one column each, named as swept, e.g.
     "training.lr") and `setting`, their values as one text ('' where none varies)."""
-    flat = pd.json_normalize(df.to_dict("records"), sep=".").set_index(df.index)
-    missing = pd.Series(float("nan"), index=flat.index)
-    cells = {"task": flat.get("config.task", missing), "family": df.apply(_family, axis=1)}
-    cells.update({column: flat.get(field, missing) for column, field in FIELDS.items()})
+    missing = pd.Series(float("nan"), index=df.index)
+    cells = {column: df.get(field, missing) for column, field in FIELDS.items()}
     cells.update({  # the metrics of a task's other test splits: test_ood_acc, ...
-        column.removeprefix("metrics."): flat[column]
-        for column in flat.columns
+        column.removeprefix("metrics."): df[column]
+        for column in df.columns
         if column.startswith("metrics.test_") and column.removeprefix("metrics.") not in cells
     })  # fmt: skip
     cells["non_finite"] = df.get("non_finite", pd.Series("", index=df.index)).fillna("")
@@ -165,24 +164,19 @@ def _cells(df: pd.DataFrame) -> pd.DataFrame:
     return cells
 
 
-def _family(row: pd.Series) -> str:
-    """The registered task with its kwargs other than split sizes: 'name (k=v, ...)'."""
-    kwargs = row.get("config.task_kwargs") or {}
+def _family(config: Mapping) -> str:
+    """The registered task of a cell's config with its kwargs other than split sizes:
+    'name (k=v, ...)'."""
+    kwargs = config.get("task_kwargs") or {}
     other = [f"{k}={v}" for k, v in sorted(kwargs.items()) if k not in SPLIT_SIZES]
-    name = row.get("config.task_name")
+    name = config.get("task_name")
     return f"{name} ({', '.join(other)})" if other else str(name)
 
 
-def _first_step(curve: list | None, target: float) -> int | None:
-    """The first evaluated step whose validation metric reaches `target`, or None."""
-    for step, _train_loss, _val_loss, val_metric in curve or []:
-        if val_metric >= target:
-            return step
-    return None
-
-
-def summary_table(df: pd.DataFrame, target: float | None = None) -> pd.DataFrame:
-    """The main table from `ResultsStore.to_dataframe()`: per task,
+def summary_table(
+    df: pd.DataFrame, curves: pd.DataFrame, target: float | None = None
+) -> pd.DataFrame:
+    """The main table from `ResultsStore.to_dataframe()` and `ResultsStore.curves()`: per task,
     size, mechanism and setting (of the axes the cells vary in, e.g. "training.lr=0.001"; ''
     without), over the seeds that finished (`seeds`, of `cells` in all), test accuracy
     mean, std and 95% confidence interval (`test_acc_low`, `test_acc_high`: Student's t,
@@ -200,12 +194,13 @@ def summary_table(df: pd.DataFrame, target: float | None = None) -> pd.DataFrame
         goal = target if target is not None else group.early_stop_target.iloc[0]
         goal = goal if goal and pd.notna(goal) else float("nan")
         steps, samples = [], []
-        if pd.notna(goal):
-            for curve, batch_size in zip(done.curve, done.batch_size, strict=True):
-                step = _first_step(curve, goal)
-                if step is not None:
-                    steps.append(step)
-                    samples.append(step * batch_size)
+        if pd.notna(goal):  # per seed, the first evaluated step whose val accuracy reaches it
+            reached = curves[curves.key.isin(done.key) & (curves.val_metric >= goal)]
+            first = reached.groupby("key").step.min()
+            for key, batch_size in zip(done.key, done.batch_size, strict=True):
+                if key in first:
+                    steps.append(first[key])
+                    samples.append(first[key] * batch_size)
         mean, low, high, _ = interval(done.test_acc)
         why = []
         if done.empty:
@@ -310,18 +305,15 @@ def _outcomes(cells: pd.DataFrame) -> str:
     return ", ".join(parts) or "no cell"
 
 
-def _with_cells_not_run(frame: pd.DataFrame, keys: set[str] | Mapping[str, dict]) -> pd.DataFrame:
-    """`frame` and, when `keys` maps each cell of a grid to its config, a "todo" row for every
-    cell the store does not hold: counted, listed, and never taken for a finished seed."""
+def _with_cells_not_run(rows: list[dict], keys: set[str] | Mapping[str, dict]) -> list[dict]:
+    """`rows` (`ResultsStore.rows()`) and, when `keys` maps each cell of a grid to its config, a
+    "todo" row for every cell the store does not hold: counted, listed, and never taken for a
+    finished seed."""
     if not isinstance(keys, Mapping):
-        return frame
-    held = set(frame.key)
-    rows = [
-        {"key": key, "status": "todo", **{f"config.{k}": v for k, v in config.items()}}
-        for key, config in keys.items()
-        if key not in held
-    ]
-    return pd.concat([frame, pd.DataFrame(rows)], ignore_index=True) if rows else frame
+        return rows
+    held = {row["key"] for row in rows}
+    todo = [{"key": k, "status": "todo", "config": c} for k, c in keys.items() if k not in held]
+    return rows + todo
 
 
 def _detail(cell: pd.Series) -> str:
@@ -341,12 +333,13 @@ def _detail(cell: pd.Series) -> str:
 FIGURE_ALTS = {"curves": "learning curves", "loss_curves": "loss curves",
                "above_floor": "validation loss above the floor",
                "vs_params": "{metric} vs parameters"}  # fmt: skip
-CURVE_COLUMNS = {"accuracy": 3, "loss": 2}  # a curve point: [step, train loss, val loss, val acc]
+CURVE_COLUMNS = {"accuracy": "val_metric", "loss": "val_loss"}  # of ResultsStore.curves()
 
 
 def _plot_curves(
     task: str,
     done: pd.DataFrame,
+    curves: pd.DataFrame,
     colours: dict,
     metric: str = "accuracy",
     floor: float | None = None,
@@ -356,7 +349,8 @@ def _plot_curves(
     setting): mean line and min-max band over seeds; a seed that stopped early holds its last
     value; `floor`, the lowest validation loss possible (`_loss_floor`), a dotted black line,
     or with `above_floor` subtracted from every curve, drawn on a log scale (None where no
-    mean is above it)."""
+    mean is above it). `curves`: the store's `ResultsStore.curves()`, of these cells and
+    others."""
     column = CURVE_COLUMNS[metric]
     shift, positive = (floor if above_floor else 0.0), False
     figure, ax = new_figure()
@@ -365,10 +359,11 @@ def _plot_curves(
     for (size, mechanism, setting), group in done.groupby(
         ["size", "mechanism", "setting"], sort=False
     ):
-        runs = [pd.Series({p[0]: p[column] for p in curve}) for curve in group.curve if curve]
-        if not runs:
+        runs = curves[curves.key.isin(group.key)]
+        if runs.empty:
             continue
-        frame = pd.concat(runs, axis=1).sort_index().ffill() - shift
+        frame = runs.pivot(index="step", columns="key", values=column)  # a column per seed
+        frame = frame[runs.key.unique()].sort_index().ffill() - shift  # in the cells' order
         positive |= bool((frame.mean(axis=1) > 0).any())
         label = plot_text(_curve_label(mechanism, size, setting, len(sizes) > 1))
         style = LINESTYLES[(sizes.index(size) + settings.index(setting)) % len(LINESTYLES)]
@@ -438,15 +433,14 @@ def _metric_name(metric: str) -> str:
     return "accuracy" if metric == "test_acc" else metric.replace("_", " ")
 
 
-def _loss_floor(frame: pd.DataFrame) -> dict[str, float] | None:
+def _loss_floor(configs: list[dict]) -> dict[str, float] | None:
     """The lowest mean loss any model can have on the validation and test splits of the done
-    cells of one task in the store `frame`, for a task that knows it (`best_losses`, e.g. the
+    cells of one task (their `configs`), for a task that knows it (`best_losses`, e.g. the
     grammar task's true probabilities): the mean over the splits those cells used, one per seed
     and setting of the task's arguments. None for a task without one."""
-    done = frame[frame.status == "done"]
     settings = {
-        (row["config.task_name"], json.dumps(row["config.task_kwargs"]), int(row["config.seed"]))
-        for _, row in done.iterrows()
+        (config["task_name"], json.dumps(config["task_kwargs"]), int(config["seed"]))
+        for config in configs
     }
     floors: dict[str, list[float]] = {"validation": [], "test": []}
     for name, kwargs, seed in sorted(settings):
@@ -568,12 +562,15 @@ def _non_finite(store: ResultsStore) -> dict[str, str]:
 
 
 def _cells_csv(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell, config and metrics flattened to sorted dotted columns, no curve."""
-    flat = pd.json_normalize(frame.to_dict("records"), sep=".")
-    flat = flat.drop(columns=["curve", "non_finite"], errors="ignore")
-    first = [c for c in ("key", "status") if c in flat]
-    last = [c for c in ("error", "started", "finished") if c in flat]
-    return flat[first + sorted(c for c in flat if c not in first + last) + last]
+    """One row per cell: key, status, its config columns (`ResultsStore.to_dataframe()`'s:
+    "training.lr", ...) sorted, then its metrics ("metrics.test_acc", ...) sorted, then error
+    and times."""
+    frame = frame.drop(columns=["non_finite"], errors="ignore")
+    first = [c for c in ("key", "status") if c in frame]
+    last = [c for c in ("error", "started", "finished") if c in frame]
+    middle = [c for c in frame if c not in first + last]
+    middle.sort(key=lambda c: (c.startswith("metrics."), c))
+    return frame[first + middle + last]
 
 
 INTRO = (
@@ -598,7 +595,7 @@ def _page(
 ) -> Page:
     """The page without sections: title, facts (grid names, cells by status, environment,
     date), how to read the tables, and the note."""
-    grids = sorted(set(frame.get("config.grid", [])))
+    grids = sorted(set(frame.get("grid", [])))
     counts = cells.status.value_counts()
     shown = ("done", "failed", "diverged", "running") + (("todo",) if counts.get("todo") else ())
     statuses = ", ".join(f"{counts.get(s, 0)} {s}" for s in shown)  # todo: the grid's, not run
@@ -784,16 +781,16 @@ def report_page(
     `folder` and return its page (the model report.md and index.html are rendered from, see
     `report_pages.write_pages`); the arguments are `write_report`'s."""
     store, folder = _open(store), Path(folder)
-    frame = store.to_dataframe()
+    records, left_out = list(store.rows()), 0
+    if keys is not None:
+        mine = [record for record in records if record["key"] in keys]
+        left_out, records = len(records) - len(mine), _with_cells_not_run(mine, keys)
+    configs = [record["config"] for record in records]  # as stored (the frame's are flat)
+    frame, curves = cells_table(records), store.curves()
     non_finite = _non_finite(store)
     frame["non_finite"] = [non_finite.get(key, "") for key in frame.key]
-    left_out = 0
-    if keys is not None:
-        mine = frame.key.isin(keys)
-        left_out, frame = int((~mine).sum()), frame[mine]
-        frame = _with_cells_not_run(frame, keys)
-    cells = _cells(frame)
-    summary = summary_table(frame, target)
+    cells = _cells(frame).assign(family=[_family(config) for config in configs])
+    summary = summary_table(frame, curves, target)
 
     write_csv(_cells_csv(frame), _new_file(folder, "cells.csv"))
     write_csv(summary, _new_file(folder, "summary.csv"))
@@ -822,7 +819,7 @@ def report_page(
                 "setting (see Selection; not drawn where no setting finished on every seed)."
             ))  # fmt: skip
         figures, mine = [], plotted[plotted.task == task]
-        floor = _loss_floor(frame.loc[mine.index])
+        floor = _loss_floor([configs[i] for i in mine.index])
         if floor is not None:
             section.parts.append(Paragraph(
                 f"Loss floor: no model can have a mean loss below {floor['test']:.3f} on these "
@@ -832,13 +829,13 @@ def report_page(
                 "it on a log scale."
             ))  # fmt: skip
         val_floor = None if floor is None else floor["validation"]
-        for label, curves in _curve_panels(str(task), mine, selection):
-            figures.append(("curves", label, _plot_curves(label, curves, colours)))
-            if curves.test_exact.notna().any():  # sequence tasks (scored per position)
-                loss_curves = _plot_curves(label, curves, colours, "loss", val_floor)
+        for label, panel in _curve_panels(str(task), mine, selection):
+            figures.append(("curves", label, _plot_curves(label, panel, curves, colours)))
+            if panel.test_exact.notna().any():  # sequence tasks (scored per position)
+                loss_curves = _plot_curves(label, panel, curves, colours, "loss", val_floor)
                 figures.append(("loss_curves", label, loss_curves))
                 if val_floor is not None:
-                    above = _plot_curves(label, curves, colours, "loss", val_floor, True)
+                    above = _plot_curves(label, panel, curves, colours, "loss", val_floor, True)
                     figures.append(("above_floor", label, above))
         vs_params = _plot_vs_params(str(task), mine, colours, metric)
         figures.append(("vs_params", task, vs_params))

@@ -51,6 +51,7 @@ from ablations.spec import GridSpec, SpecError
 from ablations.status import grid_status
 from ablations.store import FINISHED, ClaimError, ResultsStore, StoreError, config_key
 from ablations.tasks.registry import TASKS
+from ablations.tracking import TrackingPlan, check_backends, open_trackers
 from ablations.train import LOST, CellOutcome, smoke_test
 from attn_zoo.mechanisms.registry import MECHANISMS
 from attn_zoo.models.positional import POSITIONAL
@@ -159,11 +160,15 @@ def run_grid(
     retry_failed: bool = False,
     interval: float = 10.0,
     out=sys.stdout,
+    tracking: TrackingPlan | None = None,
 ) -> dict[str, int]:
     """Check, then train every unfinished cell of `spec` (and the failed ones again with
     `retry_failed`) and record it; the counts of this run's outcomes by status. `interval`:
-    seconds between status lines when `out` is not a terminal."""
+    seconds between status lines when `out` is not a terminal. `tracking`: the trackers each
+    recorded cell is then copied to (default: the grid's [tracking]; ablations.tracking)."""
     cells = spec.cells
+    tracking = spec.tracking if tracking is None else tracking
+    check_backends(tracking)  # a missing package: TrackingError before anything runs
     check_cells(spec)
     store = ResultsStore(spec.store)
     store.remove_dead_partials()
@@ -177,6 +182,11 @@ def run_grid(
     if not todo:
         store.close()
         return dict.fromkeys(FINISHED, 0)
+    try:
+        trackers = open_trackers(tracking, spec.name, spec.store)
+    except BaseException:
+        store.close()
+        raise
     commit = source_commit()
     stop = _StopSignals()  # before ray.init, which sets its own SIGTERM handler
     device = training_settings(spec.training)["device"]  # where the local workers go
@@ -230,6 +240,8 @@ def run_grid(
                     continue
                 claimed.discard(key)
                 progress.finished(key, outcome)
+                for warning in trackers.log(cell_label(cell), cell.config(), outcome.record()):
+                    progress.print(warning)  # the cell is stored: tracking is a copy
             if time.monotonic() - beat >= store.lease / 4:
                 store.heartbeat(claimed)
                 beat = time.monotonic()

@@ -5,11 +5,11 @@ default and range (`Valid`, which error messages quote).
                                                    # the checks across fields and the expansion
 
 `GridFile` and its tables (`TaskEntry`, `SizeEntry`, `MechanismEntry`, `ModelOptions`,
-`Training`, `Sweep`, `Resources`, `Resume`, `GridRules`, `Selection`) refuse unknown keys, wrong
-types (a bool is not an int; an int is a float) and values out of range. Names are checked
-against the registries (tasks, mechanisms and reference models, norms, positions, symbol
-retrievers). The training defaults are ablations.cell's `DEFAULT_TRAINING`; what the keys mean
-is in the grid format's description (ablations/spec.py).
+`Training`, `Sweep`, `Resources`, `Resume`, `GridRules`, `Selection`, `Tracking`) refuse unknown
+keys, wrong types (a bool is not an int; an int is a float) and values out of range. Names are
+checked against the registries (tasks, mechanisms and reference models, norms, positions,
+symbol retrievers). The training defaults are ablations.cell's `DEFAULT_TRAINING`; what the
+keys mean is in the grid format's description (ablations/spec.py).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from ablations.devices import DEVICES, RESOURCE_DEFAULTS, is_device_name
 from ablations.references import REFERENCES
 from ablations.resume import RESUME_DEFAULTS
 from ablations.tasks import list_tasks
+from ablations.tracking import BACKENDS, URI_FORMS, is_tracking_uri
 from attn_zoo.mechanisms.registry import list_mechanisms
 from attn_zoo.models.feedforward import FF_ACTIVATIONS
 from attn_zoo.models.norms import NORMS
@@ -298,6 +299,24 @@ class Selection(Table):
         return [self.reported] if isinstance(self.reported, str) else list(self.reported)
 
 
+Backends = Annotated[
+    list[choice(tuple(BACKENDS))],
+    Field(min_length=1),
+    Valid(f'a non-empty list of tracking backends ({", ".join(BACKENDS)}), e.g. ["mlflow"]'),
+]
+TrackingUri = rule(StrictStr, f"{URI_FORMS}; a path relative to the grid file's folder",
+                   is_tracking_uri)  # fmt: skip
+
+
+class Tracking(Table):
+    """[tracking]: each finished cell copied to experiment trackers (ablations.tracking):
+    `backends` (their names), `uri` (where they write; default: a "tracking" folder beside
+    the store). No part of any cell."""
+
+    backends: Backends
+    uri: TrackingUri | None = None
+
+
 class GridFile(Table):
     """A grid file as written: the typed schema `load_grid` validates it with."""
 
@@ -321,6 +340,7 @@ class GridFile(Table):
     resources: Resources = Resources()
     resume: Resume = Resume()
     grid: GridRules = GridRules()
+    tracking: Tracking | None = None
 
 
 # Added after stores existed: in a cell's training only when set to another value than the

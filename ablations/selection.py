@@ -32,14 +32,10 @@ import math
 import pandas as pd
 from scipy import stats
 
-from ablations.cell import training_settings
+from ablations.cell import DEFAULT_TRAINING
+from ablations.store import is_missing
 
-SETTING_PREFIXES = {  # flattened store column prefix: swept-key section
-    "config.training.": "training.",
-    "config.size.": "model.",
-    "config.task_kwargs.": "task_kwargs.",
-    "config.mechanism_kwargs.": "mechanism_kwargs.",
-}
+SECTIONS = ("training.", "model.", "task_kwargs.", "mechanism_kwargs.")  # of the swept keys
 GROUP = ["task", "size", "mechanism"]
 MECHANISM_KWARGS = "mechanism_kwargs."
 
@@ -99,31 +95,31 @@ def differing_settings(frame: pd.DataFrame) -> dict[str, list[str]]:
 
 
 def _all_settings(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[pd.Series]]:
-    """Every setting of every cell of `frame` as text, one column per swept-key name, and the
-    cells' (task, size label, mechanism) columns."""
+    """Every setting of every cell of `frame` as text, one column per swept-key name (its
+    column's; the training keys in `DEFAULT_TRAINING`'s order), and the cells' (task, size
+    label, mechanism) columns."""
     if frame.empty:
         return pd.DataFrame(index=frame.index), []
-    records = frame.to_dict("records")
-    for record in records:  # training keys left out hold their defaults
-        record["config.training"] = training_settings(record.get("config.training") or {})
-    flat = pd.json_normalize(records, sep=".").set_index(frame.index)
-    values = {}
-    for column in flat.columns:
-        for prefix, section in SETTING_PREFIXES.items():
-            if column.startswith(prefix) and column != "config.size.label":
-                values[section + column.removeprefix(prefix)] = flat[column].map(_text)
-    settings = pd.DataFrame(values, index=frame.index)
-    if "config.training.epochs" in flat:  # steps derived from epochs: not a setting of theirs
-        settings.loc[flat["config.training.epochs"].notna(), "training.steps"] = "epochs"
     missing = pd.Series(math.nan, index=frame.index)
-    group = [flat.get(f"config.{k}", missing) for k in ("task", "size.label", "mechanism")]
+    defaults = {f"training.{k}": v for k, v in DEFAULT_TRAINING.items()}
+    columns = [c for c in frame.columns if c.startswith(SECTIONS)]
+    at = next((i for i, c in enumerate(columns) if c in defaults), len(columns))
+    columns = [*columns[:at], *defaults, *(c for c in columns[at:] if c not in defaults)]
+    values = {}
+    for column in columns:  # a training key a cell leaves out holds its default
+        given = frame.get(column, missing)
+        if column in defaults:
+            given = [defaults[column] if is_missing(v) else v for v in given]
+        values[column] = [_text(v) for v in given]
+    settings = pd.DataFrame(values, index=frame.index)
+    if "training.epochs" in frame:  # steps derived from epochs: not a setting of theirs
+        settings.loc[frame["training.epochs"].notna(), "training.steps"] = "epochs"
+    group = [frame.get(k, missing) for k in ("task", "size", "mechanism")]
     return settings, group
 
 
 def _text(value: object) -> str:
-    if isinstance(value, float) and math.isnan(value):
-        return "default"
-    return str(value)
+    return "default" if is_missing(value) else str(value)
 
 
 def setting_text(row: pd.Series, keys: list[str]) -> str:

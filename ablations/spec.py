@@ -47,6 +47,10 @@ cells once (`GridSpec.cells`, ablations.cell).
     include = []                                # cells added beyond the product
                                                 # (both also take swept keys: training.lr = ...)
 
+    [tracking]                                  # optional: each finished cell also logged to
+    backends = ["tensorboard", "mlflow"]        # these trackers (ablations.tracking), written
+    uri = "tracking"                            # here (default: "tracking" beside the store)
+
 A cell is one (task, size, mechanism, swept values, seed) with everything resolved; `--set
 key=value` overrides (dotted keys, list entries indexed, TOML values: ``--set
 training.steps=50``, ``--set 'mechanisms[1].kwargs.n_heads=2'``) apply before validation.
@@ -155,6 +159,7 @@ from ablations.schema import (
     Valid,
 )
 from ablations.tasks import build_task, task_arguments
+from ablations.tracking import TrackingPlan
 from attn_zoo.mechanisms.registry import MECHANISMS
 from attn_zoo.models.block import build_attention
 from attn_zoo.registry import PluginError
@@ -206,6 +211,7 @@ class GridSpec:
     selection: Selection | None = None
     imports: list[str] = field(default_factory=list)  # plugins, as workers import them
     resume: dict = field(default_factory=lambda: dict(RESUME_DEFAULTS))  # no cell's part
+    tracking: TrackingPlan | None = None  # [tracking], its uri resolved; no cell's part
 
 
 def _base(file: GridFile, task: TaskEntry, size: SizeEntry, mech: MechanismEntry) -> Base:
@@ -770,6 +776,9 @@ def load_grid(
     if check_device:
         _check_training(path, cells)
     _check_builds(path, cells)
+    tracking = None
+    if grid.tracking is not None:  # its uri resolved from the grid file's folder
+        tracking = TrackingPlan(tuple(grid.tracking.backends)).at(grid.tracking.uri, path.parent)
     return GridSpec(
         path,
         grid.name,
@@ -784,4 +793,5 @@ def load_grid(
         grid.selection,
         plugins,
         grid.resume.model_dump(),
+        tracking,
     )

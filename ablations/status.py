@@ -11,12 +11,10 @@ store that does not exist yet means every cell is todo.
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
 from ablations.spec import GridSpec
-from ablations.store import ResultsStore, claim_is_stale, error_summary
+from ablations.store import ResultsStore, claim_is_stale, error_summary, is_missing
 
 COLUMNS = ["key", "task", "size", "mechanism", "seed", "status", "steps", "test_acc", "error"]
 # between mechanism and seed: the grid's swept keys (GridSpec.swept_keys), where it has any
@@ -65,10 +63,5 @@ def status_text(frame: pd.DataFrame, swept: list[str]) -> str:
             form = "{:.3f}".format
         else:
             form = str
-        texts[column] = ["-" if _missing(value) else form(value) for value in frame[column]]
+        texts[column] = ["-" if is_missing(value) else form(value) for value in frame[column]]
     return texts.to_string(index=False)
-
-
-def _missing(value: object) -> bool:
-    """Whether `value` is missing: None, NaN or pandas' NA."""
-    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))

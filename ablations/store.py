@@ -19,7 +19,12 @@ A done or diverged row is never overwritten; a failed one only by a claim with `
 
 `ResultsStore(path, readonly=True)` reads a store without writing anything (for status and
 reports): it never creates the file, its folder or the schema, and reads a store whose file or
-folder is read-only.
+folder is read-only. As tables (pandas):
+
+    frame = store.to_dataframe()   # a row per cell: key, status, ..., training.lr, ...,
+                                   # metrics.test_acc, ... (config keys as `flat_config` names them)
+    curves = store.curves()        # a row per cell and evaluated step: key, step, train_loss,
+                                   # val_loss, val_metric
 
 Statuses: running, done, failed (with its traceback), diverged (NaN/inf loss, at its step).
 """
@@ -48,7 +53,9 @@ STATUSES = ("running", "done", "failed", "diverged")
 FINISHED = ("done", "failed", "diverged")
 LEASE = 60.0  # seconds without a heartbeat after which a claim is stale
 TIMEOUT = 30.0  # seconds a write waits for another process's transaction
-FRAME_COLUMNS = ("key", "status", "error", "started", "finished", "curve")
+FRAME_COLUMNS = ("key", "status", "error", "started", "finished")  # then config, metrics.*
+CURVE_FIELDS = ("step", "train_loss", "val_loss", "val_metric")  # a stored curve's points
+CURVE_COLUMNS = ("key", *CURVE_FIELDS)  # `ResultsStore.curves()`
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cells (
@@ -90,6 +97,65 @@ def config_key(config: Mapping) -> str:
     """SHA-256 of the config's canonical JSON (sorted keys): equal configs, equal keys."""
     canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def is_missing(value: object) -> bool:
+    """Whether a value of a frame is missing: None, NaN or pandas' NA."""
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def flat_config(config: Mapping) -> dict:
+    """A cell's config as one flat dict, keyed as a grid file names its keys: nested tables
+    flattened with dots ("training.lr", "task_kwargs.n_train", "mechanism_kwargs.n_heads",
+    "mechanism_kwargs.symbol_retrieval_kwargs.max_length"), the size table as `size` (its label)
+    and `model.<key>` (d_model, n_layers and the model options, as `[sweep] model.dff` names
+    them); an empty table gives no key.
+
+        flat_config({"seed": 0, "training": {"lr": 1e-3}, "size": {"label": "s", "dff": 64}})
+        # {"seed": 0, "training.lr": 0.001, "size": "s", "model.dff": 64}
+    """
+    flat = {}
+    for name, value in config.items():
+        if name == "size" and isinstance(value, Mapping):
+            if "label" in value:
+                flat["size"] = value["label"]
+            value = {k: v for k, v in value.items() if k != "label"}
+            name = "model"
+        if isinstance(value, Mapping):
+            flat.update({f"{name}.{k}": v for k, v in flat_config(value).items()})
+        else:
+            flat[name] = value
+    return flat
+
+
+def cells_table(rows: Iterable[Mapping]) -> pd.DataFrame:
+    """The table `ResultsStore.to_dataframe()` describes, of `rows` as `ResultsStore.rows()`
+    gives them, or made up alike (a field a row leaves out: None; e.g. a grid's cells not run,
+    with their configs); ValueError naming a cell whose config has a key that names another
+    column."""
+    records, config_keys = [], {}
+    for row in rows:
+        record = {k: row.get(k) for k in FRAME_COLUMNS}
+        config = flat_config(row.get("config") or {})
+        config_keys.update(dict.fromkeys(config))
+        clash = [k for k in config if k in record or k.startswith("metrics.")]
+        if clash:
+            raise ValueError(
+                f"cell {row['key']}'s config has the keys {', '.join(clash)}, which name "
+                f"columns of the cells' table ({', '.join(FRAME_COLUMNS)}, metrics.*)"
+            )
+        record.update(config)
+        record.update({f"metrics.{k}": v for k, v in (row.get("metrics") or {}).items()})
+        records.append(record)
+    if not records:
+        return pd.DataFrame(columns=list(FRAME_COLUMNS))
+    frame = pd.DataFrame(records)
+    for key in config_keys:  # whole numbers with gaps, which pandas makes floats
+        values = [record.get(key) for record in records]
+        whole = all(type(v) is int for v in values if v is not None)
+        if whole and frame[key].dtype.kind == "f":
+            frame[key] = pd.array(values, dtype="Int64")
+    return frame
 
 
 def new_owner() -> str:
@@ -490,13 +556,42 @@ class ResultsStore:
             yield row
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per cell: key, status, error, times, then config.* and metrics.* columns,
-        and curve (an empty store gives those first columns and no rows)."""
-        records = []
+        """One row per cell, in the order the cells started: key, status, error, started,
+        finished (`FRAME_COLUMNS`), then one column per config key named as `flat_config` names
+        it (grid, task, task_name, task_kwargs.n_train, size, model.d_model, mechanism,
+        mechanism_kwargs.n_heads, training.lr, seed, ...) and one per metric, behind "metrics."
+        ("metrics.test_acc", "metrics.val_loss": a final metric never shares a name with a
+        config key). A config key a cell does not have is missing there (NaN; `is_missing`);
+        a config column of whole numbers with gaps has pandas' nullable "Int64" dtype (an int
+        stays an int: 2, not 2.0). The learning curves are in `curves()`. An empty store gives
+        the columns `FRAME_COLUMNS` and no rows.
+
+            frame = ResultsStore("results/demo.sqlite", readonly=True).to_dataframe()
+            frame.groupby(["mechanism", "training.lr"])["metrics.test_acc"].mean()
+        """
+        try:
+            return cells_table(self.rows())
+        except ValueError as err:
+            raise StoreError(f"{self.path}: {err}") from None
+
+    def curves(self) -> pd.DataFrame:
+        """The learning curves of the cells, one row per cell and evaluated step, in the order
+        the cells started (`CURVE_COLUMNS`): key (join on `to_dataframe()`'s), step, train_loss
+        (the training batch's loss at that step), val_loss and val_metric (the validation loss
+        and accuracy). A cell without a curve (failed, running) has no row; an empty store
+        gives the columns and no rows.
+
+            curves = store.curves().merge(store.to_dataframe()[["key", "mechanism"]], on="key")
+            curves.pivot_table(index="step", columns="mechanism", values="val_metric")
+        """
+        points = []
         for row in self.rows():
-            record = {k: row[k] for k in ("key", "status", "error", "started", "finished")}
-            record.update({f"config.{k}": v for k, v in (row["config"] or {}).items()})
-            record.update({f"metrics.{k}": v for k, v in (row["metrics"] or {}).items()})
-            record["curve"] = row["curve"]
-            records.append(record)
-        return pd.DataFrame(records) if records else pd.DataFrame(columns=list(FRAME_COLUMNS))
+            for point in row["curve"] or []:
+                if len(point) != len(CURVE_FIELDS):
+                    raise StoreError(
+                        f"{self.path}: cell {row['key']}'s curve holds the point {point!r}, "
+                        f"not [{', '.join(CURVE_FIELDS)}]"
+                    )
+                points.append([row["key"], *point])
+        frame = pd.DataFrame(points, columns=list(CURVE_COLUMNS))
+        return frame.astype({"step": "int64", **dict.fromkeys(CURVE_FIELDS[1:], "float64")})

@@ -41,11 +41,11 @@ def test_a_grid_trains_reference_models_beside_ours_on_the_same_data(tmp_path):
     )  # fmt: skip
     spec = load_grid(path)
     run_grid(spec, workers=1)
-    frame = ResultsStore(spec.store).to_dataframe().set_index("config.mechanism")
+    frame = ResultsStore(spec.store).to_dataframe().set_index("mechanism")
     assert set(frame.status) == {"done"}
     for mechanism in ("std", "ref_vit", "ref_dat"):
         assert 0 <= frame.loc[mechanism, "metrics.test_ood_acc"] <= 1
-    assert frame.loc["ref_dat", "config.mechanism_name"] == REF_DAT["name"]
+    assert frame.loc["ref_dat", "mechanism_name"] == REF_DAT["name"]
 
 
 def test_the_reference_is_built_from_the_task_and_the_cells_size():

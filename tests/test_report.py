@@ -149,7 +149,7 @@ def check_summary(summary: pd.DataFrame, inputs: dict, target: float) -> None:
 
 def test_summary_matches_the_inputs(grid):
     store, inputs = grid
-    summary = summary_table(store.to_dataframe())  # target: the cells' early_stop_target
+    summary = summary_table(store.to_dataframe(), store.curves())  # target: early_stop_target
     check_summary(summary, inputs, EARLY_STOP)
     assert 0 < summary.reached.sum() < summary.seeds.sum()  # the target is met only sometimes
     cells = summary.set_index(["task", "size", "mechanism"]).cells
@@ -170,7 +170,7 @@ def test_report_files_and_numbers(grid, report):
     assert len(cells) == 39 and sorted(cells.status.unique()) == sorted(
         ["done", "failed", "diverged", "running"]
     )
-    assert {"config.size.d_model", "config.task_kwargs.n_train", "metrics.test_acc"} <= set(cells)
+    assert {"model.d_model", "task_kwargs.n_train", "metrics.test_acc"} <= set(cells)
 
 
 def test_pngs_are_valid_and_linked(report):
@@ -298,7 +298,8 @@ def test_task_labels_and_empty_store(tmp_path):
     for label in ("copy_short", "copy_long"):
         cell = config("same_pair", "small", "softmax", 0) | {"task": label, "task_name": "copy"}
         store.finish(store.claim(cell), "done", *outcome(0, 0, 0, 0))
-    assert list(summary_table(store.to_dataframe()).task) == ["copy_short", "copy_long"]
+    summary = summary_table(store.to_dataframe(), store.curves())
+    assert list(summary.task) == ["copy_short", "copy_long"]
 
     out = write_report(ResultsStore(tmp_path / "empty.sqlite"), tmp_path / "empty")
     assert "Cells: 0 (0 done" in (out / "report.md").read_text() and not list(out.glob("*.png"))

@@ -97,6 +97,21 @@ def test_axes_are_the_settings_that_vary_within_a_mechanism(tmp_path):
     assert sorted(found["training.patience"]) == ["0", "2"]  # 0: left out of the key, default
 
 
+def test_a_report_names_settings_alike_for_cells_stored_and_cells_not_run(tmp_path):
+    path = tiny_grid(tmp_path, seeds=[0, 1], mechanisms=[STD])
+    path.write_text(path.read_text() + "[sweep]\ntraining.patience = [0, 2]\n")
+    spec = load_grid(path)
+    store = ResultsStore(spec.store)
+    for cell in spec.cells:  # seed 1 not run
+        if cell.seed == 0:
+            store.finish(store.claim(cell.config()), "done", {"test_acc": 0.5}, [], {})
+    keys = {cell.key: cell.config() for cell in spec.cells}
+    out = write_report(spec.store, tmp_path / "report", keys=keys)
+    summary = pd.read_csv(out / "summary.csv")
+    assert sorted(summary.setting) == ["training.patience=0", "training.patience=2"]  # not 2.0
+    assert list(summary.cells) == [2, 2] and list(summary.seeds) == [1, 1]
+
+
 def test_steps_an_epoch_count_resolves_to_are_not_an_axis(tmp_path):
     path = tiny_grid(tmp_path, seeds=[0], mechanisms=[STD], training={"epochs": 2})
     text = path.read_text().replace("steps = 20\n", "")  # epochs instead of steps
@@ -201,7 +216,7 @@ def test_a_selection_reports_each_metric_it_names_at_the_same_settings(swept_sto
     cells = pd.read_csv(out / "cells.csv")
     for mechanism, row in by_metric["test_loss"].iterrows():
         lr = float(row.best.removeprefix("training.lr="))
-        mine = (cells["config.mechanism"] == mechanism) & (cells["config.training.lr"] == lr)
+        mine = (cells["mechanism"] == mechanism) & (cells["training.lr"] == lr)
         assert row["mean"] == pytest.approx(cells[mine]["metrics.test_loss"].mean())
     pairs = pd.read_csv(out / "paired.csv")
     assert sorted(pairs.reported) == ["test_acc", "test_loss"]

@@ -10,9 +10,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
+from grids import REL, STD, tiny_grid
 
-from ablations.store import ClaimError, ResultsStore, StoreError, config_key
+from ablations.spec import load_grid
+from ablations.store import ClaimError, ResultsStore, StoreError, config_key, is_missing
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,16 +39,16 @@ def test_lifecycle_and_dataframe(tmp_path):
     failed = {"task": "same_pair", "seed": 1}
     key = store.claim(done)
     assert store.status(done) == "running" and store.finished_keys() == set()
-    store.finish(
-        key, "done", metrics={"acc": 0.9}, curve=[[10, 0.5], [20, 0.9]], environment={"torch": "x"}
-    )
+    curve = [[10, 0.7, 0.6, 0.5], [20, 0.4, 0.3, 0.9]]
+    store.finish(key, "done", metrics={"acc": 0.9}, curve=curve, environment={"torch": "x"})
     store.finish(store.claim(failed), "failed", error="Traceback ...")
     assert store.status(done) == "done" and store.status({"seed": 9}) is None
     assert store.finished_keys() == {config_key(done), config_key(failed)}
     frame = store.to_dataframe()
     assert list(frame.status) == ["done", "failed"]
-    assert frame.loc[0, "metrics.acc"] == 0.9 and frame.loc[0, "curve"] == [[10, 0.5], [20, 0.9]]
-    assert frame.loc[1, "error"] == "Traceback ..." and frame.loc[1, "config.seed"] == 1
+    assert frame.loc[0, "metrics.acc"] == 0.9 and frame.loc[1, "seed"] == 1
+    assert frame.loc[1, "error"] == "Traceback ..." and frame.loc[1, "task"] == "same_pair"
+    assert store.curves().drop(columns="key").values.tolist() == curve  # the failed cell: none
     assert {row["owner"] for row in store.rows()} == {store.owner}
     with pytest.raises(ValueError, match="status='running'"):
         store.finish(key, "running")
@@ -54,10 +57,74 @@ def test_lifecycle_and_dataframe(tmp_path):
     assert store.claim(done) is None  # a done cell is never claimed again
 
 
-def test_an_empty_store_has_its_dataframe_columns(tmp_path):
-    frame = ResultsStore(tmp_path / "r.sqlite").to_dataframe()
-    assert frame.empty
-    assert list(frame.columns) == ["key", "status", "error", "started", "finished", "curve"]
+def test_an_empty_store_has_its_tables_columns(tmp_path):
+    store = ResultsStore(tmp_path / "r.sqlite")
+    frame, curves = store.to_dataframe(), store.curves()
+    assert frame.empty and list(frame.columns) == ["key", "status", "error", "started", "finished"]
+    assert curves.empty
+    assert list(curves.columns) == ["key", "step", "train_loss", "val_loss", "val_metric"]
+
+
+def test_the_cells_table_has_one_flat_column_per_config_key_and_metric(tmp_path):
+    path = tiny_grid(tmp_path, seeds=[0], mechanisms=[STD, REL])
+    path.write_text(path.read_text() + "[sweep]\ntraining.patience = [0, 2]\n")
+    cells = load_grid(path).cells
+    store = ResultsStore(tmp_path / "tiny.sqlite")
+    for i, cell in enumerate(cells):
+        store.finish(store.claim(cell.config()), "done", {"val_loss": 0.5 + i, "steps": 20})
+    frame = store.to_dataframe().set_index("key")
+    assert len(frame) == len(cells) == 4
+    assert not any(isinstance(v, dict) for v in frame.to_numpy().ravel())  # flat, no tables
+    assert not [c for c in frame if c.startswith("config")]
+    for i, cell in enumerate(cells):
+        row = frame.loc[cell.key]
+        assert (row["task"], row["size"], row["mechanism"], row["seed"]) == (
+            cell.task, cell.size["label"], cell.mechanism, cell.seed
+        )  # fmt: skip
+        assert row["training.lr"] == cell.training["lr"]
+        assert row["task_kwargs.n_train"] == cell.task_kwargs["n_train"]
+        assert row["mechanism_kwargs.n_heads"] == cell.mechanism_kwargs["n_heads"]
+        assert row["model.d_model"] == cell.size["d_model"]
+        assert row["metrics.val_loss"] == 0.5 + i and row["metrics.steps"] == 20
+        retrieval = cell.mechanism_kwargs.get("symbol_retrieval_kwargs", {}).get("max_length")
+        given = row["mechanism_kwargs.symbol_retrieval_kwargs.max_length"]
+        assert given == retrieval if retrieval else is_missing(given)
+        assert row["training.patience"] == 2 if "patience" in cell.training else is_missing(
+            row["training.patience"]
+        )  # fmt: skip
+    # whole numbers that only some cells have stay whole (pandas would make them 2.0)
+    assert str(frame["training.patience"].dtype) == "Int64"
+    assert str(frame["mechanism_kwargs.symbol_retrieval_kwargs.max_length"].dtype) == "Int64"
+
+
+def test_the_curves_table_has_a_row_per_cell_and_evaluated_step(tmp_path):
+    store = ResultsStore(tmp_path / "r.sqlite")
+    stored = {
+        store.claim({"seed": 0}): [[10, 0.9, 0.8, 0.25], [20, 0.5, 0.4, 0.75]],
+        store.claim({"seed": 1}): [[10, float("nan"), 0.7, 0.5]],
+    }
+    for key, curve in stored.items():
+        store.finish(key, "done" if len(curve) > 1 else "diverged", {}, curve)
+    store.finish(store.claim({"seed": 2}), "failed", error="Traceback ...")
+    curves = store.curves()
+    expected = [[key, *point] for key, curve in stored.items() for point in curve]
+    got = curves.to_numpy().tolist()
+    assert [row[:2] for row in got] == [row[:2] for row in expected]
+    assert pd.DataFrame(got).iloc[:, 2:].equals(pd.DataFrame(expected).iloc[:, 2:])  # NaN too
+    assert curves.step.dtype == "int64" and (curves.dtypes.iloc[2:] == "float64").all()
+    # joined with the cells' table on key
+    joined = curves.merge(store.to_dataframe()[["key", "seed"]], on="key")
+    assert list(joined.seed) == [0, 0, 1]
+
+
+def test_a_table_that_cannot_be_made_is_refused_with_the_cell_named(tmp_path):
+    store = ResultsStore(tmp_path / "r.sqlite")
+    key = store.claim({"status": "mine"})
+    store.finish(key, "done", {}, [[10, 0.5]])
+    with pytest.raises(StoreError, match=f"cell {key}'s config has the keys status"):
+        store.to_dataframe()
+    with pytest.raises(StoreError, match=rf"cell {key}'s curve holds the point \[10, 0.5\]"):
+        store.curves()
 
 
 WRITER = textwrap.dedent(
@@ -86,7 +153,7 @@ def test_sigkill_midway_then_resume_loses_and_duplicates_nothing(tmp_path):
     writer.wait()
     store = ResultsStore(path)
     before = store.to_dataframe()
-    done_before = set(before[before.status == "done"]["config.seed"])
+    done_before = set(before[before.status == "done"]["seed"])
     assert len(done_before) >= 49 and before.key.is_unique
     resumed = subprocess.run(
         [sys.executable, "-c", WRITER, str(path)],
@@ -98,10 +165,10 @@ def test_sigkill_midway_then_resume_loses_and_duplicates_nothing(tmp_path):
     rerun = {int(line) for line in resumed.stdout.split()}
     assert rerun.isdisjoint(done_before)  # finished cells are skipped
     # the cell the killed writer held (if any) was taken over: its owner is dead
-    assert set(before[before.status == "running"]["config.seed"]) <= rerun
+    assert set(before[before.status == "running"]["seed"]) <= rerun
     after = store.to_dataframe()
     assert after.key.is_unique and len(after) == 1_000 and set(after.status) == {"done"}
-    assert (after["metrics.seed"] == after["config.seed"]).all()
+    assert (after["metrics.seed"] == after["seed"]).all()
 
 
 # Read-only opening ------------------------------------------------------------------------
