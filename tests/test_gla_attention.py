@@ -5,9 +5,7 @@ transcription of the layer's equations, and its refusals."""
 
 import dataclasses
 import functools
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +13,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from hypothesis import given
 from hypothesis import strategies as st
+from package_files import package_file
 
 import attn_zoo as az
 from attn_zoo.kernels.gla import decayed_state, gla_attention
@@ -112,25 +111,12 @@ def test_the_state_carries_a_split_sequence():
     torch.testing.assert_close(final, decayed_state(k, v, g))
 
 
-def fla_recurrence():
-    """flash-linear-attention's pure-torch recurrence, `fla.ops.gla.naive.naive_recurrent_gla`,
-    loaded from its file: the file imports torch only, while importing the package imports
-    all of fla's Triton kernels and models (about 20 s here)."""
-    spec = importlib.util.find_spec("fla")
-    if spec is None:
-        pytest.skip("flash-linear-attention (fla-core) is not installed")
-    path = Path(spec.submodule_search_locations[0], "ops", "gla", "naive.py")
-    module_spec = importlib.util.spec_from_file_location("fla_gla_naive", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.naive_recurrent_gla
-
-
 @pytest.mark.parametrize("backend", ["naive", "chunked"])
 @pytest.mark.parametrize("initial_state", [False, True])
 def test_equals_flash_linear_attentions_reference(backend, initial_state):
-    """Its recurrence computes in float32 and takes (B, N, H, d): float32 tolerances."""
-    reference = fla_recurrence()
+    """`fla.ops.gla.naive.naive_recurrent_gla`, flash-linear-attention's pure-torch recurrence
+    (float32 inside, inputs (B, N, H, d)): float32 tolerances."""
+    reference = package_file("fla", "ops", "gla", "naive.py").naive_recurrent_gla
     inputs = GLAProblem(n=70, heads=3, key_dim=8, value_dim=6, initial_state=initial_state,
                         seed=5).inputs(torch.float32)  # fmt: skip
     q, k, v, g = (inputs[name].detach() for name in ("q", "k", "v", "log_alpha"))

@@ -12,6 +12,7 @@ from allocations import largest_allocation
 from einops import einsum, rearrange
 from hypothesis import given
 from hypothesis import strategies as st
+from package_files import package_file
 
 import attn_zoo as az
 from attn_zoo.kernels.sigmoid import sigmoid_attention
@@ -150,6 +151,21 @@ def test_the_mechanism_is_the_papers_equations(backend, causal, bias):
     layer = az.build("sigmoid", d_model=12, n_heads=3, bias=bias, backend=backend).double()
     x = torch.randn(2, 7, 12, dtype=torch.float64)
     torch.testing.assert_close(layer(x, is_causal=causal), transcription(layer, x, bias, causal))
+
+
+@pytest.mark.parametrize("backend", ["naive", "chunked"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_equals_triton_sigmoids_reference(backend, causal):
+    """triton-sigmoid's pure-torch `sigmoid_attention_ref` (a third party's; its bias
+    -log(n + 1e-6), float32 inside, inputs (B, N, H, d)) on the mechanism's q, k, v."""
+    reference = package_file("triton_sigmoid", "sigmoid_reference.py").sigmoid_attention_ref
+    torch.manual_seed(0)
+    layer = az.build("sigmoid", d_model=12, n_heads=3, backend=backend).double()
+    x = torch.randn(2, 7, 12, dtype=torch.float64)
+    q, k, v = (rearrange(w(x), "b n (h d) -> b n h d", h=3) for w in (layer.wq, layer.wk, layer.wv))
+    want = reference(q, k, v, causal=causal)
+    want = layer.wo(rearrange(want, "b n h d -> b n (h d)"))
+    torch.testing.assert_close(layer(x, is_causal=causal), want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("kwargs", [dict(n_heads=2), dict(n_heads=4, n_kv_heads=2, bias=-1.0)])

@@ -10,9 +10,9 @@ b = -log(n) by default, the paper's (n the sequence length: here the number of k
 call), which keeps the summed weights of a row near those of softmax at initialisation; or a
 fixed number (`bias`). A masked key contributes 0 (its weight is sigmoid(-inf)), so a row
 with no allowed key gives zeros. The paper's other stabilisers (hybrid norm, LayerScale) are
-the model's business and not part of this layer. Reference: the authors' FlashSigmoid is a
-CUDA kernel with no installable package (the PyPI package `triton-sigmoid` is third-party
-and Triton-only), so the tests check a direct transcription of the equations above.
+the model's business and not part of this layer. References: the authors' FlashSigmoid has
+no installable package, so the tests check a direct transcription of the equations above
+and, where installed, the pure-torch reference of the third-party `triton-sigmoid` package.
 
 Backends (kernel family ``sigmoid``, attn_zoo/kernels/sigmoid/): ``naive`` (materialised) and
 ``chunked`` (tiles of keys accumulated, O(N) memory, any mask). RoPE on queries and keys;

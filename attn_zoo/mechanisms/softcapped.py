@@ -9,8 +9,8 @@ with the ``softcap`` score mod (attn_zoo/kernels/softmax/mods.py): everything el
 grouped queries, RoPE, masks and mask mods, dropout, cross-attention, cached decoding,
 attention maps) is standard attention's. The backends are those of the softmax family that
 apply score mods themselves: naive and chunked (O(N) memory); sdpa, flex and xformers do
-not take a score mod and are not offered. Reference: Gemma 2's published code applies the
-same formula; the tests check it against a direct transcription.
+not take a score mod and are not offered. Reference: the tests check it against the Gemma 2
+attention function of Hugging Face transformers (`eager_attention_forward` with `softcap`).
 """
 
 from __future__ import annotations

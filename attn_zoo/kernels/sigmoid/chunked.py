@@ -26,7 +26,7 @@ from attn_zoo.kernels.softmax.chunked import Tiles
 from attn_zoo.kernels.softmax.family import BOTTOM_RIGHT
 from attn_zoo.kernels.softmax.naive import upcast_half
 
-BLOCK = 128
+BLOCK = 128  # N = 2048 causal, fwd + bwd, loaded 2-core CPU: 64 4.1 s, 128 1.4 s, 256 1.2 s
 
 
 class ChunkedSigmoid(torch.autograd.Function):
