@@ -11,6 +11,10 @@ KWARGS = {
     "standard": dict(n_heads=2),
     "linear": dict(n_heads=2),
     "additive": dict(n_heads=2),
+    "differential": dict(n_heads=2),
+    "sigmoid": dict(n_heads=2),
+    "softcapped": dict(n_heads=2),
+    "gla": dict(n_heads=2),
     "axial": dict(n_heads=2, n_axes=1),
     "msa_row": dict(n_heads=2),
     "msa_column": dict(n_heads=2),
@@ -31,7 +35,8 @@ def test_an_empty_sequence_gives_an_empty_output(mechanism, backend):
     m = az.build(mechanism, d_model=8, backend=backend, **KWARGS[mechanism])
     shape = (2, 3, 0, 8) if mechanism.startswith("msa") else (2, 0, 8)
     x = torch.randn(shape, requires_grad=True)
-    causal = mechanism in ("standard", "linear", "additive", "relational", "dual")
+    causal = mechanism in ("standard", "linear", "additive", "relational", "dual", "differential",
+                           "sigmoid", "softcapped", "gla")  # fmt: skip
     try:
         y = m(x, is_causal=causal)
     except UnsupportedCallError as err:  # refused by capabilities (device, no backward, ...)

@@ -3,6 +3,8 @@ and the logits of every cached step equal to the uncached forward's last positio
 sequence mechanism and symbol retriever; prefill, chunked prefill, and running past
 max_block_size (where generation falls back to recomputing the cropped window)."""
 
+import math
+
 import pytest
 import torch
 
@@ -68,6 +70,11 @@ CASES = {  # id -> (attention, attention kwargs, model kwargs, positions)
     "linear": ("linear", dict(n_heads=2), {}, "learned"),
     "linear-gqa": ("linear", dict(n_heads=4, n_kv_heads=2, key_dim=6), {}, "sinusoidal"),
     "additive": ("additive", dict(n_heads=2), {}, "learned"),
+    "differential-rope": ("differential", dict(n_heads=2), {}, "rope"),
+    "differential-gqa": ("differential", dict(n_heads=4, n_kv_heads=2), {}, "learned"),
+    "sigmoid-fixed-bias": ("sigmoid", dict(n_heads=2, bias=-math.log(BLOCK)), {}, "rope"),
+    "softcapped": ("softcapped", dict(n_heads=2, cap=2.0), {}, "rope"),
+    "gla": ("gla", dict(n_heads=2), {}, "learned"),
 }
 
 
@@ -116,7 +123,7 @@ def test_cached_greedy_generation_equals_uncached(case):
     torch.testing.assert_close(cached_logits, reference, rtol=0, atol=1e-12)
 
 
-FAMILIES = ["standard-rope", "relational-positional", "dual-relative", "linear", "additive"]
+FAMILIES = ["standard-rope", "relational-positional", "dual-relative", "linear", "additive", "gla"]
 
 
 @pytest.mark.parametrize("case", FAMILIES)
@@ -209,6 +216,17 @@ def test_mechanisms_without_a_cache_fall_back_silently():
         model(idx, cache=model.new_cache())
 
 
+def test_sigmoid_attention_with_the_papers_bias_generates_without_a_cache():
+    """b = -log(n) changes every earlier output as n grows: no cache, generation recomputes."""
+    torch.manual_seed(0)
+    model = LanguageModel(VOCAB, D, LAYERS, max_block_size=BLOCK, attention="sigmoid",
+                          attention_kwargs=dict(n_heads=2)).double().eval()  # fmt: skip
+    assert not model.supports_cache()
+    idx = prompt()
+    out, logits = model.generate(idx, 6, temperature=0, return_logits=True)
+    torch.testing.assert_close(logits, uncached_step_logits(model, out, idx.shape[1]))
+
+
 def test_reference_dense_relative_symbols_are_not_cached():
     model = model_for("relational-relative")
     model.symbol_retriever.returns = "reference"  # dense (N, N, d) symbols, as the reference
@@ -282,6 +300,15 @@ def test_caches_hold_what_each_mechanism_needs():
         cache = additive.new_cache()
         additive(idx, cache=cache)
         assert [t.shape for t in cache[0].state["query"]] == [(2, 2), (2, 2), (2, 2, D // 2)]
+        gla = model_for("gla")
+        cache = gla.new_cache()
+        gla(idx, cache=cache)
+        assert cache[0].state["S"].shape == (2, 2, D // 4, D // 2)  # (B, H, key_dim, head_dim)
+        differential = model_for("differential-gqa")
+        cache = differential.new_cache()
+        differential(idx, cache=cache)
+        assert cache[0].cached("k").shape == (2, 4, 6, D // 8)  # both halves of 2 kv heads
+        assert cache[0].cached("v").shape == (2, 2, 6, D // 4)
 
 
 def test_layer_cache_concatenates_and_is_bounded_by_its_capacity():
@@ -300,7 +327,8 @@ def test_layer_cache_concatenates_and_is_bounded_by_its_capacity():
 def test_recurrent_caches_serve_causal_calls_only():
     model = model_for("linear")
     x = torch.randn(1, 3, D, dtype=torch.float64)
-    for attention in (model.blocks[0].attn, model_for("additive").blocks[0].attn):
+    others = (model_for(case).blocks[0].attn for case in ("additive", "gla"))
+    for attention in (model.blocks[0].attn, *others):
         with pytest.raises(ValueError, match="causal"):
             attention(x, is_causal=False, cache=LayerCache())
 

@@ -90,6 +90,8 @@ def test_import_attn_zoo_needs_only_torch_and_einops(tmp_path):
             "dual": dict(n_heads_sa=1, n_heads_ra=1, symbol_retrieval="positional_symbols",
                          symbol_retrieval_kwargs=dict(max_length=8)),
             "additive": dict(n_heads=2), "linear": dict(n_heads=2),
+            "differential": dict(n_heads=2), "sigmoid": dict(n_heads=2),
+            "softcapped": dict(n_heads=2), "gla": dict(n_heads=2),
         }
         for name, extra in kwargs.items():
             lm = LanguageModel(vocab_size=11, d_model=16, n_layers=1, attention=name,
@@ -97,7 +99,7 @@ def test_import_attn_zoo_needs_only_torch_and_einops(tmp_path):
             idx = torch.randint(0, 11, (2, 8))
             _, loss = lm(idx, idx)  # noqa
             loss.backward()
-            if name in ("standard", "relational", "dual"):
+            if name in ("standard", "relational", "dual", "differential", "softcapped"):
                 assert record_attention_maps(lm, idx)
         for name in ("pandas", "matplotlib", "hypothesis", "ablations"):
             try:

@@ -21,7 +21,12 @@ MECHANISMS = {  # name -> (attention kwargs, model kwargs, LM positions); every 
     "axial": (dict(n_heads=2, n_axes=1), {}, "learned"),  # one axis: the sequence
     "additive": (dict(n_heads=2), {}, "learned"),  # no RoPE: no query-key products
     "linear": (dict(n_heads=2), {}, "learned"),  # RoPE is refused with a clear error
+    "differential": (dict(n_heads=2), {}, "rope"),
+    "sigmoid": (dict(n_heads=2), {}, "rope"),
+    "softcapped": (dict(n_heads=2, cap=5.0), {}, "rope"),
+    "gla": (dict(n_heads=2), {}, "learned"),  # causal only: see CAUSAL_ONLY
 }
+CAUSAL_ONLY = {"gla"}  # refused by non-causal blocks (encoders, classifiers) with a clear error
 NOT_SEQUENCE = {  # mechanisms whose inputs are not token sequences, with the reason
     "msa_row": "(B, rows, cols, D) multiple sequence alignments",
     "msa_column": "(B, rows, cols, D) multiple sequence alignments",
@@ -83,6 +88,9 @@ def test_language_model_trains_and_round_trips(mechanism, tmp_path):
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
 def test_seq2seq_trains(mechanism):
     attention, extra, _ = MECHANISMS[mechanism]
+    encoder, encoder_kwargs = (
+        ("standard", dict(n_heads=2)) if mechanism in CAUSAL_ONLY else (mechanism, attention)
+    )  # a causal-only mechanism in the (causal) decoder only
     torch.manual_seed(0)
     model = Seq2Seq(
         10,
@@ -90,8 +98,8 @@ def test_seq2seq_trains(mechanism):
         D,
         1,
         1,
-        encoder_attention=mechanism,
-        encoder_attention_kwargs=attention,
+        encoder_attention=encoder,
+        encoder_attention_kwargs=encoder_kwargs,
         decoder_attention=mechanism,
         decoder_attention_kwargs=attention,
         cross_attention_kwargs=dict(n_heads=2),
@@ -112,6 +120,10 @@ def test_vision_classifier_trains(mechanism, pool):
         (3, 8, 8), 4, 3, D, 1, attention=mechanism, attention_kwargs=attention, pool=pool, **extra
     )
     images = torch.randn(6, 3, 8, 8, generator=torch.Generator().manual_seed(3))
+    if mechanism in CAUSAL_ONLY:
+        with pytest.raises(ValueError, match="causal only"):
+            model(images)
+        return
     train(model, (images, torch.arange(6) % 3))
 
 
@@ -349,7 +361,11 @@ def test_sequence_classifier_trains(mechanism):
         20, 3, D, 1, attention=mechanism, attention_kwargs=attention, max_len=8, **extra
     )
     idx = torch.randint(0, 20, (6, 8), generator=torch.Generator().manual_seed(4))
-    train(model, (idx, torch.arange(6) % 3))
+    if mechanism in CAUSAL_ONLY:
+        with pytest.raises(ValueError, match="causal only"):
+            model(idx)
+    else:
+        train(model, (idx, torch.arange(6) % 3))
     with pytest.raises(ValueError, match="pool='max'"):
         SequenceClassifier(20, 3, D, 1, pool="max")
 

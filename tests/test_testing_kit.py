@@ -61,7 +61,12 @@ def test_hypothesis_finds_and_shrinks_a_masking_bug():
         lambda p: not agrees(p),
         settings=settings(database=None, max_examples=200, suppress_health_check=list(HealthCheck)),
     )
-    assert found.mask != "none"  # shrunk to a problem that has a mask
+    # shrunk to a problem that has a mask: a drawn one, or bottom-right causality with N != M,
+    # which reaches a kernel as a mask too (which of the two the search shrinks to was seen to
+    # change with the modules the process had imported)
+    assert found.mask != "none" or (
+        found.is_causal == "bottom_right" and found.q_len != found.k_len
+    )
 
 
 def test_nan_output_fails():

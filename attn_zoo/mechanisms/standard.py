@@ -140,8 +140,13 @@ class StandardAttention(AttentionMechanism):
         context: torch.Tensor | None = None,
         cache: LayerCache | None = None,
     ) -> dict[str, torch.Tensor]:
-        """The forward pass's attention weights, materialised: {"attention": (B, H, N, M)}."""
+        """The forward pass's attention weights, materialised (score and mask mods applied):
+        {"attention": (B, H, N, M)}."""
         if cache is not None:
             raise ValueError("attention maps are recorded from uncached calls only (cache=None)")
         q, k = self.queries_keys(x, x if context is None else context, rope)
-        return {"attention": attention_weights(q, k, attn_mask, is_causal, self.head_dim**-0.5)}
+        scale = self.head_dim**-0.5
+        weights = attention_weights(
+            q, k, attn_mask, is_causal, scale, self.score_mod, self.mask_mod
+        )
+        return {"attention": weights}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import torch
 from torch import nn
 
 from attn_zoo.mechanisms.cache import Cache
+from attn_zoo.mechanisms.registry import mechanism_kwargs
 from attn_zoo.models.block import Block, BlockConfig
 from attn_zoo.models.positional import build_positional
 from attn_zoo.symbols import build_symbol_retriever
@@ -119,7 +121,19 @@ def make_blocks(n_layers: int, config: BlockConfig) -> nn.ModuleList:
     """`n_layers` blocks of `config` (n_layers >= 1)."""
     if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
         raise ValueError(f"n_layers={n_layers!r}: must be an integer >= 1")
-    return nn.ModuleList(Block(config) for _ in range(n_layers))
+    return nn.ModuleList(Block(at_depth(config, layer)) for layer in range(1, n_layers + 1))
+
+
+def at_depth(config: BlockConfig, layer: int) -> BlockConfig:
+    """`config` for the block at 1-based depth `layer`: a mechanism named in it that takes a
+    `layer` keyword (differential attention: its lambda_init depends on depth) gets `layer`,
+    unless its attention_kwargs set one."""
+    kwargs = config.attention_kwargs or {}
+    if not isinstance(config.attention, str) or "layer" in kwargs:
+        return config
+    if "layer" not in mechanism_kwargs(config.attention):
+        return config
+    return dataclasses.replace(config, attention_kwargs={**kwargs, "layer": layer})
 
 
 def check_tokens(name: str, idx: torch.Tensor, vocab_size: int, max_len: int | None) -> None:
