@@ -248,9 +248,10 @@ def parser() -> argparse.ArgumentParser:
         description="Time (median of interleaved repeats) and peak memory of the backends.",
     )  # fmt: skip
     b.add_argument(
-        "--suite", nargs="+", choices=[*SUITES, "generation"], default=list(SUITES),
+        "--suite", nargs="+", choices=[*SUITES, "generation", "window"], default=list(SUITES),
         help=f"which suites to run (default: {' '.join(SUITES)}); generation (tokens per second, "
-        "cached vs uncached) runs on its own",
+        "cached vs uncached) runs on its own; window: a sliding window as a mask mod against "
+        "the same window as a dense mask",
     )  # fmt: skip
     b.add_argument("--lengths", type=COUNT, nargs="+", default=None,
                    help="sequence lengths N (without: each suite's own list)")  # fmt: skip
@@ -274,6 +275,7 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--heads", type=COUNT, default=8, help="attention heads H")
     k.add_argument("--head-dim", type=COUNT, default=64, help="head width d")
     k.add_argument("--dtype", choices=DTYPES, default="float32", help="input dtype")
+    k.add_argument("--window", type=COUNT, default=64, help="window suite: keys in the window")
     r = b.add_argument_group("relational and dual suites")
     r.add_argument("--d-model", type=COUNT, default=512, help="layer width d_model")
     r.add_argument(

@@ -19,7 +19,7 @@ from ablations.bench.measure import (
     peak_memory_mb,
 )
 from ablations.bench.report import write_bench_report
-from ablations.bench.suites import bench_mechanisms, bench_relational, bench_softmax
+from ablations.bench.suites import bench_mechanisms, bench_relational, bench_softmax, bench_window
 from ablations.cli import main, parser
 
 
@@ -39,6 +39,14 @@ def test_relational_suite_has_our_backends_the_reference_and_standard_attention(
     assert set(table.backend) == {"auto", "naive", "chunked", "fused", "reference", "standard_sdpa"}
     reference = table[table.backend == "reference"].iloc[0]
     assert reference.time_vs_reference == 1 and reference.time_vs_standard_sdpa > 0
+
+
+def test_window_suite_times_the_window_as_a_mod_and_as_a_dense_mask():
+    table = bench_window(lengths=[40], window=8, repeats=1, heads=2, head_dim=8, memory=False)
+    assert set(table.backend) == {"chunked:mod", "naive:mod", "chunked:mask", "naive:mask",
+                                  "sdpa:mask"}  # fmt: skip
+    assert table.note.fillna("").eq("").all()  # every variant ran
+    assert (table[table.backend == "chunked:mask"]["time_vs_chunked:mask"] == 1).all()
 
 
 def test_peak_memory_sees_a_large_temporary():

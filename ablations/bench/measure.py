@@ -31,7 +31,8 @@ import pandas as pd
 import torch
 
 from attn_zoo.kernels.dispatch import UnsupportedCallError
-from attn_zoo.kernels.softmax import softmax_attention
+from attn_zoo.kernels.softmax import build_mod, softmax_attention
+from attn_zoo.kernels.softmax.mods import mask_from_mod
 
 if TYPE_CHECKING:
     pass
@@ -59,7 +60,9 @@ class Workload:
     """What to run, as plain data (a fresh process rebuilds it to measure memory).
 
     source "softmax": softmax_attention on (batch, heads, N, head_dim) tensors, `target` the
-    backend; "mechanism": attn_zoo.build(target, backend=backend, **kwargs) on (1, N, d_model)
+    backend (with kwargs window = w and window_as = "mod" or "mask": a causal sliding window
+    of w keys as a mask mod, or the same mask as a dense (N, N) boolean tensor, built before
+    the timing); "mechanism": attn_zoo.build(target, backend=backend, **kwargs) on (1, N, d_model)
     inputs; "module": the class at dotted path `target` built with kwargs. Mechanisms and
     modules get random symbols too when `symbols`; a tuple output is read at [0].
     """
@@ -82,7 +85,10 @@ class Workload:
                             device=device, requires_grad=grad)
                 for _ in range(3)
             )  # fmt: skip
-            return lambda: softmax_attention(q, k, v, is_causal=self.causal, backend=self.target)
+            window = sliding_window_call(shape, n, device)
+            return lambda: softmax_attention(
+                q, k, v, is_causal=self.causal, backend=self.target, **window
+            )
         module = self.module().to(device).requires_grad_(grad)
         d_model = self.kwargs["d_model"]
         x = torch.randn(1, n, d_model, device=device, requires_grad=grad)
@@ -101,6 +107,16 @@ class Workload:
             return build(self.target, backend=self.backend, **self.kwargs)
         path, name = self.target.rsplit(".", 1)
         return getattr(importlib.import_module(path), name)(**self.kwargs)
+
+
+def sliding_window_call(shape: dict, n: int, device: str) -> dict:
+    """The softmax_attention kwargs of a sliding-window workload (see `Workload`), or {}."""
+    if shape.get("window") is None:
+        return {}
+    mod = build_mod({"name": "sliding_window", "window": shape["window"]})
+    if shape["window_as"] == "mod":
+        return {"mask_mod": mod}
+    return {"attn_mask": mask_from_mod(mod, 1, 1, n, n, device)[0, 0]}
 
 
 def forward_backward(run: Run) -> Callable[[], None]:

@@ -5,7 +5,9 @@
   standard attention layer with the same heads on SDPA;
 - mechanisms: the other sequence mechanisms on each backend they have, beside standard
   attention on SDPA;
-- generation: tokens per second of `LanguageModel.generate`, cached vs uncached.
+- generation: tokens per second of `LanguageModel.generate`, cached vs uncached;
+- window: a causal sliding window as a mask mod on chunked (O(N w)) against the same window as
+  a dense mask.
 
 `BenchRun` holds one run's settings (the CLI's options); `run_bench` measures its suites,
 prints each table and writes the CSVs and the report it asks for (ablations.bench.report).
@@ -29,6 +31,7 @@ DEFAULT_LENGTHS = {
     "softmax": [256, 512, 1024, 2048, 4096],
     "relational": [512, 1024, 2048, 4096],  # and every other layer suite
     "generation": [64, 256, 512],  # total tokens (prompt + generated)
+    "window": [512, 1024, 2048, 4096, 8192],
 }
 # The generation suite's model: LanguageModel sizes, and the prompt length
 GENERATION_SIZES = {"d_model": 128, "n_layers": 4, "heads": 4, "prompt": 16}
@@ -53,6 +56,29 @@ def bench_softmax(
     shape = dict(batch=batch, heads=heads, head_dim=head_dim, dtype=dtype)
     workloads = [Workload(b, "softmax", b, shape, causal=causal) for b in backends]
     return measure(workloads, lengths, repeats, device, memory=memory)
+
+
+def bench_window(
+    lengths: Sequence[int] = (512, 1024, 2048, 4096, 8192),
+    window: int = 64,
+    repeats: int = 5,
+    device: str = "cpu",
+    batch: int = 1,
+    heads: int = 8,
+    head_dim: int = 64,
+    memory: bool = True,
+) -> pd.DataFrame:
+    """Causal sliding-window attention of `window` keys: chunked with the window as a mask mod
+    (key tiles outside it skipped: O(N w) time and memory) against chunked, naive and sdpa
+    given the same window as a dense (N, N) boolean mask; ratios to chunked:mask."""
+    shape = dict(batch=batch, heads=heads, head_dim=head_dim, window=window)
+    runs = [("chunked", "mod"), ("naive", "mod"), ("chunked", "mask"), ("naive", "mask"),
+            ("sdpa", "mask")]  # fmt: skip
+    workloads = [
+        Workload(f"{backend}:{how}", "softmax", backend, {**shape, "window_as": how})
+        for backend, how in runs
+    ]
+    return measure(workloads, lengths, repeats, device, ("chunked:mask", "sdpa:mask"), memory)
 
 
 def reference_package() -> str | None:
@@ -262,6 +288,7 @@ class BenchRun:
     d_model: int = 512  # relational, dual and mechanisms suites
     ra_heads: int = 4
     ra_backends: list[str] | None = None
+    window: int = 64  # window suite
 
     def suite_lengths(self, suite: str) -> list[int]:
         return self.lengths or DEFAULT_LENGTHS.get(suite, DEFAULT_LENGTHS["relational"])
@@ -273,6 +300,12 @@ class BenchRun:
             return (
                 f"softmax attention kernel: batch {self.batch}, {self.heads} heads of width "
                 f"{self.head_dim}, {how}, {self.dtype}"
+            )
+        if suite == "window":
+            return (
+                f"causal sliding window of {self.window} keys on the softmax kernel: batch "
+                f"{self.batch}, {self.heads} heads of width {self.head_dim}, float32; as a mask "
+                "mod (:mod) or as a dense (N, N) boolean mask (:mask, built before timing)"
             )
         if suite == "mechanisms":
             return (
@@ -302,6 +335,8 @@ class BenchRun:
         if self.ra_backends:
             words += ["--ra-backends", *self.ra_backends]
         options = {"--repeats": self.repeats, "--device": self.device}
+        if "window" in self.suite:
+            options["--window"] = self.window
         if self.suite != ["generation"]:
             options |= {
                 "--batch": self.batch, "--heads": self.heads, "--head-dim": self.head_dim,
@@ -328,6 +363,11 @@ def _suite_table(bench: BenchRun, suite: str, causal: bool) -> pd.DataFrame:
             lengths=lengths, backends=bench.backends, repeats=bench.repeats, device=bench.device,
             batch=bench.batch, heads=bench.heads, head_dim=bench.head_dim,
             causal=causal, dtype=bench.dtype, memory=memory,
+        )  # fmt: skip
+    if suite == "window":
+        return bench_window(
+            lengths=lengths, window=bench.window, repeats=bench.repeats, device=bench.device,
+            batch=bench.batch, heads=bench.heads, head_dim=bench.head_dim, memory=memory,
         )  # fmt: skip
     if suite == "mechanisms":
         return bench_mechanisms(
