@@ -34,6 +34,7 @@ def test_softmax_table_has_every_backend_and_ratios_from_the_same_run():
     assert chunked.fwd_bwd_ms > 0 and chunked.time_vs_naive > 0
 
 
+@pytest.mark.slow  # `make test-slow`: the default suite stays under 10 minutes
 def test_relational_suite_has_our_backends_the_reference_and_standard_attention():
     table = bench_relational("dual", lengths=[8], repeats=1, d_model=16, heads=2)
     assert set(table.backend) == {"auto", "naive", "chunked", "fused", "reference", "standard_sdpa"}
@@ -54,6 +55,7 @@ def test_peak_memory_sees_a_large_temporary():
     assert 60 < mb < 80
 
 
+@pytest.mark.slow  # `make test-slow`: the default suite stays under 10 minutes
 def test_isolated_memory_grows_quadratically_for_naive_and_linearly_for_chunked():
     def peak(backend, n):
         shape = dict(batch=1, heads=4, head_dim=16)

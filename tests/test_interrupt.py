@@ -126,7 +126,7 @@ RUNS = [
     pytest.param("local", 1, signal.SIGTERM, id="thread-sigterm"),
     pytest.param("local", 2, signal.SIGINT, id="processes-ctrl-c"),
     pytest.param("local", 2, signal.SIGTERM, id="processes-sigterm"),
-    pytest.param("ray", 2, signal.SIGINT, id="ray-ctrl-c"),
+    pytest.param("ray", 2, signal.SIGINT, id="ray-ctrl-c", marks=pytest.mark.slow),  # 30 s
 ]
 
 
@@ -282,6 +282,7 @@ def tiny_file(tmp_path: Path) -> Path:
     )
 
 
+@pytest.mark.slow  # `make test-slow`: the default suite stays under 10 minutes
 def test_ray_progress_actor_killed_midway_every_cell_still_done(tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")
     spec = load_grid(tiny_file(tmp_path))

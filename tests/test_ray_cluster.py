@@ -209,6 +209,7 @@ def run_with_a_worker_killed(cluster: Cluster, folder: Path, cells: int) -> None
     assert "Traceback" not in output()
 
 
+@pytest.mark.slow  # `make test-slow`: the default suite stays under 10 minutes
 def test_500_cells_on_a_cluster_with_a_worker_killed_mid_cell(cluster, tmp_path):
     """The scale run: 500 tiny cells through `ray start --head` and its address, one worker
     killed mid-cell (about 20 s on 2 cores)."""

@@ -94,6 +94,7 @@ def test_a_cell_that_cannot_train_stops_the_grid_before_any_training(tmp_path):
     assert not spec.store.exists()
 
 
+@pytest.mark.slow  # `make test-slow`: the default suite stays under 10 minutes
 def test_process_pool_and_ray_give_the_thread_worker_metrics(tmp_path):
     ray = pytest.importorskip("ray")
     spec = load_grid(grid_file(tmp_path))
