@@ -129,6 +129,8 @@ benchmarks: install
 	$(BIN)/attn-zoo bench --suite relational --lengths 1024 2048 4096 8192 --also-non-causal \
 		--ra-backends cpp chunked --repeats 5 --report reports/benchmarks/relational
 	$(BIN)/attn-zoo bench --suite generation --repeats 5 --report reports/benchmarks/generation
+	$(BIN)/attn-zoo bench --suite window --lengths 512 1024 2048 4096 --heads 4 --window 64 \
+		--repeats 3 --report reports/benchmarks/window
 
 bench: install
 	$(BIN)/attn-zoo bench
