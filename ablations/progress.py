@@ -296,4 +296,3 @@ def make_progress(
     if live:
         return LiveProgress(todo, total, slots, interval, out)
     return Progress(todo, total, slots, interval, out)
-
