@@ -20,7 +20,7 @@ it), so a caller that calls them between measurements never disturbs a timing.
 from __future__ import annotations
 
 import sys
-import time
+from time import monotonic
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class Steps:
 
     def __init__(self, unit: str = "steps") -> None:
         self.unit, self.total, self.done, self.now = unit, 0, 0, ""
-        self.started = time.monotonic()
+        self.started = monotonic()
 
     def expect(self, steps: int) -> None:
         """`steps` more steps to come."""
@@ -73,7 +73,7 @@ class Steps:
         before a step is done."""
         if not self.done:
             return "-"
-        spent = time.monotonic() - self.started
+        spent = monotonic() - self.started
         return duration(spent / self.done * max(0, self.total - self.done))
 
     def status(self) -> str:
@@ -81,7 +81,7 @@ class Steps:
         '27/27 measurements · in 2m10s'."""
         counts = f"{self.done}/{self.total} {self.unit}"
         if self.total and self.done >= self.total:
-            return f"{counts} · in {duration(time.monotonic() - self.started)}"
+            return f"{counts} · in {duration(monotonic() - self.started)}"
         return f"{counts} · ETA {self.left()}" + (f" · {self.now}" if self.now else "")
 
     def close(self) -> None:
