@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 from ablations.cell import Cell
 from ablations.cell_model import build_cell_model
 from ablations.report_pages import label_file_name, path_in, plot_text
+from ablations.steps import Steps
 from ablations.store import ResultsStore, error_summary
 from ablations.tasks import build_task
 from attn_zoo.maps import plot_attention_maps
@@ -153,6 +154,7 @@ def attention_blocks(
     folder: Path,
     keys: set[str] | None = None,
     prefer: set[str] | None = None,
+    progress: Steps | None = None,
 ) -> list[tuple]:
     """Report blocks (see ablations.report_pages) with one attention-map figure per (task, size,
     mechanism): its lowest-seed finished cell with recorded maps (among the cells of `prefer`
@@ -161,7 +163,8 @@ def attention_blocks(
     maps file cannot be loaded, a (task, size, mechanism) with no maps file while others have
     one (or kept a checkpoint), and a mechanism without attention weights get a one-line note
     instead (the cell and why). Reads the recorded maps only: no model is built or run.
-    `keys`: only these cells (default: every cell of the store)."""
+    `keys`: only these cells (default: every cell of the store). `progress` (ablations.steps)
+    counts the maps, one step each."""
     chosen: dict[tuple, dict] = {}
     lacking: dict[tuple, dict] = {}  # finished, but no cell of theirs has a maps file
     for row in store.rows():
@@ -194,32 +197,39 @@ def attention_blocks(
         for kind, row in sorted(lacking.items())
         if kind not in chosen
     ]
-    for (task, size, mechanism), row in sorted(chosen.items()):
-        try:
-            record = load_cell_maps(store, row)
-        except MapsError as err:
-            reason = f"its maps file cannot be loaded ({err.reason})"
-            notes.append(f"{_cell_name(row)}: no attention map, {reason}")
-            continue
-        except FileNotFoundError:  # removed since it was listed
-            notes.append(f"{_cell_name(row)}: no attention map, its maps file is missing")
-            continue
-        if record.get("error"):
-            reason = (
-                f"recording it failed when the cell finished ({error_summary(record['error'])})"
-            )
-            notes.append(f"{_cell_name(row)}: no attention map, {reason}")
-            continue
-        if not record["maps"]:
-            name = row["config"]["mechanism_name"]
-            notes.append(f"{_cell_name(row)}: no attention map, {name} attention has no weights")
-            continue
-        name = label_file_name("attention", (task, size, mechanism))
-        _figure(record, row).savefig(path_in(folder, name), dpi=80)
-        blocks.append(("img", name, f"{task} / {size} / {mechanism}: attention maps"))
+    progress = progress or Steps()
+    progress.expect(len(chosen))
+    for kind, row in sorted(chosen.items()):
+        progress.doing(f"attention map {' / '.join(kind)}")
+        block = _map_block(store, folder, kind, row)
+        if isinstance(block, str):
+            notes.append(block)
+        else:
+            blocks.append(block)
+        progress.advance()
     if notes:
         blocks += [("p", "Attention maps left out:"), ("ul", notes)]
     return blocks
+
+
+def _map_block(store: ResultsStore, folder: Path, kind: tuple, row: dict) -> tuple | str:
+    """The ("img", file, alt) block of the attention maps of cell `row`, of (task, size,
+    mechanism) `kind`, written into `folder`; or, where it has none, the note saying why."""
+    try:
+        record = load_cell_maps(store, row)
+    except MapsError as err:
+        return f"{_cell_name(row)}: no attention map, its maps file cannot be loaded ({err.reason})"
+    except FileNotFoundError:  # removed since it was listed
+        return f"{_cell_name(row)}: no attention map, its maps file is missing"
+    if record.get("error"):
+        reason = f"recording it failed when the cell finished ({error_summary(record['error'])})"
+        return f"{_cell_name(row)}: no attention map, {reason}"
+    if not record["maps"]:
+        name = row["config"]["mechanism_name"]
+        return f"{_cell_name(row)}: no attention map, {name} attention has no weights"
+    name = label_file_name("attention", kind)
+    _figure(record, row).savefig(path_in(folder, name), dpi=80)
+    return ("img", name, f"{' / '.join(kind)}: attention maps")
 
 
 def _cell_name(row: dict) -> str:

@@ -180,15 +180,17 @@ def _report(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
     from ablations.report import write_report  # after the checks: it loads torch (seconds)
+    from ablations.steps import make_steps
     from ablations.tracking import check_backends, log_report
 
     try:
         if mlflow:  # a missing package: refused before the report is written
             check_backends(TrackingPlan(("mlflow",)))
-        write_report(
-            store, out, title=args.title, target=args.target, note=args.note,
-            selection=selection, keys=keys,
-        )  # fmt: skip
+        with make_steps("report", "steps") as progress:  # a bar on stderr, on a terminal
+            write_report(
+                store, out, title=args.title, target=args.target, note=args.note,
+                selection=selection, keys=keys, progress=progress,
+            )  # fmt: skip
         print(f"wrote {out}/report.md, {out}/index.html and the CSVs and plots beside them")
         for warning in log_report(tracking, name, store.path, out):
             print(warning)

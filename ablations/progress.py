@@ -39,6 +39,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ablations.cell import Cell
+from ablations.steps import duration, is_terminal
 from ablations.store import FINISHED, error_summary
 from ablations.train import CellOutcome
 
@@ -75,11 +76,6 @@ def fit_label(label: str, width: int) -> str:
         if len(tail) <= width:
             return tail
     return "…" + label[-(max(width, 2) - 1) :]
-
-
-def duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def cell_kind(cell: Cell) -> tuple[str, str, str]:
@@ -296,20 +292,7 @@ def make_progress(
     """A `LiveProgress` when `out` is a terminal rich can draw on (`live=None`) or `live` is
     true, else plain `Progress` lines."""
     if live is None:
-        live = _is_terminal(out)
+        live = is_terminal(out)
     if live:
         return LiveProgress(todo, total, slots, interval, out)
     return Progress(todo, total, slots, interval, out)
-
-
-def _is_terminal(out) -> bool:
-    """Whether `out` is a TTY (not a pipe or file, whatever FORCE_COLOR says) that rich can
-    move the cursor on (not TERM=dumb), with rich installed."""
-    try:
-        if not out.isatty():
-            return False
-        from rich.console import Console
-    except (AttributeError, ValueError, ImportError):  # no isatty, a closed file, no rich
-        return False
-    console = Console(file=out)
-    return console.is_terminal and not console.is_dumb_terminal

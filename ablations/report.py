@@ -46,8 +46,9 @@ import re
 import shutil
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -86,6 +87,7 @@ from ablations.selection import (
     varying_per_task,
     varying_settings,
 )
+from ablations.steps import Steps
 from ablations.store import ResultsStore, _pid_alive, cells_table, error_summary
 from ablations.tasks import build_task
 
@@ -617,6 +619,7 @@ def write_report(
     note: str | None = None,
     selection: Selection | None = None,
     keys: set[str] | Mapping[str, dict] | None = None,
+    progress: Steps | None = None,
 ) -> Path:
     """Write the report of `store` (a ResultsStore or the path of its SQLite file) into the
     folder `out_dir`: report.md, index.html, summary.csv, cells.csv and the PNG plots, with
@@ -629,7 +632,8 @@ def write_report(
     those cells (a grid's: the store's other cells, e.g. of an earlier version of the grid, are
     left out and counted in the header); given as {key: config}, the grid's cells the store
     does not hold are counted and listed as not run, and no selection takes a setting that
-    lacks one. Returns `out_dir`.
+    lacks one. `progress` (ablations.steps) counts the steps: the tables, each plot and
+    attention map, and the pages. Returns `out_dir`.
 
     The folder belongs to the report and is written whole or not at all: the report is written
     into a new hidden sibling folder (``.<name>.partial-<pid>-<random>``), which then replaces
@@ -645,14 +649,18 @@ def write_report(
     _recover(final)
     _check_replaceable(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    partial = _hidden(final, "partial")
-    partial.mkdir()
+    partial_dir = _hidden(final, "partial")
+    partial_dir.mkdir()
     try:
-        page = report_page(store, partial, title, target, note, selection, keys)
-        write_pages(page, partial)
-        _replace_folder(partial, final)
+        progress = progress or Steps()
+        progress.expect(1)  # the pages, after report_page's steps
+        page = report_page(store, partial_dir, title, target, note, selection, keys, progress)
+        progress.doing("pages: report.md, index.html")
+        write_pages(page, partial_dir)
+        _replace_folder(partial_dir, final)
+        progress.advance()
     finally:
-        shutil.rmtree(partial, ignore_errors=True)  # gone already unless something failed
+        shutil.rmtree(partial_dir, ignore_errors=True)  # gone already unless something failed
     return Path(out_dir)
 
 
@@ -776,10 +784,12 @@ def report_page(
     note: str | None = None,
     selection: Selection | None = None,
     keys: set[str] | Mapping[str, dict] | None = None,
+    progress: Steps | None = None,
 ) -> Page:
     """Write the report's data and plots (summary.csv, cells.csv, the PNGs) into the empty
     `folder` and return its page (the model report.md and index.html are rendered from, see
-    `report_pages.write_pages`); the arguments are `write_report`'s."""
+    `report_pages.write_pages`); the arguments are `write_report`'s. The plots are planned
+    first and drawn last, so that `progress` knows their number before the first is drawn."""
     store, folder = _open(store), Path(folder)
     records, left_out = list(store.rows()), 0
     if keys is not None:
@@ -792,6 +802,9 @@ def report_page(
     cells = _cells(frame).assign(family=[_family(config) for config in configs])
     summary = summary_table(frame, curves, target)
 
+    progress = progress or Steps()
+    progress.expect(1)  # the tables: cells, summary, and selection
+    progress.doing("tables")
     write_csv(_cells_csv(frame), _new_file(folder, "cells.csv"))
     write_csv(summary, _new_file(folder, "summary.csv"))
     page = _page(store, frame, cells, title, note)
@@ -802,6 +815,7 @@ def report_page(
     colours = label_colours(cells.mechanism.dropna())
     done = cells[cells.status == "done"]
     chosen_keys = None  # the cells of each mechanism's selected setting: their maps are shown
+    plots: list[tuple[Section, str, str, Callable[[], Figure | None]]] = []  # drawn below
     plotted, metric = done, "test_acc"  # the cells the task plots draw, the metric they show
     if selection is not None:
         section, rows = _selection_section(cells, selection, folder)
@@ -818,7 +832,7 @@ def report_page(
                 "The table: every setting. The plots: each mechanism at its selected "
                 "setting (see Selection; not drawn where no setting finished on every seed)."
             ))  # fmt: skip
-        figures, mine = [], plotted[plotted.task == task]
+        figures, mine = [], plotted[plotted.task == task]  # (kind, label, draw): drawn below
         floor = _loss_floor([configs[i] for i in mine.index])
         if floor is not None:
             section.parts.append(Paragraph(
@@ -830,21 +844,17 @@ def report_page(
             ))  # fmt: skip
         val_floor = None if floor is None else floor["validation"]
         for label, panel in _curve_panels(str(task), mine, selection):
-            figures.append(("curves", label, _plot_curves(label, panel, curves, colours)))
+            figures.append(("curves", label, partial(_plot_curves, label, panel, curves, colours)))
             if panel.test_exact.notna().any():  # sequence tasks (scored per position)
-                loss_curves = _plot_curves(label, panel, curves, colours, "loss", val_floor)
-                figures.append(("loss_curves", label, loss_curves))
+                loss = partial(_plot_curves, label, panel, curves, colours, "loss", val_floor)
+                figures.append(("loss_curves", label, loss))
                 if val_floor is not None:
-                    above = _plot_curves(label, panel, curves, colours, "loss", val_floor, True)
-                    figures.append(("above_floor", label, above))
-        vs_params = _plot_vs_params(str(task), mine, colours, metric)
+                    figures.append(("above_floor", label, partial(loss, above_floor=True)))
+        vs_params = partial(_plot_vs_params, str(task), mine, colours, metric)
         figures.append(("vs_params", task, vs_params))
-        for kind, label, figure in figures:
-            if figure is not None:
-                name = label_file_name(kind, str(label))
-                figure.savefig(_new_file(folder, name), dpi=100)
-                alt = FIGURE_ALTS[kind].format(metric=_metric_name(metric))
-                section.parts.append(Image(name, f"{label}: {alt}"))
+        for kind, label, draw in figures:
+            alt = FIGURE_ALTS[kind].format(metric=_metric_name(metric))
+            plots.append((section, label_file_name(kind, str(label)), f"{label}: {alt}", draw))
         page.sections.append(section)
 
     # one section per task family and setting of the axes other than n_train (and the steps
@@ -865,9 +875,6 @@ def report_page(
     for (family, other), group in with_n.groupby(["family", "others"], sort=False):
         if group.n_train.nunique() > 1:
             heading = f"{family}; {other}" if other else family
-            name = label_file_name("vs_train_size", str(heading))
-            figure = _plot_vs_train_size(heading, group, colours, metric)
-            figure.savefig(_new_file(folder, name), dpi=100)
             table = _train_size_table(group, metric)
             dash = (table.data == "-").to_numpy().any()
             parts = [
@@ -882,11 +889,27 @@ def report_page(
                     )
                 ),  # fmt: skip
                 table,
-                Image(name, f"{heading}: {metric} vs training-set size"),
             ]
-            page.sections.append(Section(f"Training-set size: {heading}", parts))
+            section = Section(f"Training-set size: {heading}", parts)
+            plots.append((
+                section,
+                label_file_name("vs_train_size", str(heading)),
+                f"{heading}: {metric} vs training-set size",
+                partial(_plot_vs_train_size, heading, group, colours, metric),
+            ))  # fmt: skip
+            page.sections.append(section)
 
-    page.sections.extend(_attention_sections(store, folder, keys, chosen_keys))
+    progress.expect(len(plots))
+    progress.advance()  # the tables
+    for section, name, alt, draw in plots:  # one figure at a time in memory
+        progress.doing(f"plot {name}")
+        figure = draw()
+        if figure is not None:
+            figure.savefig(_new_file(folder, name), dpi=100)
+            section.parts.append(Image(name, alt))
+        progress.advance()
+
+    page.sections.extend(_attention_sections(store, folder, keys, chosen_keys, progress))
     unfinished = cells[cells.status != "done"]
     if unfinished.empty:
         part = Paragraph("None: every cell finished.")
@@ -1040,10 +1063,11 @@ def _attention_sections(
     folder: Path,
     keys: set[str] | None = None,
     prefer: set[str] | None = None,
+    progress: Steps | None = None,
 ) -> list[Section]:
     """The "Attention maps" section (none without maps) from ablations.attention_figures's blocks:
     ("h2", heading) then ("p", text), ("ul", items) and ("img", file, alt) parts."""
-    blocks = attention_blocks(store, folder, keys, prefer)
+    blocks = attention_blocks(store, folder, keys, prefer, progress)
     if not blocks:
         return []
     (_, heading), *parts = blocks

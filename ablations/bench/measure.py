@@ -25,17 +25,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
 
+from ablations.steps import Steps
 from attn_zoo.kernels.dispatch import UnsupportedCallError
 from attn_zoo.kernels.softmax import build_mod, softmax_attention
 from attn_zoo.kernels.softmax.mods import mask_from_mod
-
-if TYPE_CHECKING:
-    pass
 
 Run = Callable[[], torch.Tensor]
 
@@ -233,13 +230,18 @@ def measure(
     device: str = "cpu",
     baselines: Sequence[str] = ("naive", "sdpa"),
     memory: bool = True,
+    progress: Steps | None = None,
 ) -> pd.DataFrame:
     """A row per (workload, N): fwd_ms, fwd_bwd_ms, train_peak_mb, ratios to each baseline
     label measured in this run (fwd_vs_, time_vs_ for fwd+bwd, mem_vs_ for training peak
     memory; memory=False skips measuring it), and a note when a workload could not run.
 
     At each N every workload runs once as a warm-up, then the timed repeats go round the
-    workloads in turn (`interleaved_median_ms`)."""
+    workloads in turn (`interleaved_median_ms`). `progress` (ablations.steps) counts the
+    measurements, workloads x lengths x (forward, fwd+bwd, memory), those a workload refused
+    included; it is told between them, never while a workload is timed."""
+    progress = progress or Steps()
+    progress.expect(len(workloads) * len(lengths) * (3 if memory else 2))
     rows = []
     for n in lengths:
         table = {
@@ -249,6 +251,7 @@ def measure(
         }  # fmt: skip
         forwards, steps = {}, {}
         for w in workloads:
+            progress.doing(f"N={n} warm-up: {w.label}")
             try:  # the warm-up runs, which also find the calls a backend cannot serve
                 forward = _no_grad(w.make(n, False, device))
                 forward()
@@ -258,16 +261,23 @@ def measure(
                 steps[w.label] = step
             except UnsupportedCallError as err:
                 table[w.label]["note"] = "; ".join(err.reasons.values())
-        for column, fns in (("fwd_ms", forwards), ("fwd_bwd_ms", steps)):
+        for column, what, fns in (
+            ("fwd_ms", "forward", forwards),
+            ("fwd_bwd_ms", "fwd+bwd", steps),
+        ):
+            progress.doing(f"N={n} {what} x {repeats}")
             for label, ms in interleaved_median_ms(fns, repeats, device).items():
                 table[label][column] = ms
-        for w in workloads:
-            if not memory or w.label not in steps:
-                continue
-            if device == "cuda":
-                table[w.label]["train_peak_mb"] = peak_memory_mb(steps[w.label], device)
-            else:
-                table[w.label]["train_peak_mb"] = isolated_peak_memory_mb(w, n)
+            progress.advance(len(workloads))
+        for w in workloads if memory else []:
+            progress.doing(f"N={n} memory: {w.label}")
+            if w.label in steps:  # not refused
+                table[w.label]["train_peak_mb"] = (
+                    peak_memory_mb(steps[w.label], device)
+                    if device == "cuda"
+                    else isolated_peak_memory_mb(w, n)
+                )
+            progress.advance()
         rows += table.values()
     return add_ratios(pd.DataFrame(rows), baselines)
 

@@ -19,13 +19,18 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
 
 from ablations.bench import SUITES
 from ablations.bench.measure import Workload, interleaved_median_ms, machine, measure
+from ablations.steps import Steps, make_steps
 from attn_zoo.kernels.dispatch import family
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DEFAULT_LENGTHS = {
     "softmax": [256, 512, 1024, 2048, 4096],
@@ -48,14 +53,16 @@ def bench_softmax(
     causal: bool = True,
     dtype: str = "float32",
     memory: bool = True,
+    progress: Steps | None = None,
 ) -> pd.DataFrame:
-    """Every softmax backend usable on `device` (or `backends`), over `lengths`."""
+    """Every softmax backend usable on `device` (or `backends`), over `lengths`; `progress`
+    counts the measurements (see `measure`)."""
     if backends is None:
         fam = family("softmax")
         backends = [b for b in fam.backends if fam.status(b, device)[0]]
     shape = dict(batch=batch, heads=heads, head_dim=head_dim, dtype=dtype)
     workloads = [Workload(b, "softmax", b, shape, causal=causal) for b in backends]
-    return measure(workloads, lengths, repeats, device, memory=memory)
+    return measure(workloads, lengths, repeats, device, memory=memory, progress=progress)
 
 
 def bench_window(
@@ -67,6 +74,7 @@ def bench_window(
     heads: int = 8,
     head_dim: int = 64,
     memory: bool = True,
+    progress: Steps | None = None,
 ) -> pd.DataFrame:
     """Causal sliding-window attention of `window` keys: chunked with the window as a mask mod
     (key tiles outside it skipped: O(N w) time and memory) against chunked, naive and sdpa
@@ -78,7 +86,8 @@ def bench_window(
         Workload(f"{backend}:{how}", "softmax", backend, {**shape, "window_as": how})
         for backend, how in runs
     ]
-    return measure(workloads, lengths, repeats, device, ("chunked:mask", "sdpa:mask"), memory)
+    baselines = ("chunked:mask", "sdpa:mask")
+    return measure(workloads, lengths, repeats, device, baselines, memory, progress)
 
 
 def reference_package() -> str | None:
@@ -147,13 +156,14 @@ def bench_relational(
     device: str = "cpu",
     memory: bool = True,
     backends: Sequence[str] | None = None,
+    progress: Steps | None = None,
 ) -> pd.DataFrame:
     """Our relational or dual attention on `backends` (default: every one) beside the
     reference package and a standard SDPA layer, ratios to both (time_vs_reference,
     time_vs_standard_sdpa, ...)."""
     workloads = relational_workloads(suite, d_model, heads, causal, backends)
     baselines = ("reference", "standard_sdpa")
-    return measure(workloads, lengths, repeats, device, baselines, memory)
+    return measure(workloads, lengths, repeats, device, baselines, memory, progress)
 
 
 SEQUENCE_MECHANISMS = {  # name -> kwargs beside d_model, for the `mechanisms` suite
@@ -172,6 +182,7 @@ def bench_mechanisms(
     causal: bool = True,
     device: str = "cpu",
     memory: bool = True,
+    progress: Steps | None = None,
 ) -> pd.DataFrame:
     """Sequence mechanisms other than the relational family, each on every backend it has,
     as layers on (1, N, d_model); ratios to standard attention on SDPA (standard:sdpa)."""
@@ -190,7 +201,7 @@ def bench_mechanisms(
         for backend in list_backends(name)
         if backend not in ("flex", "xformers")  # GPU backends: refused on CPU
     ]
-    return measure(workloads, lengths, repeats, device, ("standard:sdpa",), memory)
+    return measure(workloads, lengths, repeats, device, ("standard:sdpa",), memory, progress)
 
 
 GENERATION_MODELS = {  # mechanism -> LanguageModel settings beside the sizes
@@ -216,18 +227,23 @@ def bench_generation(
     mechanisms: Sequence[str] = ("standard", "relational"),
     device: str = "cpu",
     threads: int | None = 1,
+    progress: Steps | None = None,
 ) -> pd.DataFrame:
     """A row per (mechanism:cached|uncached, N): tokens_per_s and ms_per_token of generating
     N - prompt tokens after a `prompt`-token prompt (max_block_size = the largest N), and
     speedup (cached over uncached tokens per second at the same N). `threads`: torch threads
     while measuring (default 1: a batch-1 decode step is too small to share, and a second
-    thread on a busy machine slows it by up to 10x); None keeps the current setting."""
+    thread on a busy machine slows it by up to 10x); None keeps the current setting.
+    `progress` (ablations.steps) counts the measurements: lengths x mechanisms x (cached,
+    uncached), told between the timed rounds."""
     from attn_zoo.models import LanguageModel
 
     if unknown := [m for m in mechanisms if m not in GENERATION_MODELS]:
         raise ValueError(f"generation mechanisms {unknown}: valid are {list(GENERATION_MODELS)}")
     if min(lengths) <= prompt:
         raise ValueError(f"lengths {list(lengths)} must all exceed the prompt ({prompt} tokens)")
+    progress = progress or Steps()
+    progress.expect(len(lengths) * len(mechanisms) * 2)
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -243,6 +259,7 @@ def bench_generation(
         idx = idx.to(device)
         rows = []
         for n in lengths:
+            progress.doing(f"N={n} warm-up")
             fns = {}
             for name, model in models.items():
                 for mode in ("cached", "uncached"):
@@ -253,7 +270,9 @@ def bench_generation(
 
                     model.generate(idx, min(8, n - prompt), temperature=0, use_cache=use_cache)
                     fns[f"{name}:{mode}"] = run
+            progress.doing(f"N={n} generating x {repeats}")
             times = interleaved_median_ms(fns, repeats, device)
+            progress.advance(len(fns))
             for label, ms in times.items():
                 new, uncached = n - prompt, times[label.split(":")[0] + ":uncached"]
                 rows.append(
@@ -356,41 +375,47 @@ class BenchRun:
         return shlex.join(words)
 
 
-def _suite_table(bench: BenchRun, suite: str, causal: bool) -> pd.DataFrame:
+def _suite_table(bench: BenchRun, suite: str, causal: bool, progress: Steps) -> pd.DataFrame:
     lengths, memory = bench.suite_lengths(suite), not bench.no_memory
     if suite == "softmax":
         return bench_softmax(
             lengths=lengths, backends=bench.backends, repeats=bench.repeats, device=bench.device,
             batch=bench.batch, heads=bench.heads, head_dim=bench.head_dim,
-            causal=causal, dtype=bench.dtype, memory=memory,
+            causal=causal, dtype=bench.dtype, memory=memory, progress=progress,
         )  # fmt: skip
     if suite == "window":
         return bench_window(
             lengths=lengths, window=bench.window, repeats=bench.repeats, device=bench.device,
             batch=bench.batch, heads=bench.heads, head_dim=bench.head_dim, memory=memory,
+            progress=progress,
         )  # fmt: skip
     if suite == "mechanisms":
         return bench_mechanisms(
             lengths=lengths, repeats=bench.repeats, d_model=bench.d_model, heads=bench.heads,
-            causal=causal, device=bench.device, memory=memory,
+            causal=causal, device=bench.device, memory=memory, progress=progress,
         )  # fmt: skip
     if suite == "generation":
         g = GENERATION_SIZES
         return bench_generation(
             lengths, bench.repeats, g["d_model"], g["n_layers"], g["heads"], g["prompt"],
-            device=bench.device, threads=None,
+            device=bench.device, threads=None, progress=progress,
         )  # fmt: skip
     return bench_relational(
         suite, lengths=lengths, repeats=bench.repeats, d_model=bench.d_model,
         heads=bench.ra_heads, causal=causal, device=bench.device, memory=memory,
-        backends=bench.ra_backends,
+        backends=bench.ra_backends, progress=progress,
     )  # fmt: skip
 
 
-def run_bench(bench: BenchRun, out: Callable[[str], None] = print) -> dict[str, pd.DataFrame]:
+def run_bench(
+    bench: BenchRun, out: Callable[[str], None] = print, console: Console | None = None
+) -> dict[str, pd.DataFrame]:
     """Measure every suite of `bench` (causal, then non-causal with `also_non_causal`; the
     generation suite alone, with one torch thread for the whole run), print each table, write
-    the CSVs and the report it asks for; the tables by name (<suite> or <suite>_noncausal)."""
+    the CSVs and the report it asks for; the tables by name (<suite> or <suite>_noncausal).
+    While a suite is measured, a bar of its measurements and the time left is drawn on
+    `console`, or on stderr when it is a terminal (ablations.steps.make_steps); it is ended
+    before the suite's table is printed."""
     from ablations.bench.report import write_bench_report
     from ablations.report_pages import write_csv
 
@@ -414,7 +439,8 @@ def run_bench(bench: BenchRun, out: Callable[[str], None] = print) -> dict[str, 
     tables, settings = {}, {}
     for suite, causal in ((suite, causal) for suite in bench.suite for causal in modes):
         name = suite if causal == modes[0] else f"{suite}_noncausal"
-        tables[name] = table = _suite_table(bench, suite, causal)
+        with make_steps(name, "measurements", console) as progress:
+            tables[name] = table = _suite_table(bench, suite, causal, progress)
         settings[name] = f"{bench.title(suite, causal)}, median of {bench.repeats}"
         out(f"\n{settings[name]}")
         out(table.to_string(index=False, float_format=lambda x: f"{x:.3g}", na_rep="-"))
