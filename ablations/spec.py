@@ -51,6 +51,15 @@ cells once (`GridSpec.cells`, ablations.cell).
     backends = ["tensorboard", "mlflow"]        # these trackers (ablations.tracking), written
     uri = "tracking"                            # here (default: "tracking" beside the store)
 
+    [search]                                    # optional: an Optuna search (ablations.search)
+    trials = 8                                  # settings per (task, size, mechanism)
+    space."training.lr" = { low = 1e-4, high = 3e-2, log = true }
+    space."model.pos_enc" = { choices = ["rope", "sinusoidal"] }
+    space."mechanism_kwargs.n_heads" = { low = 1, high = 4, int = true }
+    sampler = "tpe"                             # or "random"; seeded by `seed`
+    metric = "val_acc"                          # or "val_loss"; direction: maximize for an
+    seed = 0                                    # accuracy, minimize a loss; default: seeds[0]
+
 A cell is one (task, size, mechanism, swept values, seed) with everything resolved; `--set
 key=value` overrides (dotted keys, list entries indexed, TOML values: ``--set
 training.steps=50``, ``--set 'mechanisms[1].kwargs.n_heads=2'``) apply before validation.
@@ -61,6 +70,11 @@ beyond task, size, mechanism and seed (``training.lr = [1e-3, 3e-3]``, ``model.p
 (`ModelOptions`); a task or mechanism entry may set its own `training`, `model` and `sweep`.
 Fixed settings resolve grid < size < task < mechanism (`_base`), a sweep beats a fixed
 value and a more specific sweep replaces a less specific one; steps and epochs are one setting.
+A `[search]` tries `trials` settings of its `space` (keys as `[sweep]` names them; a range
+`{ low, high }` with `log` or `int`, or `{ choices = [...] }`) per task, size, mechanism and
+other swept values, on one seed, instead of a product: the grid then has no cells until its
+trials are chosen and stored (`SearchPlan`, `trial_cell`; running it: ablations.search). A key
+may not be both searched and swept; grid.include and grid.exclude are refused with a search.
 A cell's swept keys are its `swept` (labels, not part of its key: the resolved values are), so
 a swept value equal to the unswept setting is the same cell. `[selection]` is read by the
 report (ablations.selection).
