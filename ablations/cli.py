@@ -6,6 +6,7 @@ attn-zoo ablate run GRID [--executor local|ray] [--address ADDR] [--workers N] [
                          [--dry-run] [--retry-failed] [--track tensorboard|mlflow|wandb]
                          [--tracking-uri URI]
 attn-zoo ablate status GRID [--set k=v]
+attn-zoo ablate best GRID [--set k=v]
 attn-zoo report GRID_OR_STORE [--out DIR] [--target T] [--note TEXT] [--track mlflow]
                               [--tracking-uri URI]
 """
@@ -121,6 +122,7 @@ def _cell_table(spec) -> pd.DataFrame:
 
 def _ablate_run(args: argparse.Namespace) -> int:
     from ablations.runner import RunStopped, check_cells, run_grid
+    from ablations.search import run_search, trial_spec
     from ablations.spec import SpecError
     from ablations.status import status_text
     from ablations.store import StoreError
@@ -128,13 +130,15 @@ def _ablate_run(args: argparse.Namespace) -> int:
     spec = _load_grid(args, args.grid)
     try:
         if args.dry_run:
+            spec = trial_spec(spec)  # a search: the trials stored so far
             check_cells(spec)
             table = _cell_table(spec)
             print(status_text(table, spec.swept_keys))
             print(f"\n{len(table)} cells; store {spec.store}; by status:")
             print(table["status"].value_counts().to_string())
             return 0
-        counts = run_grid(
+        run = run_search if spec.search is not None else run_grid
+        counts = run(
             spec, executor=args.executor, workers=args.workers, address=args.address,
             retry_failed=args.retry_failed, interval=args.interval,
             tracking=_tracking(args, spec.tracking),
@@ -147,8 +151,10 @@ def _ablate_run(args: argparse.Namespace) -> int:
 
 
 def _ablate_status(args: argparse.Namespace) -> int:
-    spec = _load_grid(args, args.grid, here=False)
+    from ablations.search import trial_spec
     from ablations.status import status_text
+
+    spec = trial_spec(_load_grid(args, args.grid, here=False))
 
     table = _cell_table(spec)
     print(status_text(table, spec.swept_keys))
@@ -159,12 +165,26 @@ def _ablate_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ablate_best(args: argparse.Namespace) -> int:
+    from ablations.search import best_text
+
+    spec = _load_grid(args, args.grid, here=False)
+    if spec.search is None:
+        raise SystemExit(
+            f"error: {spec.path} has no [search]: its report selects its best settings"
+        )
+    print(best_text(spec))
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from ablations.store import ResultsStore
 
     source, selection, keys, tracking = Path(args.source), None, None, None
-    if source.suffix == ".toml":  # the grid's cells only
-        spec = _load_grid(args, args.source, here=False)
+    if source.suffix == ".toml":  # the grid's cells only (a search: the trials stored)
+        from ablations.search import trial_spec
+
+        spec = trial_spec(_load_grid(args, args.source, here=False))
         store, name, selection, tracking = spec.store, spec.name, spec.selection, spec.tracking
         keys = {cell.key: cell.config() for cell in spec.cells}  # those not run: listed
     else:
@@ -303,7 +323,14 @@ def parser() -> argparse.ArgumentParser:
         "status", help="the status and metrics of every cell of a grid", formatter_class=Help,
         description="Every cell's status and metrics; reads the store without writing it.",
     )  # fmt: skip
-    for q in (run, status):
+    best = asub.add_parser(
+        "best", help="each group's best trial of a grid's [search], as --set lines",
+        formatter_class=Help,
+        description="Each (task, size, mechanism) group's best trial of the grid's [search] "
+        "on its metric, then --set lines putting each mechanism at it, for a second-stage grid "
+        "(the grid without [search], on every seed). Reads the store without writing it.",
+    )  # fmt: skip
+    for q in (run, status, best):
         q.add_argument("grid", help="a grid spec (TOML), e.g. ablations/grids/demo.toml")
         q.add_argument(
             "--set", action="append", default=[], metavar="KEY=VALUE",
@@ -315,7 +342,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--address", default=None,
                      help="Ray cluster address (without: a local Ray instance)")  # fmt: skip
     run.add_argument("--workers", type=COUNT, default=None,
-                     help="cells trained at once (without: one per usable core)")  # fmt: skip
+                     help="cells trained at once (without: one per usable core; with a [search]: "
+                     "one, each trial chosen knowing every trial before it)")  # fmt: skip
     run.add_argument("--dry-run", action="store_true",
                      help="list the cells and their status, train nothing")  # fmt: skip
     run.add_argument("--retry-failed", action="store_true",
@@ -332,6 +360,7 @@ def parser() -> argparse.ArgumentParser:
     _add_tracking_uri(run)
     run.set_defaults(func=_ablate_run)
     status.set_defaults(func=_ablate_status)
+    best.set_defaults(func=_ablate_best)
 
     r = sub.add_parser(
         "report", help="tables, plots, markdown and HTML of a grid's results", formatter_class=Help,

@@ -166,6 +166,8 @@ def run_grid(
     `retry_failed`) and record it; the counts of this run's outcomes by status. `interval`:
     seconds between status lines when `out` is not a terminal. `tracking`: the trackers each
     recorded cell is then copied to (default: the grid's [tracking]; ablations.tracking)."""
+    if spec.search is not None:
+        raise SpecError(f"{spec.path}: a grid with [search] runs with ablations.search.run_search")
     cells = spec.cells
     tracking = spec.tracking if tracking is None else tracking
     check_backends(tracking)  # a missing package: TrackingError before anything runs

@@ -5,11 +5,11 @@ default and range (`Valid`, which error messages quote).
                                                    # the checks across fields and the expansion
 
 `GridFile` and its tables (`TaskEntry`, `SizeEntry`, `MechanismEntry`, `ModelOptions`,
-`Training`, `Sweep`, `Resources`, `Resume`, `GridRules`, `Selection`, `Tracking`) refuse unknown
-keys, wrong types (a bool is not an int; an int is a float) and values out of range. Names are
-checked against the registries (tasks, mechanisms and reference models, norms, positions,
-symbol retrievers). The training defaults are ablations.cell's `DEFAULT_TRAINING`; what the
-keys mean is in the grid format's description (ablations/spec.py).
+`Training`, `Sweep`, `Resources`, `Resume`, `GridRules`, `Selection`, `Tracking`, `Search`)
+refuse unknown keys, wrong types (a bool is not an int; an int is a float) and values out of
+range. Names are checked against the registries (tasks, mechanisms and reference models,
+norms, positions, symbol retrievers). The training defaults are ablations.cell's
+`DEFAULT_TRAINING`; what the keys mean is in the grid format's description (ablations/spec.py).
 """
 
 from __future__ import annotations
@@ -317,6 +317,34 @@ class Tracking(Table):
     uri: TrackingUri | None = None
 
 
+SAMPLERS = ("tpe", "random")
+DIRECTIONS = ("maximize", "minimize")
+
+
+class Search(Table):
+    """[search]: instead of the product of swept values, `trials` settings of the keys of
+    `space` per (task, size, mechanism, other swept values), chosen one after another by an
+    Optuna `sampler` on the validation `metric` of the trials before, all on `seed`
+    (ablations.search; each distribution of `space` is checked by `load_grid`)."""
+
+    trials: whole(1, "int >= 1 (settings tried per task, size, mechanism)")
+    space: Annotated[
+        dict[str, Kwargs],
+        Field(min_length=1),
+        Valid(
+            "a non-empty table of swept keys and their distributions, e.g. "
+            '{ "training.lr" = { low = 1e-4, high = 3e-2, log = true } }'
+        ),
+    ]
+    sampler: choice(SAMPLERS) = "tpe"
+    metric: choice(SELECTION_METRICS) = "val_acc"
+    direction: choice(DIRECTIONS) | None = None  # default: maximize an accuracy, minimize a loss
+    seed: Seed | None = None  # default: the grid's first seed
+    startup_trials: whole(1, "int >= 1 (random trials before TPE models the others)") | None = (
+        None  # default: a quarter of the trials, at least 2 and at most 10
+    )
+
+
 class GridFile(Table):
     """A grid file as written: the typed schema `load_grid` validates it with."""
 
@@ -341,6 +369,7 @@ class GridFile(Table):
     resume: Resume = Resume()
     grid: GridRules = GridRules()
     tracking: Tracking | None = None
+    search: Search | None = None
 
 
 # Added after stores existed: in a cell's training only when set to another value than the

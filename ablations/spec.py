@@ -51,6 +51,15 @@ cells once (`GridSpec.cells`, ablations.cell).
     backends = ["tensorboard", "mlflow"]        # these trackers (ablations.tracking), written
     uri = "tracking"                            # here (default: "tracking" beside the store)
 
+    [search]                                    # optional: an Optuna search (ablations.search)
+    trials = 8                                  # settings per (task, size, mechanism)
+    space."training.lr" = { low = 1e-4, high = 3e-2, log = true }
+    space."model.pos_enc" = { choices = ["rope", "sinusoidal"] }
+    space."mechanism_kwargs.n_heads" = { low = 1, high = 4, int = true }
+    sampler = "tpe"                             # or "random"; seeded by `seed`
+    metric = "val_acc"                          # or "val_loss"; direction: maximize for an
+    seed = 0                                    # accuracy, minimize a loss; default: seeds[0]
+
 A cell is one (task, size, mechanism, swept values, seed) with everything resolved; `--set
 key=value` overrides (dotted keys, list entries indexed, TOML values: ``--set
 training.steps=50``, ``--set 'mechanisms[1].kwargs.n_heads=2'``) apply before validation.
@@ -61,6 +70,11 @@ beyond task, size, mechanism and seed (``training.lr = [1e-3, 3e-3]``, ``model.p
 (`ModelOptions`); a task or mechanism entry may set its own `training`, `model` and `sweep`.
 Fixed settings resolve grid < size < task < mechanism (`_base`), a sweep beats a fixed
 value and a more specific sweep replaces a less specific one; steps and epochs are one setting.
+A `[search]` tries `trials` settings of its `space` (keys as `[sweep]` names them; a range
+`{ low, high }` with `log` or `int`, or `{ choices = [...] }`) per task, size, mechanism and
+other swept values, on one seed, instead of a product: the grid then has no cells until its
+trials are chosen and stored (`SearchPlan`, `trial_cell`; running it: ablations.search). A key
+may not be both searched and swept; grid.include and grid.exclude are refused with a search.
 A cell's swept keys are its `swept` (labels, not part of its key: the resolved values are), so
 a swept value equal to the unswept setting is the same cell. `[selection]` is read by the
 report (ablations.selection).
@@ -150,6 +164,7 @@ from ablations.schema import (
     GridFile,
     GridRules,
     MechanismEntry,
+    Search,
     Seed,
     Selection,
     SizeEntry,
@@ -212,6 +227,48 @@ class GridSpec:
     imports: list[str] = field(default_factory=list)  # plugins, as workers import them
     resume: dict = field(default_factory=lambda: dict(RESUME_DEFAULTS))  # no cell's part
     tracking: TrackingPlan | None = None  # [tracking], its uri resolved; no cell's part
+    search: SearchPlan | None = None  # [search]: `cells` is empty, the trials are in the store
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One searched key and its distribution: `choices`, or a range [low, high] (`log`:
+    uniform in log(value); `integer`: whole values)."""
+
+    key: str
+    choices: tuple = ()
+    low: float | int | None = None
+    high: float | int | None = None
+    log: bool = False
+    integer: bool = False
+
+
+@dataclass(frozen=True)
+class SearchGroup:
+    """The cells of one (task, size, mechanism, other swept values) of a search share
+    `base` and `values`, and differ in the searched keys only; all train on `seed`."""
+
+    base: Base
+    values: dict
+    seed: int
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """A grid's [search] resolved: its table, the distributions of its keys, the direction
+    of its metric, its seed and startup trials, and its groups (in grid order)."""
+
+    table: Search
+    space: tuple[Dimension, ...]
+    direction: str
+    seed: int
+    startup_trials: int
+    groups: tuple[SearchGroup, ...]
+
+
+def trial_cell(spec: GridSpec, group: SearchGroup, values: dict) -> Cell:
+    """The cell of search `group` of `spec` with the searched keys at `values`."""
+    return _cell(spec.path, spec.name, group.base, {**group.values, **values}, group.seed)
 
 
 def _base(file: GridFile, task: TaskEntry, size: SizeEntry, mech: MechanismEntry) -> Base:
@@ -713,6 +770,90 @@ def _check_builds(path, cells: list[Cell]) -> None:
 
 SIZE_FIELDS = ("label", "d_model", "n_layers")
 
+RANGE_KEYS = ("low", "high", "log", "int")
+
+
+def _dimension(path, key: str, table: dict) -> Dimension:
+    """search.space.`key`'s distribution, checked: `{ choices = [...] }` (distinct values) or
+    `{ low = a, high = b }` with a < b, and `log = true` (a > 0) or `int = true` (whole a, b);
+    every value a valid one of `key`."""
+    where = f"search.space.{key}"
+    valid = ["choices"] if "choices" in table else list(RANGE_KEYS)
+    _check_keys(path, f"{where}.", table, valid, " (choices, or low, high, log, int)")
+    if "choices" in table:
+        choices = table["choices"]
+        if not isinstance(choices, list) or not choices:
+            raise SpecError(f"{path}: {where}.choices = {choices!r} must be a non-empty list")
+        for i, value in enumerate(choices):
+            at = f"{where}.choices[{i}]"
+            if not isinstance(value, bool | int | float | str):
+                raise SpecError(f"{path}: {at} = {value!r} must be a bool, int, float or str")
+            _check_setting(path, where, key, value, at)
+            if any(_same(value, other) for other in choices[:i]):
+                raise SpecError(f"{path}: {at} = {value!r} repeats a value of {where}.choices")
+        return Dimension(key, choices=tuple(choices))
+    for name in ("low", "high"):
+        if name not in table:
+            raise SpecError(f"{path}: {where} is missing {name!r} (or give choices = [...])")
+    low, high = table["low"], table["high"]
+    log, integer = table.get("log", False), table.get("int", False)
+    for name, flag in (("log", log), ("int", integer)):
+        if not isinstance(flag, bool):
+            raise SpecError(f"{path}: {where}.{name} = {flag!r} must be a bool")
+    for name, value in (("low", low), ("high", high)):
+        kinds = int if integer else int | float
+        if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
+            what = "an int (int = true)" if integer else "a finite number"
+            raise SpecError(f"{path}: {where}.{name} = {value!r} must be {what}")
+        _check_setting(path, where, key, value, f"{where}.{name}")
+    if not low < high:
+        raise SpecError(f"{path}: {where}.low = {low!r} must be below high = {high!r}")
+    if log and low <= 0:
+        raise SpecError(f"{path}: {where}.low = {low!r} must be > 0 with log = true")
+    return Dimension(key, low=low, high=high, log=log, integer=integer)
+
+
+def _check_search(
+    path, grid: GridFile, swept: list[str], exclude: list, include: list
+) -> SearchPlan | None:
+    """[search] checked against the rest of the grid: its keys valid and swept nowhere else,
+    no grid.include or grid.exclude; its groups (the product of tasks x sizes x mechanisms x
+    the other swept values, on the search's seed)."""
+    search = grid.search
+    if search is None:
+        return None
+    if exclude or include:
+        raise SpecError(
+            f"{path}: grid.exclude and grid.include cannot be used with [search] (a search "
+            f"runs every task, size and mechanism; split the grid instead)"
+        )
+    space = []
+    for key, table in search.space.items():
+        lengths = [f"training.{k}" for k in LENGTH]
+        clash = [k for k in swept if k == key or (key in lengths and k in lengths)]
+        if clash:
+            raise SpecError(
+                f"{path}: search.space.{key} is also swept ({clash[0]} in a [sweep]); a key is "
+                f"either searched or swept, not both"
+            )
+        space.append(_dimension(path, key, table))
+    trials = search.trials
+    finite = math.prod(len(d.choices) or (d.high - d.low + 1 if d.integer else 0) for d in space)
+    if finite and trials > finite:
+        raise SpecError(
+            f"{path}: search.trials = {trials} is more than the {finite} settings of "
+            f"search.space; sweep them instead ([sweep])"
+        )
+    seed = grid.seeds[0] if search.seed is None else search.seed
+    groups = tuple(
+        SearchGroup(base, values, seed)
+        for base in _bases(grid)
+        for values in _assignments(base.sweep)
+    )
+    direction = search.direction or ("maximize" if search.metric == "val_acc" else "minimize")
+    startup = search.startup_trials or min(10, max(2, trials // 4))
+    return SearchPlan(search, tuple(space), direction, seed, startup, groups)
+
 
 def load_grid(
     path: str | Path,
@@ -762,9 +903,18 @@ def load_grid(
     for key, value in grid.training.model_dump(exclude_unset=True).items():
         set_training(given, key, value)
     swept_keys = _swept_keys(grid, include)
+    search = _check_search(path, grid, swept_keys, exclude, include)
+    if search is not None:
+        swept_keys += [d.key for d in search.space]
     _check_selection(path, grid.selection, swept_keys, grid.mechanisms)
     cells, unmatched = _expand(path, grid, exclude, include)
-    if not cells:
+    checked = cells
+    if search is not None:  # no cells: the trials are chosen as the search runs
+        probe = {d.key: d.choices[0] if d.choices else d.low for d in search.space}
+        checked = [_cell(path, grid.name, g.base, {**g.values, **probe}, g.seed)
+                   for g in search.groups]  # fmt: skip
+        cells = []
+    elif not cells:
         raise SpecError(
             f"{path}: grid.exclude = {grid.grid.exclude!r} leaves no cell of the product of "
             f"tasks x sizes x mechanisms x swept values x seeds and grid.include adds none; a "
@@ -774,8 +924,8 @@ def load_grid(
         i = unmatched[0]
         raise SpecError(f"{path}: grid.exclude[{i}] = {exclude[i]!r} matches no cell of the grid")
     if check_device:
-        _check_training(path, cells)
-    _check_builds(path, cells)
+        _check_training(path, checked)
+    _check_builds(path, checked)
     tracking = None
     if grid.tracking is not None:  # its uri resolved from the grid file's folder
         tracking = TrackingPlan(tuple(grid.tracking.backends)).at(grid.tracking.uri, path.parent)
@@ -794,4 +944,5 @@ def load_grid(
         plugins,
         grid.resume.model_dump(),
         tracking,
+        search,
     )
