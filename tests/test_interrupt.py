@@ -219,11 +219,10 @@ def test_a_second_ctrl_c_during_a_slow_shutdown_exits_at_once(tmp_path, monkeypa
 
 def test_workers_die_with_a_sigkilled_driver(tmp_path):
     path = grid_file(tmp_path)
-    store = load_grid(path).store
     run = start(tmp_path, str(path), "--workers", "2")
     try:
-        wait_for(run, lambda: len([r for r in rows(store) if r["status"] == "running"]) == 2)
-        time.sleep(2.0)  # both workers training
+        # both workers training (past their imports: a loaded machine takes many seconds)
+        wait_for(run, lambda: len(set(re.findall(r"(\S+) step \d+", output(run)))) == 2)
         assert len(session(run.pid)) >= 3  # driver and two workers
         os.kill(run.pid, signal.SIGKILL)
         run.wait(timeout=10)
