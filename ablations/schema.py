@@ -176,7 +176,7 @@ class Training(Table):
     steps: whole(1) = _D["steps"]  # or epochs: exactly one of the two
     epochs: whole(1, "int >= 1 (an epoch: ceil(n_train / batch_size) steps)") | None = _D["epochs"]
     batch_size: whole(1, high=2**20) = _D["batch_size"]
-    lr: finite("> 0", lambda v: v > 0) = _D["lr"]
+    lr: finite("> 0 and < 3.4e38 (a float32)", lambda v: 0 < v < 3.4e38) = _D["lr"]
     weight_decay: finite(">= 0", lambda v: v >= 0) = _D["weight_decay"]
     betas: Betas = _D["betas"]  # AdamW's (beta1, beta2)
     warmup_steps: whole(0) = _D["warmup_steps"]

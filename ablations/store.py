@@ -221,6 +221,15 @@ def _staged(files: Mapping[Path, bytes]) -> Iterator[Callable[[], None]]:
             partial.unlink(missing_ok=True)
 
 
+def _check_regular(path: Path) -> None:
+    """StoreError for a path that exists but is no regular file: a folder, a device
+    (/dev/null), a FIFO; SQLite would write a journal beside it."""
+    if path.is_dir():
+        raise StoreError(f"{path} is a folder, not a results store file")
+    if path.exists() and not path.is_file():
+        raise StoreError(f"{path} is not a regular file (a device or a pipe?): not a results store")
+
+
 class ResultsStore:
     """Rows of one grid in the SQLite file at `path`.
 
@@ -243,8 +252,7 @@ class ResultsStore:
             self._target = self._read_only_target()
             self._check_is_store()
         else:
-            if self.path.is_dir():
-                raise StoreError(f"{self.path} is a folder, not a results store file")
+            _check_regular(self.path)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             writable = [self.path.parent, *([self.path] if self.path.exists() else [])]
             if not all(os.access(p, os.W_OK) for p in writable):  # a read-only mount, say
@@ -273,8 +281,7 @@ class ResultsStore:
         the store open, or was killed), SQLite reads through them; without them the store file
         is whole and is read as it is (immutable: SQLite would otherwise create the -wal and
         -shm files, and cannot in a read-only folder)."""
-        if self.path.is_dir():
-            raise StoreError(f"{self.path} is a folder, not a results store file")
+        _check_regular(self.path)
         if not self.path.is_file():
             raise FileNotFoundError(errno.ENOENT, "no results store", str(self.path))
         target = f"file:{quote(str(self.path.resolve()))}?mode=ro"

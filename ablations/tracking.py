@@ -97,7 +97,19 @@ class TrackingPlan:
     def where(self, store: Path) -> tuple[Path, str]:
         """The folder and MLflow store URI of a run on the results store `store`."""
         folder = self.folder or Path(store).resolve().parent / "tracking"
-        return folder, self.mlflow_uri or f"sqlite:///{folder / 'mlflow.db'}"
+        uri = self.mlflow_uri or f"sqlite:///{folder / 'mlflow.db'}"
+        database = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else None
+        if database is not None and set(database) & set("#?%"):  # a URL would cut the path
+            raise TrackingError(
+                f"MLflow's database path {database!r} holds # ? or %, which its sqlite URI "
+                "cannot carry: choose a tracking folder without them"
+            )
+        if database is not None and Path(database).resolve() == Path(store).resolve():
+            raise TrackingError(
+                f"MLflow's database {database} is the results store itself: give MLflow a "
+                "database of its own (--tracking-uri DIR or sqlite:///OTHER.db)"
+            )
+        return folder, uri
 
 
 def check_backends(plan: TrackingPlan | None) -> None:

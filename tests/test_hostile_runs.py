@@ -252,3 +252,24 @@ def test_bench_refuses_devices_it_cannot_use_and_an_interrupt_is_one_line(monkey
     monkeypatch.setattr(cli, "_ablate_status", interrupted)
     assert main(["ablate", "status", "x.toml"]) == 130
     assert capsys.readouterr().err.strip() == "interrupted"
+
+
+def test_a_device_or_a_pipe_as_the_store_is_one_line_and_nothing_is_written(tmp_path):
+    """SQLite would write /dev/null-journal beside a device; status would trace back on a
+    FIFO. Both commands refuse such a path before opening it."""
+    grid = tiny_grid(tmp_path, mechanisms=[STD], training=FAST)
+    fifo = tmp_path / "fifo.sqlite"
+    os.mkfifo(fifo)
+    for store in (fifo, Path("/dev/null")):
+        for command in (["ablate", "run"], ["ablate", "status"]):
+            with pytest.raises(SystemExit) as refused:
+                main([*command, str(grid), "--set", f'store="{store}"'])
+            assert "is not a regular file" in str(refused.value)
+    assert not Path("/dev/null-journal").exists()
+
+
+def test_a_learning_rate_beyond_float32_is_refused_before_any_cell(tmp_path):
+    grid = tiny_grid(tmp_path, mechanisms=[STD], training=FAST)
+    with pytest.raises(SystemExit) as refused:
+        main(["ablate", "run", str(grid), "--set", "training.lr=1e300"])
+    assert "training.lr = 1e+300 must be a finite float > 0 and < 3.4e38" in str(refused.value)

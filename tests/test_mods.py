@@ -10,6 +10,7 @@ import torch
 from allocations import largest_allocation
 from grids import STD, tiny_grid
 
+import attn_zoo as az
 from attn_zoo.kernels.dispatch import UnsupportedCallError
 from attn_zoo.kernels.softmax import build_mod, softmax_attention
 from attn_zoo.kernels.softmax.chunked import BLOCK, Tiles
@@ -147,6 +148,14 @@ def test_bad_mods_are_named():
         build_mod({"name": "sliding_window", "window": 0})
     with pytest.raises(ValueError, match="a mod is a name"):
         build_mod(3)
+    with pytest.raises(ValueError, match="causal='false': must be true or false"):
+        build_mod({"name": "sliding_window", "window": 2, "causal": "false"})
+    with pytest.raises(ValueError, match="alibi n_heads=2 but this layer has n_heads=4"):
+        az.build("standard", d_model=16, n_heads=4, score_mod={"name": "alibi", "n_heads": 2})
+    layer = az.build("standard", d_model=16, n_heads=4, score_mod={"name": "alibi"})
+    q = torch.zeros(1, 4, 1, 1)  # the layer's heads fill in ALiBi's: slopes 2^(-8 h / 4)
+    slopes = -layer.score_mod(q, 0, torch.arange(4).view(1, 4, 1, 1), 1, 0).flatten()
+    torch.testing.assert_close(slopes, 2.0 ** (-2.0 * torch.arange(1, 5)))
     q, k, v = inputs(4, 4)
     with pytest.raises(ValueError, match="mask_mod must be a function"):
         softmax_attention(q, k, v, mask_mod="sliding_window")

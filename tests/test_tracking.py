@@ -156,6 +156,18 @@ def test_bad_backends_and_places_are_refused_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "tiny.sqlite").exists()  # nothing ran
 
 
+def test_mlflow_is_never_pointed_at_another_file_or_at_the_results_store(tmp_path):
+    """A folder name with # would cut MLflow's sqlite URI short (the database landed in another
+    file); the results store itself is no MLflow database."""
+    plan = TrackingPlan(("mlflow",))
+    with pytest.raises(TrackingError, match="holds # \\? or %"):
+        plan.at("trk#1", tmp_path).where(tmp_path / "grid.sqlite")
+    store = tmp_path / "grid.sqlite"
+    with pytest.raises(TrackingError, match="is the results store itself"):
+        plan.at(f"sqlite:///{store}", tmp_path).where(store)
+    assert plan.at("runs", tmp_path).where(store)[1] == f"sqlite:///{tmp_path}/runs/mlflow.db"
+
+
 def test_a_missing_package_is_named_before_any_cell_runs(tmp_path, monkeypatch):
     monkeypatch.setitem(tracking.BACKENDS, "mlflow", ("no_such_package", "pip install it"))
     spec = load_grid(tiny_grid(tmp_path, seeds=[0], mechanisms=[STD]))

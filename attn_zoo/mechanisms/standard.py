@@ -84,6 +84,14 @@ class StandardAttention(AttentionMechanism):
         out_dim = n_heads * self.head_dim
         self.wo = nn.Linear(out_dim, out_dim, bias=add_bias_out)
         self.resid_dropout = nn.Dropout(dropout)
+        if isinstance(score_mod, dict) and score_mod.get("name") == "alibi":  # its slopes
+            heads = score_mod.get("n_heads", n_heads)
+            if heads != n_heads:
+                raise ValueError(
+                    f"score_mod alibi n_heads={heads!r} but this layer has n_heads={n_heads}: "
+                    "ALiBi's slopes depend on the head count (leave n_heads out to use the layer's)"
+                )
+            score_mod = {**score_mod, "n_heads": n_heads}
         self.score_mod, self.mask_mod = build_mod(score_mod), build_mod(mask_mod)
 
     def forward(

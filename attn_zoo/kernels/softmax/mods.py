@@ -119,6 +119,8 @@ def causal() -> MaskMod:
 def sliding_window(window: int, causal: bool = True) -> MaskMod:
     """Query i sees the `window` keys i - window + 1 .. i (causal) or |i - j| < window."""
     _positive("window", window)
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal={causal!r}: must be true or false (a bool)")
 
     def sliding_window_mask(b, h, q_idx, kv_idx):
         near = (q_idx - kv_idx).abs() < window
