@@ -39,6 +39,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ablations.cell import Cell
+from ablations.labels import terminal_text
 from ablations.steps import duration, is_terminal
 from ablations.store import FINISHED, error_summary
 from ablations.train import CellOutcome
@@ -59,9 +60,12 @@ LIVE_COLUMNS = 52  # characters of the live table's other columns (bar, step, lo
 
 def cell_label(cell: Cell) -> str:
     """'task/size/mechanism/seed0', with its swept keys' values before the seed
-    ('.../lr=0.003/seed0': the key's last part)."""
-    swept = [f"{key.rsplit('.', 1)[-1]}={cell.setting(key)}/" for key in cell.swept]
-    return f"{cell.task}/{cell.size['label']}/{cell.mechanism}/{''.join(swept)}seed{cell.seed}"
+    ('.../lr=0.003/seed0': the key's last part); labels and values as `terminal_text` shows
+    them (escape sequences escaped, at most 60 characters each)."""
+    swept = [f"{key.rsplit('.', 1)[-1]}={terminal_text(cell.setting(key))}/" for key in cell.swept]
+    parts = (cell.task, cell.size["label"], cell.mechanism)  # a user's: shown safe and short
+    task, size, mechanism = (terminal_text(part) for part in parts)
+    return f"{task}/{size}/{mechanism}/{''.join(swept)}seed{cell.seed}"
 
 
 def fit_label(label: str, width: int) -> str:

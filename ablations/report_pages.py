@@ -44,6 +44,8 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ablations.labels import CONTROL, short_label, visible
+
 
 def label_colours(labels: Iterable[str], palette: str = "tab10") -> dict[str, tuple]:
     """A fixed colour per label: the sorted labels take the palette's colours in turn."""
@@ -81,32 +83,9 @@ def legend(figure: Figure, ax: Axes) -> None:
     figure.set_size_inches(max(width, needed + 0.2), figure.get_size_inches()[1])
 
 
-LABEL_CHARS = 60  # at most this many characters of a user's label in a plot (short_label)
 TITLE_WIDTH = 70  # characters of a plot title per line: about the width of the default figure
 PLOT_CHARS = 3 * TITLE_WIDTH  # at most this many characters of any text in a plot
-CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # characters a plot has no glyph for
 TITLE_LABEL = 2 * TITLE_WIDTH  # at most this many characters of a label in a plot's title
-
-
-# Unicode's bidirectional controls: U+202E in a label shows everything after it reversed
-BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def visible(text: object) -> str:
-    """`text` with each bidirectional control character shown as its code point ('<U+202E>'),
-    so that a label cannot reverse itself or what follows it (a hash suffix, the next cell)."""
-    return BIDI.sub(lambda match: f"<U+{ord(match[0]):04X}>", str(text))
-
-
-def short_label(text: object, limit: int = LABEL_CHARS) -> str:
-    """`text` (`visible`), or where it is longer than `limit` characters, its start, '…#' and
-    the first 6 hex digits of the SHA-256 of the exact text: `limit` characters, and labels
-    that share a start stay apart."""
-    shown = visible(text)
-    if len(shown) <= limit:
-        return shown
-    digest = hashlib.sha256(str(text).encode("utf-8", "surrogatepass")).hexdigest()[:6]
-    return f"{shown[: limit - 8]}…#{digest}"
 
 
 def plot_text(text: object) -> str:

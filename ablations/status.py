@@ -11,11 +11,15 @@ store that does not exist yet means every cell is todo.
 
 from __future__ import annotations
 
+import functools
+
 import pandas as pd
 
+from ablations.labels import terminal_text
 from ablations.spec import GridSpec
 from ablations.store import ResultsStore, claim_is_stale, error_summary, is_missing
 
+ERROR_CHARS = 400  # at most this many characters of an error's last line in the table
 COLUMNS = ["key", "task", "size", "mechanism", "seed", "status", "steps", "test_acc", "error"]
 # between mechanism and seed: the grid's swept keys (GridSpec.swept_keys), where it has any
 
@@ -52,16 +56,19 @@ def grid_status(spec: GridSpec) -> pd.DataFrame:
 def status_text(frame: pd.DataFrame, swept: list[str]) -> str:
     """`grid_status`'s rows (some columns may be dropped) as a text table: swept values as
     written (str: 1e-05 and 3e-05 stay apart), metrics to three decimals, steps whole, '-' for
-    a value a cell does not have (not run or not finished)."""
+    a value a cell does not have (not run or not finished); texts as `terminal_text` shows them
+    (a label's escape sequence cannot reach the terminal; at most 60 characters)."""
     texts = frame.astype(object).copy()
     for column in frame.columns:
         if column in swept:
-            form = str
+            form = terminal_text
         elif column == "steps":
             form = "{:.0f}".format
         elif pd.api.types.is_float_dtype(frame[column]):
             form = "{:.3f}".format
+        elif column == "error":  # an error's last line, whole
+            form = functools.partial(terminal_text, limit=ERROR_CHARS)
         else:
-            form = str
+            form = terminal_text
         texts[column] = ["-" if is_missing(value) else form(value) for value in frame[column]]
     return texts.to_string(index=False)

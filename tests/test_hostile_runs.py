@@ -273,3 +273,21 @@ def test_a_learning_rate_beyond_float32_is_refused_before_any_cell(tmp_path):
     with pytest.raises(SystemExit) as refused:
         main(["ablate", "run", str(grid), "--set", "training.lr=1e300"])
     assert "training.lr = 1e+300 must be a finite float > 0 and < 3.4e38" in str(refused.value)
+
+
+def test_labels_reach_the_terminal_escaped_and_short(tmp_path):
+    """An escape sequence, a NUL and a 100,000-character label in a grid: `ablate run` and
+    `ablate status` (real processes) print them escaped, each label at most 60 characters."""
+    hostile = {**STD, "label": "std\x1b[31m\x1b]0;pwned\x07\x00" + "x" * 100_000}
+    grid = tiny_grid(tmp_path, mechanisms=[hostile], seeds=[0], training=FAST)
+    for command in ("run", "status"):
+        done = (
+            cli("ablate", command, str(grid), "--workers", "1")
+            if command == "run"
+            else cli("ablate", command, str(grid))
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        text = done.stdout + done.stderr
+        assert "\x1b" not in text and "\x00" not in text and "\x07" not in text
+        assert "std\\x1b[31m" in text  # shown, as an escape
+        assert max(map(len, text.splitlines())) < 400
