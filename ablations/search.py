@@ -39,10 +39,11 @@ import json
 import math
 import sys
 from dataclasses import replace
+from importlib.util import find_spec
 
 from ablations.cell import Cell
 from ablations.runner import run_grid
-from ablations.spec import Dimension, GridSpec, SearchGroup, trial_cell
+from ablations.spec import Dimension, GridSpec, SearchGroup, SpecError, trial_cell
 from ablations.store import FINISHED, ResultsStore, claim_is_stale
 
 MAX_ASKS = 100  # proposals of settings already tried, per round, before a group gives up
@@ -200,6 +201,8 @@ def run_search(
     `run_grid` (`run`: its other arguments, e.g. executor, interval); stale trials (their run
     died) are trained again, failed ones with `retry_failed` (once). The counts of this run's
     outcomes by status."""
+    if find_spec("optuna") is None:  # before any cell
+        raise SpecError(f"{spec.path}: [search] needs optuna: pip install 'attn_zoo[search]'")
     plan = spec.search
     slots = workers or 1
     counts = dict.fromkeys(FINISHED, 0)

@@ -77,6 +77,16 @@ def test_a_proposal_already_tried_is_the_same_cell_and_every_choice_is_tried_onc
     ]  # fmt: skip
 
 
+def test_a_search_without_optuna_is_one_line_naming_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setattr("ablations.search.find_spec", lambda name: None)
+    spec = load_grid(search_grid(tmp_path))
+    with pytest.raises(
+        SpecError, match=r"\[search\] needs optuna: pip install 'attn_zoo\[search\]'"
+    ):
+        run_search(spec, workers=1, out=io.StringIO())
+    assert not spec.store.exists()  # before any cell
+
+
 def test_run_grid_refuses_a_searched_grid(tmp_path):
     with pytest.raises(SpecError, match=r"\[search\] runs with ablations.search.run_search"):
         run_grid(load_grid(search_grid(tmp_path)), workers=1, out=io.StringIO())
