@@ -19,9 +19,18 @@ from attn_zoo.testing import (
 )
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-# Every call compiles: past dynamo's recompile limit (8 by default) flex would run eagerly and
-# a compile-only failure could hide
-torch._dynamo.config.recompile_limit = 1024
+
+
+@pytest.fixture(autouse=True)
+def every_call_compiles():
+    """Past dynamo's recompile limit (8 by default) flex would run eagerly and a compile-only
+    failure could hide: raised for these tests only, restored after (other modules of the same
+    process keep the default)."""
+    before = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = 1024
+    yield
+    torch._dynamo.config.recompile_limit = before
+
 
 # (N, M) around flex's 128-wide query and key blocks, with a mask kind and causality per case
 CASES = [
