@@ -80,9 +80,10 @@ relational-games: install
 		--note "$$(cat ablations/grids/relational_games.conclusion.md)"
 
 # "between" on DeepMind's own boards (ablations/data/relations_game/), ours and the paper's
-# models, training sets 250 to 2,500, 5 seeds (150 cells: about 70 s on one H200 GPU with
-# `--workers 8`, as the shipped report ran; not yet timed on 2 CPU cores, where it takes hours);
-# conclusion in ablations/grids/relations_game_between.conclusion.md.
+# models, training sets 250 to 2,500, 5 seeds (150 cells: 55 s from the first start to the last
+# finish in cells.csv on one H200 GPU with `--workers 8`, as the shipped report ran; not yet
+# timed on 2 CPU cores, where it takes hours); conclusion in
+# ablations/grids/relations_game_between.conclusion.md.
 relations-game-between: install
 	$(BIN)/attn-zoo ablate run ablations/grids/relations_game_between.toml
 	$(BIN)/attn-zoo report ablations/grids/relations_game_between.toml \
