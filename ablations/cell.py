@@ -40,10 +40,11 @@ DEFAULT_TRAINING = {
     "device": "auto",
     "precision": "float32",
     "compile": False,
+    "label_smoothing": 0.0,  # of the training loss only; evaluation losses are plain
 }
 # Added after stores existed: in a cell's training only when set to another value than the
 # default, so that the cells of a grid that does not use them keep their keys.
-ADDED_KEYS = ("epochs", "patience", "device", "precision", "compile", "betas")
+ADDED_KEYS = ("epochs", "patience", "device", "precision", "compile", "betas", "label_smoothing")
 LENGTH = ("steps", "epochs")  # one setting: setting either replaces both
 
 

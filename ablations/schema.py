@@ -196,6 +196,9 @@ class Training(Table):
     device: rule(StrictStr, DEVICES, is_device_name) = _D["device"]
     precision: choice(PRECISIONS) = _D["precision"]
     compile: rule(StrictBool, "a bool (true: train the torch.compile'd model)") = _D["compile"]
+    label_smoothing: finite(
+        "in [0, 1) (of the training loss; evaluation losses are plain)", lambda v: 0 <= v < 1
+    ) = _D["label_smoothing"]
 
 
 Values = Annotated[list[Any], Field(min_length=1), Valid("a non-empty list of values")]
@@ -266,14 +269,15 @@ class GridRules(Table):
 
 
 SELECTION_METRICS = ("val_acc", "val_loss")  # chosen on: the highest accuracy, lowest loss
-# A test metric: test_acc, test_exact, test_loss, or those of a task's other test splits
-# ("test_<what>_acc": relational_games' test_id_acc, test_ood_acc)
+# A test metric: test_acc, test_exact, test_loss, test_bits (sequence tasks), or those of a
+# task's other test splits ("test_<what>_acc": relational_games' test_id_acc, test_ood_acc)
 REPORTED = (
-    'a test metric or a list of them: "test_acc", "test_exact", "test_loss", or '
-    '"test_<split>_acc" (and _exact, _loss) of a task with more test splits, e.g. "test_ood_acc"'
+    'a test metric or a list of them: "test_acc", "test_exact", "test_loss", "test_bits", or '
+    '"test_<split>_acc" (and _exact, _loss, _bits) of a task with more test splits, e.g. '
+    '"test_ood_acc"'
 )
 Reported = rule(
-    StrictStr, REPORTED, lambda v: re.fullmatch(r"test(_[A-Za-z0-9]+)*_(acc|exact|loss)", v)
+    StrictStr, REPORTED, lambda v: re.fullmatch(r"test(_[A-Za-z0-9]+)*_(acc|exact|loss|bits)", v)
 )
 
 

@@ -42,8 +42,8 @@ MECHANISM_KWARGS = "mechanism_kwargs."
 
 def higher_is_better(metric: str) -> bool:
     """Whether a larger `metric` is better: accuracies ("val_acc", "test_id_acc", "test_exact"),
-    not losses ("val_loss", "test_loss")."""
-    return not metric.endswith("loss")
+    not losses ("val_loss", "test_loss", "test_bits")."""
+    return not metric.endswith(("loss", "bits"))
 
 
 def interval(values: pd.Series, level: float = 0.95) -> tuple[float, float, float, int]:

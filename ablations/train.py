@@ -1,7 +1,9 @@
 """Training one cell of a grid: build the task's data and the model, train, evaluate.
 
 AdamW (its betas: `training.betas`) with linear warmup then cosine decay (or constant),
-gradient-norm clipping (none where `grad_clip` is 0), evaluation on the validation split every
+gradient-norm clipping (none where `grad_clip` is 0), label smoothing of the training loss
+(`label_smoothing`, default none; the curve's train loss is the smoothed one, evaluation
+losses are plain cross-entropy), evaluation on the validation split every
 `eval_every` steps (and at the end), early stop once the validation metric reaches
 `early_stop_target`, or once it has not improved on its best for `patience` evaluations (the
 cell keeps its last weights). The metric is accuracy: per example for classification
@@ -41,6 +43,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from ablations.cell import Cell, training_settings
 from ablations.cell_model import build_cell_model, forward
@@ -160,10 +163,20 @@ def lr_factor(step: int, training: dict) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def smoothed_loss(logits: Tensor, targets: Tensor, smoothing: float) -> Tensor:
+    """Cross-entropy with label smoothing `smoothing` over the scored targets: logits
+    ``(..., classes)``, targets ``(...)`` with `IGNORE_INDEX` where not scored."""
+    return F.cross_entropy(
+        logits.flatten(0, -2).float(), targets.flatten(), ignore_index=IGNORE_INDEX,
+        label_smoothing=smoothing,
+    )  # fmt: skip
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, task, split, batch_size: int = 512) -> dict[str, float]:
-    """Over a split: mean loss per scored target, accuracy, and for sequence targets `exact`
-    (the share of examples with every scored position right)."""
+    """Over a split: mean loss per scored target (nats), accuracy, and for sequence targets
+    `exact` (the share of examples with every scored position right) and `bits` (the loss in
+    bits per scored token: per character for a character-level task)."""
     model.eval()
     loss_sum, correct, count, exact = 0.0, 0, 0, 0
     for i in range(0, len(split.inputs), batch_size):
@@ -181,6 +194,7 @@ def evaluate(model: nn.Module, task, split, batch_size: int = 512) -> dict[str, 
     metrics = {"loss": loss_sum / max(count, 1), "acc": correct / max(count, 1)}
     if split.targets.dim() > 1:
         metrics["exact"] = exact / len(split.targets)
+        metrics["bits"] = metrics["loss"] / math.log(2)  # bits per scored token
     return metrics
 
 
@@ -257,7 +271,9 @@ def train_cell(
     for step in range(loop.step + 1, t["steps"] + 1):
         batch = torch.randint(len(train.inputs), (t["batch_size"],), generator=gen).to(device)
         with _autocast(device, dtype):
-            _, loss, _ = forward(run, task, train.inputs[batch], train.targets[batch])
+            logits, loss, y = forward(run, task, train.inputs[batch], train.targets[batch])
+            if t["label_smoothing"]:
+                loss = smoothed_loss(logits, y, t["label_smoothing"])
         if not torch.isfinite(loss):
             status = "diverged"
             break

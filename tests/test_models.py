@@ -85,6 +85,27 @@ def test_language_model_trains_and_round_trips(mechanism, tmp_path):
     assert model.generate(idx[:, :3], 5, temperature=0.8, top_k=4).shape == (4, 8)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
+def test_language_model_trains_under_autocast(mechanism, dtype):
+    """Under autocast (a grid's precision = "bf16") the projections give half-precision q, k, v
+    while a mechanism's own parameters stay float32: every mechanism takes that mix, and its
+    loss and every gradient are finite and near the float32 ones."""
+    attention, extra, pos_enc = MECHANISMS[mechanism]
+    torch.manual_seed(0)
+    model = LanguageModel(
+        20, D, 2, attention=mechanism, attention_kwargs=attention, max_block_size=12,
+        pos_enc=pos_enc, **extra,
+    )  # fmt: skip
+    idx = torch.randint(0, 20, (4, 12), generator=torch.Generator().manual_seed(0))
+    _, exact = model(idx[:, :-1], idx[:, 1:])
+    with torch.autocast("cpu", dtype=dtype):
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+    loss.backward()
+    assert loss.dtype == torch.float32 and abs(loss.item() - exact.item()) < 0.05
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
 def test_seq2seq_trains(mechanism):
     attention, extra, _ = MECHANISMS[mechanism]

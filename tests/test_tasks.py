@@ -13,7 +13,7 @@ from ablations.tasks.match_pattern import PATTERNS
 SMALL = {"n_train": 64, "n_validation": 16, "n_test": 16}
 CLASSIFICATION = ["match_pattern", "same_pair", "contains_set", "count_compare"]
 LANGUAGE_MODEL = ["mqar", "copy", "sort", "grammar"]
-OTHER_KINDS = ["arithmetic", "relational_games", "relations_game_files"]  # tested elsewhere
+OTHER_KINDS = ["arithmetic", "relational_games", "relations_game_files", "shakespeare"]  # elsewhere
 
 
 def small(name: str, **kwargs):

@@ -15,6 +15,7 @@ from . import (
     relational_games,
     relations_game_files,
     same_pair,
+    shakespeare,
     sorting,
 )
 from .registry import (
@@ -46,6 +47,7 @@ __all__ = [
     "relational_games",
     "relations_game_files",
     "same_pair",
+    "shakespeare",
     "sorting",
     "task_arguments",
 ]

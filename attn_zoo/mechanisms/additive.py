@@ -114,8 +114,8 @@ class AdditiveAttention(AttentionMechanism):
             q,
             k,
             v,
-            self.query_score,
-            self.key_score,
+            self.query_score.to(q.dtype),  # under autocast q is bfloat16 or float16
+            self.key_score.to(q.dtype),
             attn_mask=attn_mask,
             is_causal=is_causal,
             scale=self.head_dim**-0.5,
@@ -128,7 +128,7 @@ class AdditiveAttention(AttentionMechanism):
     ) -> torch.Tensor:  # (B, H, N, head_dim)
         """Causal u of the new positions given the cached pooling states, the states updated."""
         n, dtype, scale = q.shape[2], q.dtype, self.head_dim**-0.5
-        wq, wk = self.query_score, self.key_score
+        wq, wk = self.query_score.to(dtype), self.key_score.to(dtype)
         if n == 0:
             return q
         if cache.length == 0:  # the prompt: the kernel, as without a cache, then the states

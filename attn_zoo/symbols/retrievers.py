@@ -72,8 +72,8 @@ class SymbolicAttention(nn.Module):
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
         """Symbols of x's positions; `offset` (cached decoding) does not change them."""
         q = rearrange(self.q_proj(x), "b n (h d) -> b h n d", h=self.n_heads)
-        k, v = (
-            repeat(t, "s (h d) -> b h s d", b=x.shape[0], h=self.n_heads)
+        k, v = (  # in q's dtype: under autocast q is half precision, the parameters float32
+            repeat(t.to(q.dtype), "s (h d) -> b h s d", b=x.shape[0], h=self.n_heads)
             for t in (self.template_features, self.symbol_library)
         )
         out = softmax_attention(
