@@ -9,9 +9,10 @@ metrics, environment, error, started, finished, curve) and `curves()`, None wher
 curves.csv lies beside it (the report then leaves out what needs curves: learning curves and
 steps to target). Every value comes back as the store held it: a text as written
 (ablations.report_pages.csv_text's leading "'" taken off), whole numbers as ints, other
-numbers as floats, True and False as bools, lists as lists; a done cell's metrics named in the
-`non_finite` column as NaN (a CSV cell cannot tell NaN from missing). Labels (grid, task,
-task_name, size, mechanism, mechanism_name), keys, statuses and errors stay texts.
+numbers as floats, True and False as bools, lists as lists, a config's keys sorted at every
+level; a done cell's metrics named in the `non_finite` column as NaN where the file leaves
+them empty (a CSV cell cannot tell NaN from missing). Labels (grid, task, task_name, size,
+mechanism, mechanism_name), keys, statuses and errors stay texts.
 
 Columns: key, status, error, started, finished, non_finite, "metrics.<name>",
 "environment.<name>" and the config named as `cells_table` names it ("training.lr", "size",
@@ -38,7 +39,9 @@ TEXTS = {("grid",), ("task",), ("task_name",), ("size", "label"), ("mechanism",)
 TABLES = ("task_kwargs", "size", "mechanism_kwargs", "training")  # a Cell's dict fields
 WHOLE = re.compile(r"[-+]?\d+")
 NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?inf|nan")
-ENVIRONMENT_LINE = re.compile(r"^- Environment: (.+)$", re.MULTILINE)
+ENVIRONMENT_LINE = re.compile(  # as report.md shows it; a rebuild's note on where it came from
+    r"^- Environment: (.+?)(?: \(as the report\.md beside .+ recorded it\))?$", re.MULTILINE
+)
 
 
 def _path(column: str, old: bool) -> tuple[str, ...]:
@@ -70,6 +73,11 @@ def _value(text: str) -> object:
         except (ValueError, SyntaxError):
             return text
     return text
+
+
+def _sorted(table: dict) -> dict:
+    """`table` with its keys sorted at every level, as the store holds a config."""
+    return {k: _sorted(v) if isinstance(v, dict) else v for k, v in sorted(table.items())}
 
 
 def _text(text: str) -> str | None:
@@ -132,19 +140,21 @@ class CellsFile:
                     for parent in parents:
                         place = place.setdefault(parent, {})
                     place[name] = value
-            metrics = {
+            non_finite = filter(None, record.get("non_finite", "").split(", "))
+            metrics = {  # the non-finite ones in the store's order: NaN where written ''
+                name: _value(record.get(f"metrics.{name}") or "nan") for name in non_finite
+            }
+            metrics |= {
                 column.removeprefix("metrics."): _value(text)
                 for column, text in record.items()
                 if column.startswith("metrics.") and text != ""
             }
-            for name in filter(None, record.get("non_finite", "").split(", ")):
-                metrics.setdefault(name, float("nan"))
             environment = {
                 column.removeprefix("environment."): _value(text)
                 for column, text in record.items()
                 if column.startswith("environment.") and text != ""
             }
-            row.update(config=nested, metrics=metrics, environment=environment or None,
+            row.update(config=_sorted(nested), metrics=metrics, environment=environment or None,
                        curve=points.get(row["key"]))  # fmt: skip
             rows.append(row)
         return rows

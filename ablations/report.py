@@ -240,7 +240,7 @@ def summary_table(
                 "test_acc_low": low,
                 "test_acc_high": high,
                 "target": goal,
-                "reached": math.nan if curves is None else len(steps),
+                "reached": math.nan if curves is None and pd.notna(goal) else len(steps),
                 "steps_to_target": pd.Series(steps, dtype=float).mean(),
                 "samples_to_target": pd.Series(samples, dtype=float).mean(),
                 "params": done.params.mean(),
