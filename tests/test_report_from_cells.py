@@ -205,3 +205,27 @@ def test_a_rebuild_of_a_rebuild_is_the_same(tmp_path):
         (environment,) = [line for line in lines if line.startswith("- Environment: ")]
         assert environment.startswith(committed[0]) and environment.endswith("recorded it)")
     assert texts[0] == texts[1]
+
+
+def test_a_cells_csv_of_the_earlier_format_reads_back(tmp_path):
+    """cells.csv as reports wrote it before its columns were named as grid files name them:
+    every config key behind "config." by its nested name, whole numbers of a column with gaps
+    as floats ("4.0"), no environment (the report.md beside it names one)."""
+    store = ResultsStore(tmp_path / "old.sqlite")
+    kwargs = [{"n_heads": 4, "symbol_retrieval_kwargs": {"max_length": 32}}, {}]
+    for seed, mechanism_kwargs in enumerate(kwargs):
+        cell = config(seed=seed, mechanism_kwargs=mechanism_kwargs,
+                      training={"steps": 40, "betas": [0.9, 0.99], "grad_clip": 1.0})  # fmt: skip
+        store.finish(store.claim(cell), "done", {"test_acc": 0.5, "steps": 40}, [], {})
+    rows = list(store.rows())
+    old = pd.json_normalize([{k: row[k] for k in ("key", "status", "config", "metrics")}
+                             for row in rows])  # fmt: skip
+    assert "config.size.label" in old and "config.mechanism_kwargs.n_heads" in old
+    (tmp_path / "cells.csv").write_text(old.to_csv(index=False))
+    assert ",4.0," in (tmp_path / "cells.csv").read_text()  # as pandas wrote it then
+    (tmp_path / "report.md").write_text("# r\n\n- Environment: torch 9.9.9, machine x86\\_64\n")
+    cells = CellsFile(tmp_path / "cells.csv")
+    for row, again in zip(rows, cells.rows(), strict=True):
+        assert json.dumps(again["config"]) == json.dumps(row["config"])
+        assert config_key(again["config"]) == row["key"] and again["metrics"] == row["metrics"]
+    assert cells.recorded_environment == "torch 9.9.9, machine x86_64"
