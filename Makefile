@@ -145,6 +145,30 @@ fastformer-shakespeare: shakespeare-data
 		--out reports/fastformer_shakespeare \
 		--note "$$(cat ablations/grids/fastformer_shakespeare.conclusion.md)"
 
+# Every example report rebuilt from the files it committed, without the stores (which are not
+# committed): its cells.csv (and curves.csv where it has one) and its grid's [selection]; a
+# report without a curves.csv comes back without learning curves and steps to target (its
+# header says so). `git diff reports/` then shows what changed (seconds each).
+.PHONY: reports-from-cells
+REBUILD = $(BIN)/attn-zoo report
+reports-from-cells: install
+	$(REBUILD) reports/demo/cells.csv --grid ablations/grids/demo.toml --out reports/demo \
+		--target 0.9
+	$(REBUILD) reports/demo_lr_check/cells.csv --grid ablations/grids/demo.toml $(DEMO_LR_CHECK) \
+		--out reports/demo_lr_check --target 0.9 \
+		--title "Ablation report: demo, learning rates 3e-4 to 3e-2, 6 seeds" \
+		--note "$$(cat ablations/grids/demo_lr_check.conclusion.md)"
+	for grid in relational_games relations_game_between fastformer_lm fastformer_char \
+			fastformer_char_long; do \
+		$(REBUILD) reports/$$grid/cells.csv --grid ablations/grids/$$grid.toml \
+			--out reports/$$grid --note "$$(cat ablations/grids/$$grid.conclusion.md)" || exit 1; \
+	done
+	for grid in match_pattern match_pattern_dual; do \
+		$(REBUILD) reports/$$grid/cells.csv --grid ablations/grids/$$grid.toml \
+			--out reports/$$grid --target 0.9 \
+			--note "$$(cat ablations/grids/$$grid.conclusion.md)" || exit 1; \
+	done
+
 benchmarks: install
 	$(BIN)/attn-zoo bench --suite softmax relational dual --repeats 3 --report reports/benchmarks
 	$(BIN)/attn-zoo bench --suite relational --lengths 1024 2048 4096 8192 --also-non-causal \

@@ -5,7 +5,13 @@
     report.md            markdown for a code host: tables, links to the PNGs beside it
     index.html           one self-contained page: the same, PNGs embedded as base64 data URIs
     summary.csv          the main table, one row per (task, size, mechanism)
-    cells.csv            one row per cell, config and metrics flattened to dotted columns
+    cells.csv            one row per cell, config, metrics and environment flattened to dotted
+                         columns (ablations.cells_file reads it back: a report rebuilt from it)
+    curves.csv           the learning curves: key, step, train_loss, val_loss, val_metric
+    provenance.json      the source (store or cells.csv), the grid file and its SHA-256, its
+                         --set overrides, the environments the cells ran in, the date
+    selection.csv, paired.csv  with a grid's [selection]: each mechanism at its best setting,
+                         the paired differences with p-values, Holm-adjusted, and verdicts
     curves_<task>.png    validation accuracy vs step, per mechanism (and size, and setting):
                          mean, min-max band
     loss_curves_<task>.png  validation loss vs step, for sequence tasks (language model, seq2seq),
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import json
 import math
 import os
@@ -46,7 +53,7 @@ import re
 import shutil
 import sys
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -55,6 +62,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ablations.attention_figures import attention_blocks
+from ablations.cells_file import CellsFile
 from ablations.report_pages import (
     TITLE_LABEL,
     Bullets,
@@ -86,6 +94,7 @@ from ablations.selection import (
     setting_text,
     varying_per_task,
     varying_settings,
+    verdicts,
 )
 from ablations.steps import Steps
 from ablations.store import ResultsStore, _pid_alive, cells_table, error_summary
@@ -110,8 +119,10 @@ SUMMARY_COLUMNS = [
     "step_ms",
     "why",
 ]
+PAIRED_CSV = ["task", "size", "others", "a", "b", "mean", "low", "high", "n", "p", "p_holm",
+              "tost_p", "tost_p_holm", "verdict", "margin", "reported"]  # fmt: skip
 SPLIT_SIZES = ("n_train", "n_validation", "n_test")
-REPORT_SUFFIXES = (".md", ".html", ".csv", ".png")  # what a report folder may hold
+REPORT_SUFFIXES = (".md", ".html", ".csv", ".png", ".json")  # what a report folder may hold
 LINESTYLES = ["-", "--", ":", "-."]
 N_TRAIN_AXES = ("task_kwargs.n_train", "training.steps")  # what a training-set size varies
 MARKERS = ["o", "s", "^", "D", "v"]
@@ -176,9 +187,10 @@ def _family(config: Mapping) -> str:
 
 
 def summary_table(
-    df: pd.DataFrame, curves: pd.DataFrame, target: float | None = None
+    df: pd.DataFrame, curves: pd.DataFrame | None, target: float | None = None
 ) -> pd.DataFrame:
-    """The main table from `ResultsStore.to_dataframe()` and `ResultsStore.curves()`: per task,
+    """The main table from `ResultsStore.to_dataframe()` and `ResultsStore.curves()` (None: no
+    curves, e.g. a report rebuilt from a cells.csv alone: no steps to target): per task,
     size, mechanism and setting (of the axes the cells vary in, e.g. "training.lr=0.001"; ''
     without), over the seeds that finished (`seeds`, of `cells` in all), test accuracy
     mean, std and 95% confidence interval (`test_acc_low`, `test_acc_high`: Student's t,
@@ -196,7 +208,8 @@ def summary_table(
         goal = target if target is not None else group.early_stop_target.iloc[0]
         goal = goal if goal and pd.notna(goal) else float("nan")
         steps, samples = [], []
-        if pd.notna(goal):  # per seed, the first evaluated step whose val accuracy reaches it
+        if pd.notna(goal) and curves is not None:  # per seed, the first evaluated step whose
+            # validation accuracy reaches it
             reached = curves[curves.key.isin(done.key) & (curves.val_metric >= goal)]
             first = reached.groupby("key").step.min()
             for key, batch_size in zip(done.key, done.batch_size, strict=True):
@@ -208,7 +221,9 @@ def summary_table(
         if done.empty:
             why.append(f"no seed finished: {_outcomes(group)}")
         else:
-            if pd.notna(goal) and not steps:
+            if pd.notna(goal) and curves is None:
+                why.append(f"steps to val acc ≥ {goal:g}: no curves ({NO_CURVES})")
+            elif pd.notna(goal) and not steps:
                 why.append(f"no seed reached val acc ≥ {goal:g}")
             why += [f"{name} not recorded" for name in ("test_acc", "params", "step_ms")
                     if done[name].isna().all()]  # fmt: skip
@@ -225,7 +240,7 @@ def summary_table(
                 "test_acc_low": low,
                 "test_acc_high": high,
                 "target": goal,
-                "reached": len(steps),
+                "reached": math.nan if curves is None and pd.notna(goal) else len(steps),
                 "steps_to_target": pd.Series(steps, dtype=float).mean(),
                 "samples_to_target": pd.Series(samples, dtype=float).mean(),
                 "params": done.params.mean(),
@@ -278,7 +293,10 @@ def _task_table(table: pd.DataFrame) -> Table:
     headers = dict(size="size", mechanism="mechanism", setting="setting", seeds="seeds",
                    test_acc_mean="test acc [95% CI]")  # fmt: skip
     if len(target):
-        reached = " (" + table.reached.astype(str) + "/" + table.seeds.astype(str) + ")"
+        reached = [
+            "" if pd.isna(r) else f" ({r:.0f}/{s})"
+            for r, s in zip(table.reached, table.seeds, strict=True)
+        ]
         for column in ("steps_to_target", "samples_to_target"):
             texts[column] = table[column].map(_whole) + reached
         headers["steps_to_target"] = f"steps to val acc ≥ {target.iloc[0]:g}"
@@ -539,8 +557,9 @@ def _plot_vs_train_size(
     return figure
 
 
-def _environment(store: ResultsStore) -> str:
-    """The distinct (torch, machine, threads, commit) the cells ran with."""
+def _environments(store: ResultsStore | CellsFile) -> list[str]:
+    """The distinct (torch, machine, threads, commit) the cells ran with, as texts; from a
+    cells.csv without them, the line of the report.md beside it (`recorded_environment`)."""
     seen = []
     for row in store.rows():
         env = row["environment"] or {}
@@ -548,10 +567,13 @@ def _environment(store: ResultsStore) -> str:
         text = ", ".join(f"{k} {env[k]}" for k in keys if k in env)
         if text and text not in seen:
             seen.append(text)
-    return "; ".join(seen) or "not recorded"
+    recorded = getattr(store, "recorded_environment", None)
+    if not seen and recorded:
+        return [f"{recorded} (as the report.md beside {store.path} recorded it)"]
+    return seen
 
 
-def _non_finite(store: ResultsStore) -> dict[str, str]:
+def _non_finite(store: ResultsStore | CellsFile) -> dict[str, str]:
     """Per key of a done cell with NaN or infinite metrics (a store written before training
     recorded such a cell as diverged), those metrics' names: 'val_loss, test_loss'."""
     found = {}
@@ -563,15 +585,22 @@ def _non_finite(store: ResultsStore) -> dict[str, str]:
     return found
 
 
-def _cells_csv(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell: key, status, its config columns (`ResultsStore.to_dataframe()`'s:
-    "training.lr", ...) sorted, then its metrics ("metrics.test_acc", ...) sorted, then error
-    and times."""
-    frame = frame.drop(columns=["non_finite"], errors="ignore")
+def _cells_csv(frame: pd.DataFrame, records: list[dict]) -> pd.DataFrame:
+    """One row per cell of `frame` (`ResultsStore.to_dataframe()`'s, with `non_finite`) and
+    `records` (their `ResultsStore.rows()`): key, status, its config columns ("training.lr",
+    ...) sorted, its metrics ("metrics.test_acc", ...) sorted, the environment it ran in
+    ("environment.torch", ...) sorted, then non_finite (the metrics of a done cell stored NaN
+    or infinite: a CSV cell cannot tell NaN from missing), error and times: what
+    ablations.cells_file reads back."""
+    environment = pd.DataFrame(
+        [{f"environment.{k}": v for k, v in (r.get("environment") or {}).items()} for r in records],
+        index=frame.index,
+    )
+    frame = pd.concat([frame, environment.reindex(columns=sorted(environment.columns))], axis=1)
     first = [c for c in ("key", "status") if c in frame]
-    last = [c for c in ("error", "started", "finished") if c in frame]
+    last = [c for c in ("non_finite", "error", "started", "finished") if c in frame]
     middle = [c for c in frame if c not in first + last]
-    middle.sort(key=lambda c: (c.startswith("metrics."), c))
+    middle.sort(key=lambda c: (c.startswith("metrics."), c.startswith("environment."), c))
     return frame[first + middle + last]
 
 
@@ -584,35 +613,75 @@ INTRO = (
     "batch size. Bold: best in the task (highest accuracy; fewest steps and samples "
     "among the rows where most seeds reached the target; fewest parameters; lowest "
     "ms/step). Learning curves: mean line and min-max band over seeds (a seed that "
-    "stopped early holds its last value). Data: summary.csv, cells.csv."
+    "stopped early holds its last value). Data: summary.csv, cells.csv (every cell: "
+    "config, metrics, environment) and curves.csv (every evaluated step); provenance.json: "
+    "the source, the grid file's SHA-256 and the environments. `attn-zoo report "
+    "<folder>/cells.csv --grid <grid> --out <folder>` rebuilds this report from them."
 )
+NO_CURVES = "the report was rebuilt from a cells.csv without a curves.csv beside it"
 
 
 def _page(
-    store: ResultsStore,
     frame: pd.DataFrame,
     cells: pd.DataFrame,
     title: str | None,
     note: str | None,
+    provenance: dict,
 ) -> Page:
-    """The page without sections: title, facts (grid names, cells by status, environment,
-    date), how to read the tables, and the note."""
+    """The page without sections: title, facts (grid names and the report's source, the grid
+    file and its SHA-256, cells by status, environment, date: `provenance`), how to read the
+    tables, and the note."""
     grids = sorted(set(frame.get("grid", [])))
     counts = cells.status.value_counts()
     shown = ("done", "failed", "diverged", "running") + (("todo",) if counts.get("todo") else ())
     statuses = ", ".join(f"{counts.get(s, 0)} {s}" for s in shown)  # todo: the grid's, not run
-    facts = [
-        f"Grid: {', '.join(grids) or '-'} (store {store.path})",
+    source = provenance["source"]
+    if source.endswith(".csv"):
+        with_curves = " and the curves.csv beside it" if provenance["curves"] else ""
+        source = (f"rebuilt from {source}{with_curves}; attention maps, whose files lie beside "
+                  "the store, are not redrawn")  # fmt: skip
+    else:
+        source = f"store {source}"
+    facts = [f"Grid: {', '.join(grids) or '-'} ({source})"]
+    if provenance["grid_file"]:
+        overrides = " ".join(f"--set {o}" for o in provenance["overrides"])
+        facts.append(f"Grid file: {provenance['grid_file']}, SHA-256 {provenance['grid_sha256']}"
+                     + (f", with {overrides}" if overrides else ""))  # fmt: skip
+    facts += [
         f"Cells: {len(cells)} ({statuses})",
-        f"Environment: {_environment(store)}",
-        f"Generated: {datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+        f"Environment: {'; '.join(provenance['environment']) or 'not recorded'}",
+        f"Generated: {provenance['generated']}",
     ]
+    if not provenance["curves"]:
+        facts.append(f"Learning curves and steps to target: left out ({NO_CURVES})")
     title = title or "Ablation report: " + (", ".join(grids) or "empty store")
     return Page(title, facts, INTRO, note or None)
 
 
+def _provenance(
+    store: ResultsStore | CellsFile,
+    curves: pd.DataFrame | None,
+    grid: str | Path | None,
+    overrides: Sequence[str],
+) -> dict:
+    """What the report was built from, as provenance.json holds it: `source` (the store's or
+    cells.csv's path), `curves` (whether it had learning curves), `grid_file` and
+    `grid_sha256` (the grid file's SHA-256; None without a grid), `overrides` (its --set
+    values), `environment` (`_environments`) and `generated` (the date)."""
+    digest = None if grid is None else hashlib.sha256(Path(grid).read_bytes()).hexdigest()
+    return {
+        "source": str(store.path),
+        "curves": curves is not None,
+        "grid_file": None if grid is None else str(grid),
+        "grid_sha256": digest,
+        "overrides": list(overrides),
+        "environment": _environments(store),
+        "generated": f"{datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+    }
+
+
 def write_report(
-    store: str | Path | ResultsStore,
+    store: str | Path | ResultsStore | CellsFile,
     out_dir: str | Path,
     title: str | None = None,
     target: float | None = None,
@@ -620,20 +689,26 @@ def write_report(
     selection: Selection | None = None,
     keys: set[str] | Mapping[str, dict] | None = None,
     progress: Steps | None = None,
+    grid: str | Path | None = None,
+    overrides: Sequence[str] = (),
 ) -> Path:
-    """Write the report of `store` (a ResultsStore or the path of its SQLite file) into the
-    folder `out_dir`: report.md, index.html, summary.csv, cells.csv and the PNG plots, with
-    attention maps of the cells that kept checkpoints. `target` is the validation accuracy for
-    steps-to-target (default: the cells' training.early_stop_target when nonzero); `note` a
-    paragraph shown under the header (e.g. the conclusion), the one text whose markdown
-    report.md keeps (raw HTML in it is escaped, see ablations.report_pages); `selection` (a
-    grid's [selection]) adds the section comparing each mechanism at its best setting
-    (ablations.selection) and writes selection.csv and paired.csv; `keys` limits the report to
-    those cells (a grid's: the store's other cells, e.g. of an earlier version of the grid, are
-    left out and counted in the header); given as {key: config}, the grid's cells the store
-    does not hold are counted and listed as not run, and no selection takes a setting that
-    lacks one. `progress` (ablations.steps) counts the steps: the tables, each plot and
-    attention map, and the pages. Returns `out_dir`.
+    """Write the report of `store` (a ResultsStore or the path of its SQLite file; or a
+    report's cells.csv, ablations.cells_file) into the folder `out_dir`: report.md,
+    index.html, summary.csv, cells.csv, curves.csv, provenance.json and the PNG plots, with
+    attention maps of the cells that kept checkpoints. `grid` (the grid file's path, and its
+    --set `overrides`) is named with its SHA-256 in the header and provenance.json. A report
+    from a cells.csv has no attention maps, and without a curves.csv beside it no learning
+    curves and no steps to target (one line of the header says so). `target` is the
+    validation accuracy for steps-to-target (default: the cells' training.early_stop_target
+    when nonzero); `note` a paragraph shown under the header (e.g. the conclusion), the one
+    text whose markdown report.md keeps (raw HTML in it is escaped, see
+    ablations.report_pages); `selection` (a grid's [selection]) adds the section comparing
+    each mechanism at its best setting (ablations.selection) and writes selection.csv and
+    paired.csv; `keys` limits the report to those cells (a grid's: the store's other cells,
+    e.g. of an earlier version of the grid, are left out and counted in the header); given as
+    {key: config}, the grid's cells the store does not hold are counted and listed as not run,
+    and no selection takes a setting that lacks one. `progress` (ablations.steps) counts the
+    steps: the tables, each plot and attention map, and the pages. Returns `out_dir`.
 
     The folder belongs to the report and is written whole or not at all: the report is written
     into a new hidden sibling folder (``.<name>.partial-<pid>-<random>``), which then replaces
@@ -643,7 +718,8 @@ def write_report(
     at any instant leaves the old or the new report; the next report into `out_dir` deletes
     what killed reports left (`_recover`).
     To keep other files safe, `out_dir` must be missing, empty, or a previous report: a folder
-    of .md, .html, .csv and .png files holding report.md (FileExistsError otherwise)."""
+    of .md, .html, .csv, .png and .json files holding report.md (FileExistsError otherwise).
+    A cells.csv inside `out_dir` is read whole before the folder is replaced."""
     store = _open(store)
     final = Path(out_dir).resolve()
     _recover(final)
@@ -654,7 +730,9 @@ def write_report(
     try:
         progress = progress or Steps()
         progress.expect(1)  # the pages, after report_page's steps
-        page = report_page(store, partial_dir, title, target, note, selection, keys, progress)
+        page = report_page(
+            store, partial_dir, title, target, note, selection, keys, progress, grid, overrides
+        )
         progress.doing("pages: report.md, index.html")
         write_pages(page, partial_dir)
         _replace_folder(partial_dir, final)
@@ -666,8 +744,8 @@ def write_report(
 
 def _check_replaceable(folder: Path) -> None:
     """FileExistsError unless `folder` is missing, empty or a previous report (only top-level
-    .md, .html, .csv and .png files or links, report.md among them): replacing it deletes what
-    it holds (a link itself, never what it points to)."""
+    .md, .html, .csv, .png and .json files or links, report.md among them): replacing it
+    deletes what it holds (a link itself, never what it points to)."""
     if folder.parent == folder:
         raise ValueError(f"{folder} cannot be a report folder: it has no parent")
     if not folder.exists():
@@ -765,19 +843,21 @@ def _new_file(folder: Path, name: str) -> Path:
     return path
 
 
-def _open(store: str | Path | ResultsStore) -> ResultsStore:
-    """`store`, or the ResultsStore at that path opened read-only: a report creates and
-    changes nothing beside its folder (FileNotFoundError without a store, StoreError for a
-    file that is not one)."""
-    if isinstance(store, ResultsStore):
+def _open(store: str | Path | ResultsStore | CellsFile) -> ResultsStore | CellsFile:
+    """`store`, or the ResultsStore at that path opened read-only (a .csv path: its
+    CellsFile): a report creates and changes nothing beside its folder (FileNotFoundError
+    without a store, StoreError for a file that is not one)."""
+    if isinstance(store, (ResultsStore, CellsFile)):
         return store
+    if Path(store).suffix == ".csv":
+        return CellsFile(store)
     if not Path(store).is_file():
         raise FileNotFoundError(f"no results store at {store}")
     return ResultsStore(store, readonly=True)
 
 
 def report_page(
-    store: str | Path | ResultsStore,
+    store: str | Path | ResultsStore | CellsFile,
     folder: str | Path,
     title: str | None = None,
     target: float | None = None,
@@ -785,11 +865,14 @@ def report_page(
     selection: Selection | None = None,
     keys: set[str] | Mapping[str, dict] | None = None,
     progress: Steps | None = None,
+    grid: str | Path | None = None,
+    overrides: Sequence[str] = (),
 ) -> Page:
-    """Write the report's data and plots (summary.csv, cells.csv, the PNGs) into the empty
-    `folder` and return its page (the model report.md and index.html are rendered from, see
-    `report_pages.write_pages`); the arguments are `write_report`'s. The plots are planned
-    first and drawn last, so that `progress` knows their number before the first is drawn."""
+    """Write the report's data and plots (summary.csv, cells.csv, curves.csv, provenance.json,
+    the PNGs) into the empty `folder` and return its page (the model report.md and index.html
+    are rendered from, see `report_pages.write_pages`); the arguments are `write_report`'s.
+    The plots are planned first and drawn last, so that `progress` knows their number before
+    the first is drawn."""
     store, folder = _open(store), Path(folder)
     records, left_out = list(store.rows()), 0
     if keys is not None:
@@ -805,9 +888,14 @@ def report_page(
     progress = progress or Steps()
     progress.expect(1)  # the tables: cells, summary, and selection
     progress.doing("tables")
-    write_csv(_cells_csv(frame), _new_file(folder, "cells.csv"))
+    write_csv(_cells_csv(frame, records), _new_file(folder, "cells.csv"))
+    if curves is not None:  # the report's cells' only
+        write_csv(curves[curves.key.isin(frame.key)], _new_file(folder, "curves.csv"))
     write_csv(summary, _new_file(folder, "summary.csv"))
-    page = _page(store, frame, cells, title, note)
+    provenance = _provenance(store, curves, grid, overrides)
+    text = json.dumps(provenance, indent=2, ensure_ascii=False) + "\n"
+    _new_file(folder, "provenance.json").write_text(text, encoding="utf-8")
+    page = _page(frame, cells, title, note, provenance)
     if left_out:
         page.facts.insert(2, f"Left out: {left_out} cells of the store that are not in the grid")
 
@@ -838,12 +926,13 @@ def report_page(
             section.parts.append(Paragraph(
                 f"Loss floor: no model can have a mean loss below {floor['test']:.3f} on these "
                 f"test splits ({floor['validation']:.3f} on validation): the task's own "
-                "probabilities give it (best_losses, mean over the seeds' splits); the loss "
-                "curves draw the validation floor, and a second plot each curve's height above "
-                "it on a log scale."
+                "probabilities give it (best_losses, mean over the seeds' splits)"
+                + ("; the loss curves draw the validation floor, and a second plot each "
+                   "curve's height above it on a log scale." if curves is not None else ".")
             ))  # fmt: skip
         val_floor = None if floor is None else floor["validation"]
-        for label, panel in _curve_panels(str(task), mine, selection):
+        panels = [] if curves is None else _curve_panels(str(task), mine, selection)
+        for label, panel in panels:
             figures.append(("curves", label, partial(_plot_curves, label, panel, curves, colours)))
             if panel.test_exact.notna().any():  # sequence tasks (scored per position)
                 loss = partial(_plot_curves, label, panel, curves, colours, "loss", val_floor)
@@ -909,7 +998,8 @@ def report_page(
             section.parts.append(Image(name, alt))
         progress.advance()
 
-    page.sections.extend(_attention_sections(store, folder, keys, chosen_keys, progress))
+    if isinstance(store, ResultsStore):  # the maps files lie beside the store
+        page.sections.extend(_attention_sections(store, folder, keys, chosen_keys, progress))
     unfinished = cells[cells.status != "done"]
     if unfinished.empty:
         part = Paragraph("None: every cell finished.")
@@ -963,23 +1053,26 @@ def _selection_section(
                 f"(test metrics there: {', '.join(have) or 'none'})"
             )
     chosen = {name: select(cells, over, metric, name, tuple(reported)) for name in reported}
-    pairs = {
-        name: pd.concat(
-            [paired(cells, chosen[name], a, b, name) for a, b in selection.compare]
-            or [paired(cells, chosen[name].iloc[:0], "", "", name)]
-        )
-        for name in reported
-    }
+    margin = selection.equivalence_margin
+    family = verdicts(  # one family: every difference the report shows
+        pd.concat(
+            [
+                paired(cells, chosen[name], a, b, name, margin).assign(reported=name)
+                for name in reported
+                for a, b in selection.compare
+            ]
+            or [paired(cells, chosen[reported[0]].iloc[:0], "", "", "").assign(reported="")],
+            ignore_index=True,
+        ),
+        margin,
+    )
     write_csv(
         pd.concat([c.assign(reported=name) for name, c in chosen.items()]).drop(
             columns=["seeds", "rows"], errors="ignore"
         ),
         _new_file(folder, "selection.csv"),
     )
-    write_csv(
-        pd.concat([p.assign(reported=name) for name, p in pairs.items()]),
-        _new_file(folder, "paired.csv"),
-    )
+    write_csv(family.assign(margin=margin)[PAIRED_CSV], _new_file(folder, "paired.csv"))
     first = chosen[reported[0]]  # the settings: the same for every reported metric
     better = "highest" if higher_is_better(metric) else "lowest"
     parts: list = [Paragraph(
@@ -1025,37 +1118,71 @@ def _selection_section(
             marks[column] = best.to_numpy()
         parts.append(Table(data, marks))
     if selection.compare:
-        parts.append(Paragraph(
-            f"Paired differences of {', '.join(reported)}: a − b, each mechanism at its own "
-            "best setting, seed by seed over the seeds both finished; mean and 95% paired t "
-            "interval. An interval that excludes 0 is a difference at that level. Data: "
-            "paired.csv."
-        ))  # fmt: skip
-        head = pairs[reported[0]]
+        parts.append(Paragraph(_paired_method(family, reported, margin)))
+        head = family[family.reported == reported[0]].reset_index(drop=True)
         table = pd.DataFrame({
             "task": head.task.astype(str),
             "size": head["size"].astype(str),
             **({"other axes": head.others} if head.others.astype(bool).any() else {}),
             "a − b": [f"{a} − {b}" for a, b in zip(head.a, head.b, strict=True)],
         })  # fmt: skip
-        for name, pair in pairs.items():
+        for name in reported:
+            pair = family[family.reported == name].reset_index(drop=True)
+            prefix = f"{name} " if len(reported) > 1 else ""
             table[f"{name} difference [95% CI]"] = [
                 _interval_text(m, lo, hi, n, signed=True)
                 for m, lo, hi, n in zip(pair["mean"], pair.low, pair.high, pair.n, strict=True)
             ]
-            table[f"{name} verdict" if len(reported) > 1 else "verdict"] = [
-                "-" if pd.isna(lo) else f"{a} ahead" if lo > 0 else f"{b} ahead" if hi < 0
-                else "no clear difference"
-                for a, b, lo, hi in zip(pair.a, pair.b, pair.low, pair.high, strict=True)
-            ]  # fmt: skip
+            table[f"{prefix}p"] = pair.p.map(_p_text)
+            table[f"{prefix}p Holm"] = pair.p_holm.map(_p_text)
+            if margin is not None:
+                table[f"{prefix}TOST p Holm"] = pair.tost_p_holm.map(_p_text)
+            table[f"{prefix}verdict"] = pair.verdict
         if (head.n < 2).any():  # a '-' says why
             table["why"] = [
-                "" if n >= 2 else "n < 2: no interval" if n else "no seed both finished"
-                for n in head.n
+                "" if n >= 2 else "n < 2: no test" if n else "no seed both finished" for n in head.n
             ]
-        parts.append(Table(table.reset_index(drop=True)))
+        parts.append(Table(table))
     rows = {i for found in first.get("rows", pd.Series(dtype=object)).dropna() for i in found}
     return Section("Selection: each mechanism at its best setting", parts), rows
+
+
+def _p_text(p: float) -> str:
+    """A p-value as shown: '0.012', '<0.001'; '-' for none."""
+    return "-" if pd.isna(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _paired_method(family: pd.DataFrame, reported: list[str], margin: float | None) -> str:
+    """How the paired differences of `family` (`verdicts`' rows, every metric's) are
+    computed and judged: the paragraph above their table, with the family's size."""
+    size = int(family.p.notna().sum())
+    if margin is None:
+        equivalence = (
+            "The grid sets no selection.equivalence_margin, so no difference is called equivalent."
+        )
+    else:
+        m = f"{margin:g}"
+        equivalence = (
+            f"'Equivalent within ±{m}' (the grid's selection.equivalence_margin, in the "
+            f"metric's units): the two one-sided tests (TOST) reject both δ ≤ −{m} and "
+            f"δ ≥ +{m}; p_TOST, the larger of P(T ≥ (d + {m})/se) and P(T ≤ (d − {m})/se), "
+            f"Holm-adjusted across the same family (TOST p Holm) is below 0.05 (unadjusted, "
+            f"p_TOST < 0.05 is the 90% interval lying inside ±{m}); a difference that is "
+            f"also ahead reads 'a ahead, by less than {m}'."
+        )
+    return (
+        f"Paired differences of {', '.join(reported)}: a − b, each mechanism at its own best "
+        "setting, seed by seed over the n seeds both finished: their mean d, standard error "
+        "se = s/√n (s: their standard deviation) and 95% interval d ± t(0.975, n−1)·se, "
+        "unadjusted. p: the two-sided paired t test of no difference (δ = 0), T = d/se with "
+        "n−1 degrees of freedom. The family: every difference this table shows, of every "
+        f"metric, {size} tests; p Holm is Holm's step-down adjustment across them (the i-th "
+        f"smallest p times {size} − i + 1, made non-decreasing, at most 1), which keeps the "
+        "chance of any false 'ahead' in this report at most 5%. Verdict: 'a ahead' or 'b "
+        "ahead' (by the sign of d) where p Holm < 0.05, so an interval that excludes 0 can "
+        f"still be no clear difference. {equivalence} 'No clear difference' is not evidence "
+        "of no difference. Data: paired.csv."
+    )
 
 
 def _attention_sections(

@@ -149,12 +149,15 @@ FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what makes a spreadsheet rea
 
 def csv_text(value: object) -> object:
     """`value` for a CSV cell: a text that a spreadsheet would read as a formula (starting with
-    = + - @, a tab or a carriage return) behind a "'", its line breaks as newlines (a bare
-    carriage return would end the row); numbers, a lone '-' and texts of a number (e.g.
-    '-0.5') as they are."""
+    = + - @, a tab or a carriage return) behind a "'", and so a text starting with "'" (one
+    "'" taken off gives the text back, as ablations.cells_file reads it), its line breaks as
+    newlines (a bare carriage return would end the row); numbers, a lone '-' and texts of a
+    number (e.g. '-0.5') as they are."""
     if not isinstance(value, str):
         return value
     text = value.replace("\r\n", "\n").replace("\r", "\n")
+    if value.startswith("'"):
+        return "'" + text
     if not value.startswith(FORMULA_START) or value == "-":
         return text
     try:

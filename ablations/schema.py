@@ -286,7 +286,8 @@ class Selection(Table):
     of the axes `over` (default: every swept key), chosen on `metric` (its mean over seeds),
     reporting `reported` there (one test metric or a list); `compare` names [a, b] mechanism
     pairs whose paired difference (a - b, seed by seed, each at its own best setting) the
-    report gives."""
+    report gives; `equivalence_margin` (in the reported metrics' units; optional) lets it call
+    a difference "equivalent within ±margin" (ablations.selection.verdicts)."""
 
     over: Annotated[list[StrictStr], Valid('a list of swept keys, e.g. ["training.lr"]')] = []
     metric: choice(SELECTION_METRICS) = "val_acc"
@@ -297,6 +298,10 @@ class Selection(Table):
         list[Annotated[list[StrictStr], Field(min_length=2, max_length=2)]],
         Valid('a list of [mechanism, mechanism] label pairs, e.g. [["relational", "standard"]]'),
     ] = []
+    equivalence_margin: (
+        finite("> 0, in the reported metrics' units, e.g. 0.02 (test accuracy)", lambda v: v > 0)
+        | None
+    ) = None
 
     @property
     def reported_metrics(self) -> list[str]:

@@ -15,9 +15,14 @@ that any store can be read, one written before sweeps existed included:
   (`setting_problems`: "training.lr=1e+30: 1 of 3 seeds diverged"); at the chosen setting, the
   `reported` metric: mean and 95% confidence interval over seeds (Student's t, n - 1 degrees
   of freedom).
-- `paired(cells, selected, a, b, reported)`: mechanism a minus mechanism b, each at its own
-  best setting, seed by seed over the seeds both finished: the mean difference and its 95%
-  interval (a paired t interval), per task, size and other axes.
+- `paired(cells, selected, a, b, reported, margin)`: mechanism a minus mechanism b, each at
+  its own best setting, seed by seed over the seeds both finished: the mean difference, its 95%
+  interval (a paired t interval), the two-sided paired t test's p-value and, with an
+  equivalence `margin`, the two one-sided tests' (`t_test_p`, `tost_p`), per task, size and
+  other axes.
+- `verdicts(pairs, margin)`: over the family of every paired difference a report shows, the
+  Holm-adjusted p-values (`holm`) and each difference's verdict at family-wise level `ALPHA`:
+  "a ahead", "b ahead", "equivalent within ±m" (only with a margin) or "no clear difference".
 
 As in zoology, the setting is chosen on validation data and the test metric of the chosen
 setting is reported; the interval covers seed-to-seed variation at that setting, not the
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 from scipy import stats
 
@@ -46,16 +52,62 @@ def higher_is_better(metric: str) -> bool:
     return not metric.endswith(("loss", "bits"))
 
 
+def _t_parts(values: pd.Series) -> tuple[float, float, int]:
+    """(mean, standard deviation s, n) of `values`, NaN dropped (s NaN for n < 2)."""
+    values = values.dropna().astype(float)
+    n = len(values)
+    return (values.mean() if n else math.nan), values.std(ddof=1), n
+
+
 def interval(values: pd.Series, level: float = 0.95) -> tuple[float, float, float, int]:
     """(mean, low, high, n) of `values` (NaN dropped): the `level` confidence interval of the
     mean by Student's t with n - 1 degrees of freedom; low = high = NaN for n < 2."""
-    values = values.dropna().astype(float)
-    n = len(values)
-    mean = values.mean() if n else math.nan
+    mean, s, n = _t_parts(values)
     if n < 2:
         return mean, math.nan, math.nan, n
-    half = stats.t.ppf(0.5 + level / 2, n - 1) * values.std(ddof=1) / math.sqrt(n)
+    half = stats.t.ppf(0.5 + level / 2, n - 1) * s / math.sqrt(n)
     return mean, mean - half, mean + half, n
+
+
+def t_test_p(values: pd.Series) -> float:
+    """The two-sided p-value of Student's one-sample t test of mean 0 (for paired differences:
+    the paired t test): t = mean / (s / sqrt(n)), n - 1 degrees of freedom, the t of
+    `interval`'s interval (p < 1 - level exactly where that interval excludes 0). Equal values
+    (s = 0): 0 for a nonzero mean, 1 for a zero one; NaN for n < 2."""
+    mean, s, n = _t_parts(values)
+    if n < 2:
+        return math.nan
+    se = s / math.sqrt(n)
+    if se == 0:
+        return 0.0 if mean != 0 else 1.0
+    return float(2 * stats.t.sf(abs(mean) / se, n - 1))
+
+
+def tost_p(values: pd.Series, margin: float) -> float:
+    """The p-value of the two one-sided t tests (TOST) that the mean lies within (-margin,
+    margin): the larger of the one-sided p-values against mean <= -margin (t = (mean + margin)
+    / se) and against mean >= margin (t = (mean - margin) / se), n - 1 degrees of freedom;
+    p < alpha exactly where the 1 - 2 alpha interval (90% for alpha 0.05) lies inside
+    (-margin, margin). Equal values (se = 0): 0 inside, 1 outside; NaN for n < 2."""
+    mean, s, n = _t_parts(values)
+    if n < 2:
+        return math.nan
+    se = s / math.sqrt(n)
+    if se == 0:
+        return 0.0 if abs(mean) < margin else 1.0
+    below = stats.t.sf((mean + margin) / se, n - 1)  # against mean <= -margin
+    above = stats.t.cdf((mean - margin) / se, n - 1)  # against mean >= margin
+    return float(max(below, above))
+
+
+def holm(p_values: pd.Series) -> pd.Series:
+    """Holm's step-down adjustment of a family of p-values (NaN: no test, not counted): with the
+    m p-values sorted, p(1) <= ... <= p(m), the adjusted p(i) = max over j <= i of
+    min(1, (m - j + 1) p(j)). Rejecting where the adjusted p < alpha makes the chance of any
+    false rejection in the family at most alpha, whatever the dependence between the tests."""
+    tested = p_values.dropna().sort_values(kind="stable")
+    scaled = tested * (len(tested) - np.arange(len(tested)))
+    return scaled.clip(upper=1.0).cummax().reindex(p_values.index)
 
 
 def varying_settings(frame: pd.DataFrame) -> pd.DataFrame:
@@ -212,12 +264,23 @@ def setting_problems(runs: pd.DataFrame, seeds: set, metrics: list[str]) -> str:
     )
 
 
+ALPHA = 0.05  # the family-wise error rate of a report's verdicts
+PAIRED_COLUMNS = ["task", "size", "others", "a", "b", "mean", "low", "high", "n", "p", "tost_p"]
+
+
 def paired(
-    cells: pd.DataFrame, selected: pd.DataFrame, a: str, b: str, reported: str
+    cells: pd.DataFrame,
+    selected: pd.DataFrame,
+    a: str,
+    b: str,
+    reported: str,
+    margin: float | None = None,
 ) -> pd.DataFrame:
     """`a` minus `b` (mechanism labels), each at its best setting (`select`'s rows), seed by
     seed over the seeds both have: per task, size and other axes, the mean difference of
-    `reported`, its 95% paired interval and n."""
+    `reported`, its 95% paired interval, n, the paired t test's two-sided p-value (`t_test_p`)
+    and, with an equivalence `margin` (in `reported`'s units), the TOST p-value (`tost_p`;
+    NaN without)."""
     rows = []
     chosen = selected[selected.n > 0]
     for (task, size, others), group in chosen.groupby(["task", "size", "others"], sort=False):
@@ -226,8 +289,34 @@ def paired(
             continue
         runs = {m: cells.loc[list(by[m].rows)].set_index("seed")[reported] for m in (a, b)}
         both = runs[a].index.intersection(runs[b].index)
-        mean, low, high, n = interval(runs[a][both] - runs[b][both])
-        rows.append({"task": task, "size": size, "others": others, "a": a, "b": b,
-                     "mean": mean, "low": low, "high": high, "n": n})  # fmt: skip
-    return pd.DataFrame(rows, columns=["task", "size", "others", "a", "b", "mean", "low", "high",
-                                       "n"])  # fmt: skip
+        differences = runs[a][both] - runs[b][both]
+        mean, low, high, n = interval(differences)
+        rows.append({
+            "task": task, "size": size, "others": others, "a": a, "b": b, "mean": mean,
+            "low": low, "high": high, "n": n, "p": t_test_p(differences),
+            "tost_p": math.nan if margin is None else tost_p(differences, margin),
+        })  # fmt: skip
+    return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
+
+
+def verdicts(pairs: pd.DataFrame, margin: float | None = None) -> pd.DataFrame:
+    """`pairs` (`paired`'s rows, one family: every difference a report shows, its index
+    unique) with `p_holm` and `tost_p_holm` (`holm` over the family, each test apart) and a
+    `verdict` at family-wise level `ALPHA`: "<a> ahead" or "<b> ahead" where p_holm < ALPHA (by
+    the sign of the mean; ", by less than m" where the TOST also holds), else "equivalent within
+    ±m" where tost_p_holm < ALPHA (only with a `margin` m), else "no clear difference" (which
+    is no evidence of no difference); "-" where n < 2 (no test)."""
+    p_holm, tost_holm = holm(pairs.p), holm(pairs.tost_p)
+    words = []
+    for row, p, tost in zip(pairs.itertuples(), p_holm, tost_holm, strict=True):
+        equivalent = margin is not None and tost < ALPHA  # False for NaN: no test
+        if pd.isna(p):
+            words.append("-")
+        elif p < ALPHA:
+            ahead = f"{row.a if row.mean > 0 else row.b} ahead"
+            words.append(f"{ahead}, by less than {margin:g}" if equivalent else ahead)
+        elif equivalent:
+            words.append(f"equivalent within ±{margin:g}")
+        else:
+            words.append("no clear difference")
+    return pairs.assign(p_holm=p_holm, tost_p_holm=tost_holm, verdict=words)

@@ -77,7 +77,9 @@ trials are chosen and stored (`SearchPlan`, `trial_cell`; running it: ablations.
 may not be both searched and swept; grid.include and grid.exclude are refused with a search.
 A cell's swept keys are its `swept` (labels, not part of its key: the resolved values are), so
 a swept value equal to the unswept setting is the same cell. `[selection]` is read by the
-report (ablations.selection).
+report (ablations.selection; `schema.Selection`: over, metric, reported, compare and
+`equivalence_margin`, a float > 0 in the reported metrics' units, refused where they mix
+accuracies and losses).
 
 The file's schema is typed (ablations.schema: `GridFile` and its tables, strict pydantic
 models whose fields carry their type, default and range). This module adds the checks across
@@ -173,6 +175,7 @@ from ablations.schema import (
     Training,
     Valid,
 )
+from ablations.selection import higher_is_better
 from ablations.tasks import build_task, task_arguments
 from ablations.tracking import TrackingPlan
 from attn_zoo.mechanisms.registry import MECHANISMS
@@ -705,6 +708,16 @@ def _check_selection(path, selection: Selection | None, swept: list[str], mechan
             raise SpecError(
                 f"{path}: selection.compare[{i}] = {pair!r} compares a mechanism with itself"
             )
+    losses = [name for name in selection.reported_metrics if not higher_is_better(name)]
+    if selection.equivalence_margin is not None and 0 < len(losses) < len(
+        selection.reported_metrics
+    ):
+        raise SpecError(
+            f"{path}: selection.equivalence_margin = {selection.equivalence_margin!r} is in the "
+            f"units of every reported metric, and selection.reported = "
+            f"{selection.reported_metrics!r} mixes losses ({', '.join(losses)}) with "
+            "accuracies: valid is a margin with accuracies only or losses only"
+        )
 
 
 def _task(path, label: str, name: str, kwargs: dict):

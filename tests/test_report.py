@@ -164,8 +164,13 @@ def test_report_files_and_numbers(grid, report):
     pngs.add(label_file_name("vs_train_size", "match_pattern"))
     assert re.fullmatch(r"curves_match_pattern-n-250_[0-9a-f]{8}\.png", pngs_of(pngs, "n-250"))
     names = {p.name for p in report.iterdir()}
-    assert names == pngs | {"report.md", "index.html", "cells.csv", "summary.csv"}
+    tables = {"cells.csv", "curves.csv", "summary.csv", "provenance.json"}
+    assert names == pngs | {"report.md", "index.html"} | tables
     check_summary(pd.read_csv(report / "summary.csv"), inputs, 0.8)
+    store, _ = grid
+    curves = pd.read_csv(report / "curves.csv", dtype={"key": str})
+    pd.testing.assert_frame_equal(curves, store.curves(), check_dtype=False)
+    assert len(curves) == 36 * len(STEPS) + 1  # the done cells' points, the diverged one's
     cells = pd.read_csv(report / "cells.csv")
     assert len(cells) == 39 and sorted(cells.status.unique()) == sorted(
         ["done", "failed", "diverged", "running"]

@@ -1,11 +1,13 @@
-"""Best-setting selection, confidence intervals and paired differences (ablations.selection),
-and the report's selection section from a real sweep grid."""
+"""Best-setting selection, confidence intervals, paired differences and their tests (paired t,
+Holm, TOST: ablations.selection), the grid's [selection] checks, and the report's selection
+section from a real sweep grid."""
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
-from grids import STD, tiny_grid
+from grids import STD, assert_refused, tiny_grid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -14,7 +16,16 @@ from ablations import attention_figures, report
 from ablations.cli import main
 from ablations.report import write_report
 from ablations.runner import run_grid
-from ablations.selection import interval, paired, select, varying_settings
+from ablations.selection import (
+    holm,
+    interval,
+    paired,
+    select,
+    t_test_p,
+    tost_p,
+    varying_settings,
+    verdicts,
+)
 from ablations.spec import load_grid
 from ablations.store import ResultsStore
 
@@ -34,6 +45,116 @@ def test_interval_is_the_one_sample_t_interval(values):
 def test_one_value_has_no_interval():
     mean, low, high, n = interval(pd.Series([0.5, float("nan")]))
     assert (mean, n) == (0.5, 1) and math.isnan(low) and math.isnan(high)
+
+
+def test_holm_on_a_hand_worked_family():
+    # m = 4 tests (NaN: no test). Sorted: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06,
+    # 0.04 x 1 = 0.04 -> 0.06 (made non-decreasing); in the family's order:
+    p = pd.Series([0.01, 0.04, 0.03, float("nan"), 0.005], index=[5, 3, 9, 1, 0])
+    adjusted = holm(p)
+    assert list(adjusted.index) == [5, 3, 9, 1, 0]
+    assert adjusted.iloc[[0, 1, 2, 4]].tolist() == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert math.isnan(adjusted.loc[1])
+    assert holm(pd.Series([0.5, 0.6])).tolist() == [1.0, 1.0]  # 0.5 x 2 = 1; capped, monotone
+    assert holm(pd.Series([0.02])).tolist() == [0.02]  # a family of one: unadjusted
+    assert holm(pd.Series([], dtype=float)).empty
+
+
+def test_holm_agrees_with_statsmodels():
+    multitest = pytest.importorskip("statsmodels.stats.multitest")
+    rng = np.random.default_rng(0)
+    families = [[0.3], [0.01, 0.01, 0.04, 0.5], rng.uniform(0, 0.1, 30), rng.uniform(0, 1, 182)]
+    for p_values in families:  # ties, one test, small and large families, capping at 1
+        expected = multitest.multipletests(p_values, alpha=0.05, method="holm")[1]
+        assert holm(pd.Series(p_values)).tolist() == pytest.approx(list(expected), rel=1e-12)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(-1, 1), min_size=2, max_size=10))
+def test_the_paired_t_test_is_scipys_and_agrees_with_the_interval(differences):
+    values = pd.Series(differences)
+    p = t_test_p(values)
+    _, low, high, _ = interval(values)
+    if values.std() > 1e-9 * max(1.0, values.abs().max()):
+        assert p == pytest.approx(stats.ttest_1samp(differences, 0.0).pvalue, rel=1e-9)
+        if abs(p - 0.05) > 1e-9:  # p < 0.05 exactly where the 95% interval excludes 0
+            assert (p < 0.05) == (low > 0 or high < 0)
+
+
+def test_equal_differences_and_single_seeds():
+    assert t_test_p(pd.Series([0.5, 0.5, 0.5])) == 0.0  # the interval [0.5, 0.5] excludes 0
+    assert t_test_p(pd.Series([0.0, 0.0])) == 1.0  # seed for seed the same: no difference
+    assert math.isnan(t_test_p(pd.Series([0.3]))) and math.isnan(tost_p(pd.Series([0.3]), 1))
+    assert tost_p(pd.Series([0.0, 0.0]), 0.01) == 0.0 and tost_p(pd.Series([0.25] * 3), 0.1) == 1
+
+
+def t2_cdf(t):
+    """Student's t CDF with 2 degrees of freedom, in closed form: 1/2 + t / (2 sqrt(2 + t^2))."""
+    return 0.5 + t / (2 * math.sqrt(2 + t * t))
+
+
+def test_tost_on_a_hand_worked_case():
+    values = pd.Series([0.01, 0.02, 0.03])  # mean 0.02, s 0.01, n 3: se = 0.01 / sqrt(3)
+    se = 0.01 / math.sqrt(3)
+    # margin 0.05: against mean <= -0.05, t = 0.07 / se = 12.12 (p 0.0034); against mean >= 0.05,
+    # t = -0.03 / se = -5.20 (p 0.0175); the TOST p is the larger
+    expected = max(1 - t2_cdf(0.07 / se), t2_cdf(-0.03 / se))
+    assert tost_p(values, 0.05) == pytest.approx(expected, rel=1e-9)
+    assert expected == pytest.approx(0.01755, abs=1e-5)
+    assert tost_p(values, 0.03) == pytest.approx(t2_cdf(-0.01 / se), rel=1e-9)  # 0.113
+    for margin in (0.03, 0.04, 0.05, 0.1):  # p < 0.05 exactly where the 90% interval is inside
+        _, low, high, _ = interval(values, level=0.90)
+        assert (tost_p(values, margin) < 0.05) == (-margin < low and high < margin)
+
+
+def family(rows, margin=None):
+    """`verdicts` of a made-up family: rows of (a, b, mean, p, tost_p)."""
+    frame = pd.DataFrame(rows, columns=["a", "b", "mean", "p", "tost_p"])
+    return verdicts(frame, margin)
+
+
+def test_verdicts_use_the_holm_adjusted_p_and_say_equivalent_only_with_a_margin():
+    rows = [
+        ("x", "y", 0.30, 0.001, 0.9),  # x ahead: 0.001 x 4 = 0.004
+        ("x", "y", -0.20, 0.004, 0.9),  # y ahead: 0.004 x 3 = 0.012
+        ("x", "y", 0.05, 0.02, 0.9),  # x ahead: 0.02 x 2 = 0.04
+        ("x", "y", 0.01, 0.30, 0.001),  # no difference shown; equivalent with a margin
+        ("x", "y", 0.01, float("nan"), float("nan")),  # n < 2: no test
+    ]
+    plain = family(rows)
+    assert plain.p_holm.tolist()[:4] == pytest.approx([0.004, 0.012, 0.04, 0.30])
+    assert plain.verdict.tolist() == ["x ahead", "y ahead", "x ahead", "no clear difference", "-"]
+    rows[2] = ("x", "y", 0.05, 0.03, 0.9)  # 0.03 x 2 = 0.06: not below 0.05 after Holm
+    with_margin = family(rows, margin=0.02)
+    assert with_margin.verdict.tolist() == [
+        "x ahead", "y ahead", "no clear difference", "equivalent within ±0.02", "-"
+    ]  # fmt: skip
+    assert with_margin.tost_p_holm.tolist()[:4] == pytest.approx([1.0, 1.0, 1.0, 0.004])
+    both = family([("x", "y", 0.01, 0.001, 0.001)], margin=0.02)
+    assert both.verdict.tolist() == ["x ahead, by less than 0.02"]
+    assert not family(rows).verdict.str.contains("equivalent|by less").any()  # no margin
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [("0", "= 0 must"), ("-0.01", "= -0.01 must"), ("nan", "= nan must"), ("inf", "= inf must"),
+     ("'0.02'", "= '0.02' must"), ("true", "= True must"), ("[0.02]", "= [0.02] must")],
+)  # fmt: skip
+def test_a_bad_equivalence_margin_is_refused_naming_it_and_what_is_valid(tmp_path, value, fragment):
+    path = tiny_grid(tmp_path)
+    path.write_text(path.read_text() + f"[selection]\nequivalence_margin = {value}\n")
+    assert_refused(
+        path, [f"selection.equivalence_margin {fragment}", "a finite float > 0", "units"]
+    )
+
+
+def test_an_equivalence_margin_is_refused_for_accuracies_and_losses_together(tmp_path):
+    path = tiny_grid(tmp_path)
+    path.write_text(path.read_text() + '[selection]\nreported = ["test_acc", "test_loss"]\n'
+                    "equivalence_margin = 0.02\n")  # fmt: skip
+    assert_refused(path, ["selection.equivalence_margin = 0.02", "mixes losses (test_loss)"])
+    path.write_text(path.read_text().replace('"test_loss"', '"test_exact"'))
+    assert load_grid(path).selection.equivalence_margin == 0.02
 
 
 def cells_frame(rows):

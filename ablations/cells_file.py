@@ -1,0 +1,180 @@
+"""A report's cells.csv (and the curves.csv beside it) read back as the cells of a results
+store, so that a report can be rebuilt from the files a report commits (the stores are not):
+
+    cells = CellsFile("reports/demo/cells.csv")     # attn-zoo report reports/demo/cells.csv
+    write_report(cells, "reports/demo_again", selection=load_grid(grid).selection)
+
+`CellsFile` reads like a read-only `ResultsStore`: `path`, `rows()` (key, status, config,
+metrics, environment, error, started, finished, curve) and `curves()`, None where no
+curves.csv lies beside it (the report then leaves out what needs curves: learning curves and
+steps to target). Every value comes back as the store held it: a text as written
+(ablations.report_pages.csv_text's leading "'" taken off), whole numbers as ints, other
+numbers as floats, True and False as bools, lists as lists, a config's keys sorted at every
+level; a done cell's metrics named in the `non_finite` column as NaN where the file leaves
+them empty (a CSV cell cannot tell NaN from missing). Labels (grid, task, task_name, size,
+mechanism, mechanism_name), keys, statuses and errors stay texts.
+
+Columns: key, status, error, started, finished, non_finite, "metrics.<name>",
+"environment.<name>" and the config named as `cells_table` names it ("training.lr", "size",
+"model.d_model", ...). Files written before that (every column of the config behind
+"config.", the size as "config.size.label", no environment) are read too: there pandas wrote
+whole numbers of a column with gaps as floats ("4.0"), read back as ints, and the environment
+is the one the report.md beside the file shows (`recorded_environment`).
+"""
+
+from __future__ import annotations
+
+import ast
+import html
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from ablations.store import CURVE_COLUMNS, CURVE_FIELDS, FRAME_COLUMNS
+
+OLD_PREFIX = "config."  # the config columns of files written before flat_config's names
+TEXTS = {("grid",), ("task",), ("task_name",), ("size", "label"), ("mechanism",),
+         ("mechanism_name",)}  # fmt: skip
+TABLES = ("task_kwargs", "size", "mechanism_kwargs", "training")  # a Cell's dict fields
+WHOLE = re.compile(r"[-+]?\d+")
+NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?inf|nan")
+ENVIRONMENT_LINE = re.compile(  # as report.md shows it; a rebuild's note on where it came from
+    r"^- Environment: (.+?)(?: \(as the report\.md beside .+ recorded it\))?$", re.MULTILINE
+)
+
+
+def _path(column: str, old: bool) -> tuple[str, ...]:
+    """Where a config column sits in a cell's nested config: ("task_kwargs", "n_train");
+    the size's label and model options are in "size" ("size", "model.d_model")."""
+    if old:
+        return tuple(column.removeprefix(OLD_PREFIX).split("."))
+    if column == "size":
+        return ("size", "label")
+    section, _, rest = column.partition(".")
+    return ("size", *rest.split(".")) if section == "model" else tuple(column.split("."))
+
+
+def _value(text: str) -> object:
+    """A value from its CSV text: None for ''; see the module."""
+    if text == "":
+        return None
+    if text.startswith("'"):  # csv_text's guard before a text a spreadsheet would run
+        return text[1:]
+    if WHOLE.fullmatch(text):
+        return int(text)
+    if NUMBER.fullmatch(text):
+        return float(text)
+    if text in ("True", "False"):
+        return text == "True"
+    if text.startswith("[") and text.endswith("]"):
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return text
+    return text
+
+
+def _sorted(table: dict) -> dict:
+    """`table` with its keys sorted at every level, as the store holds a config."""
+    return {k: _sorted(v) if isinstance(v, dict) else v for k, v in sorted(table.items())}
+
+
+def _text(text: str) -> str | None:
+    """A text column's value: as written, its guard "'" off; None for ''."""
+    return (text[1:] if text.startswith("'") else text) if text else None
+
+
+class CellsFile:
+    """The cells of a report's cells.csv at `path` (and its curves.csv), read once, whole;
+    FileNotFoundError without the file, ValueError for a file that is not a cells.csv (see
+    the module)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"no cells.csv at {self.path}")
+        try:
+            table = pd.read_csv(self.path, dtype=str, keep_default_na=False)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+            raise ValueError(f"{self.path} is not a report's cells.csv: {err}") from None
+        table.columns = [_text(str(c)) for c in table.columns]
+        if not {"key", "status"} <= set(table.columns) or table.key.duplicated().any():
+            raise ValueError(
+                f"{self.path} is not a report's cells.csv: it needs the columns key and "
+                f"status, one row per key (columns: {', '.join(table.columns[:8])}, ...)"
+            )
+        self._curves = self._read_curves(self.path.with_name("curves.csv"))
+        self._rows = self._read_rows(table)
+        self.recorded_environment = None
+        report = self.path.with_name("report.md")
+        if not any(c.startswith("environment.") for c in table.columns) and report.is_file():
+            found = ENVIRONMENT_LINE.search(report.read_text(encoding="utf-8"))
+            if found:  # markdown's escapes and entities off
+                self.recorded_environment = html.unescape(re.sub(r"\\(.)", r"\1", found[1]))
+
+    def _read_rows(self, table: pd.DataFrame) -> list[dict]:
+        old = any(column.startswith(OLD_PREFIX) for column in table.columns)
+        known = {*FRAME_COLUMNS, "non_finite"}
+        config = [c for c in table.columns
+                  if c not in known and not c.startswith(("metrics.", "environment."))]  # fmt: skip
+        paths = {column: _path(column, old) for column in config}
+        for column in config if old else []:  # whole numbers with gaps, written as floats
+            given = table[column][table[column] != ""]
+            if len(given) < len(table) and given.str.fullmatch(r"[-+]?\d+\.0").all():
+                table[column] = table[column].str.removesuffix(".0")
+        points = {} if self._curves is None else {
+            key: group[list(CURVE_FIELDS)].to_numpy().tolist()
+            for key, group in self._curves.groupby("key", sort=False)
+        }  # fmt: skip
+        rows = []
+        for record in table.to_dict("records"):
+            row = {column: _text(record.get(column, "")) for column in ("key", "status", "error")}
+            row.update({c: _value(record.get(c, "")) for c in ("started", "finished")})
+            nested: dict = {name: {} for name in TABLES}
+            for column, path in paths.items():
+                value = (_text if path in TEXTS else _value)(record[column])
+                if value is not None:
+                    *parents, name = path
+                    place = nested
+                    for parent in parents:
+                        place = place.setdefault(parent, {})
+                    place[name] = value
+            non_finite = filter(None, record.get("non_finite", "").split(", "))
+            metrics = {  # the non-finite ones in the store's order: NaN where written ''
+                name: _value(record.get(f"metrics.{name}") or "nan") for name in non_finite
+            }
+            metrics |= {
+                column.removeprefix("metrics."): _value(text)
+                for column, text in record.items()
+                if column.startswith("metrics.") and text != ""
+            }
+            environment = {
+                column.removeprefix("environment."): _value(text)
+                for column, text in record.items()
+                if column.startswith("environment.") and text != ""
+            }
+            row.update(config=_sorted(nested), metrics=metrics, environment=environment or None,
+                       curve=points.get(row["key"]))  # fmt: skip
+            rows.append(row)
+        return rows
+
+    def _read_curves(self, path: Path) -> pd.DataFrame | None:
+        if not path.is_file():
+            return None
+        curves = pd.read_csv(path, dtype={"key": str})  # floats read back exactly
+        if list(curves.columns) != list(CURVE_COLUMNS):
+            raise ValueError(
+                f"{path} is not a report's curves.csv: its columns are "
+                f"{', '.join(curves.columns)}, not {', '.join(CURVE_COLUMNS)}"
+            )
+        return curves.astype({"step": "int64", **dict.fromkeys(CURVE_FIELDS[1:], "float64")})
+
+    def rows(self) -> list[dict]:
+        """Every cell as `ResultsStore.rows()` gives it, in the file's order."""
+        return self._rows
+
+    def curves(self) -> pd.DataFrame | None:
+        """The learning curves as `ResultsStore.curves()` gives them (from the curves.csv
+        beside the file), or None without one."""
+        return self._curves
