@@ -329,8 +329,10 @@ PRUNER_KEYS = {  # the [search] keys that set each pruner (Optuna's MedianPruner
 class Search(Table):
     """[search]: instead of the product of swept values, `trials` settings of the keys of
     `space` per (task, size, mechanism, other swept values), chosen one after another by an
-    Optuna `sampler` on the validation `metric` of the trials before, all on `seed`
-    (ablations.search; each distribution of `space` is checked by `load_grid`)."""
+    Optuna `sampler` on the validation `metric` of the trials before, all on `seed`, a
+    `pruner` stopping a trial early on its validation curve (ablations.search; each
+    distribution of `space`, and that the pruner keys set belong to `pruner`, is checked by
+    `load_grid`)."""
 
     trials: whole(1, "int >= 1 (settings tried per task, size, mechanism)")
     space: Annotated[
