@@ -9,6 +9,11 @@ and gets its outcome back (ablations.train.CellOutcome); executors never write t
                                                   # them in): the driver writes them
     pool.close()                                  # ends every worker, within seconds
 
+A cell submitted with `asks=True` (local executor only: a search's pruner, ablations.search)
+waits at each evaluation after which it would train on for the driver's answer: it sends an
+`Evaluation` (`pool.questions()`, taken in by drain) and goes on or stops as `pruned` as
+`pool.answer(key, prune)` says.
+
 `EXECUTORS`:
   local  `workers` spawned processes, the machine's cores split between them as torch threads;
          `workers=1` trains in a thread of the driver's own process. Where this machine has
@@ -22,13 +27,13 @@ and gets its outcome back (ablations.train.CellOutcome); executors never write t
          of a task with num_gpus > 0 and on the CPU otherwise; "cuda" needs num_gpus > 0.
          Ray is imported only here.
 
-Every executor has `slots` (cells at once), `submit`, `wait`, `drain`, `resume_points`, `close`
-and `notes` (one-line messages for the driver to print); the local one also `kill` (SIGKILL
-every worker process, from a signal handler). Worker processes ignore SIGINT (the driver
-decides) and exit when the driver dies, SIGKILL included. A cell lost to the infrastructure
-rather than by its own error (a Ray task whose retries ran out, a worker process killed by
-SIGKILL, SIGTERM, SIGINT or SIGHUP) comes back with status `LOST`: the driver releases it, and
-the next run trains it again.
+Every executor has `slots` (cells at once), `submit`, `wait`, `drain`, `resume_points`,
+`questions`, `close` and `notes` (one-line messages for the driver to print); the local one
+also `answer` and `kill` (SIGKILL every worker process, from a signal handler). Worker
+processes ignore SIGINT (the driver decides) and exit when the driver dies, SIGKILL included.
+A cell lost to the infrastructure rather than by its own error (a Ray task whose retries ran
+out, a worker process killed by SIGKILL, SIGTERM, SIGINT or SIGHUP) comes back with status
+`LOST`: the driver releases it, and the next run trains it again.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_connections
 
 import torch
@@ -75,6 +81,16 @@ class CellInterrupted(BaseException):
     stopping; not an Exception, so `run_cell` does not record it as the cell's failure."""
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """A cell's question to the driver at an evaluation: should it stop here (pruned)?"""
+
+    key: str
+    step: int
+    val_loss: float
+    val_metric: float
+
+
 def _saved(obj) -> bytes:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
@@ -89,10 +105,13 @@ def run_cell(
     device: str | None = None,
     imports: Sequence[str] = (),
     resume: ResumePlan | None = None,
+    ask=None,
 ) -> CellOutcome:
     """Train `cell` here with `threads` torch threads, on `device` (the GPU an executor placed
     it on; default: the cell's device resolved here), after importing the grid's plugins
-    (`imports`, ablations.plugins: once per process); never raises.
+    (`imports`, ablations.plugins: once per process); never raises. With `ask`, the cell calls
+    `ask(Evaluation(...))` at each evaluation after which it would train on, and stops there as
+    `pruned` when it returns true (ablations.train.train_cell's `should_prune`).
 
     With `keep_state` (a grid that keeps checkpoints) the outcome carries the trained weights
     and, for a finished cell, the attention maps of the trained model
@@ -114,6 +133,8 @@ def run_cell(
             progress = None
 
     placed = {} if device is None else {"device": device}
+    if ask is not None:
+        placed["should_prune"] = lambda step, loss, metric: ask(Evaluation(key, step, loss, metric))
     try:
         import_plugins(imports)
         result = train_cell(
@@ -146,13 +167,18 @@ STOP_GRACE = 5.0  # seconds a stopped worker gets to end before it is killed (or
 
 
 class _PipeProgress:
-    """`put` sends a progress event up a worker's pipe (run_cell's `progress`)."""
+    """`put` sends a progress event up a worker's pipe (run_cell's `progress`); `ask` sends an
+    `Evaluation` and waits for the driver's answer (run_cell's `ask`)."""
 
     def __init__(self, conn):
         self.conn = conn
 
     def put(self, item) -> None:
         self.conn.send(("progress", item))
+
+    def ask(self, evaluation: Evaluation) -> bool:
+        self.conn.send(("ask", evaluation))
+        return self.conn.recv()
 
 
 class _ThreadProgress(_PipeProgress):
@@ -167,31 +193,44 @@ class _ThreadProgress(_PipeProgress):
             raise CellInterrupted
         super().put(item)
 
+    def ask(self, evaluation: Evaluation) -> bool:
+        if self.stop.is_set():
+            raise CellInterrupted
+        try:
+            return super().ask(evaluation)
+        except (EOFError, OSError):  # the driver closed the pipe: it is stopping
+            raise CellInterrupted from None
 
-def _given(device: str | None, resume: ResumePlan | None) -> dict:
+
+def _given(device: str | None, resume: ResumePlan | None, ask=None) -> dict:
     """The keyword arguments of run_cell that an executor gives only when set: a device when
-    it placed the cell on a GPU, a resume plan when the driver gave one."""
+    it placed the cell on a GPU, a resume plan when the driver gave one, `ask` when the cell
+    asks whether to stop."""
     given = {} if device is None else {"device": device}
-    return given if resume is None else {**given, "resume": resume}
+    given.update({k: v for k, v in (("resume", resume), ("ask", ask)) if v is not None})
+    return given
 
 
 def _run(
     cell: Cell,
     threads: int,
-    progress,
+    progress: _PipeProgress,
     keep_state: bool,
     device: str | None,
     imports: Sequence[str],
     resume: ResumePlan | None,
+    asks: bool,
 ) -> CellOutcome:
-    return run_cell(cell, threads, progress, keep_state, imports=imports, **_given(device, resume))
+    given = _given(device, resume, progress.ask if asks else None)
+    return run_cell(cell, threads, progress, keep_state, imports=imports, **given)
 
 
 def _train_in_thread(
-    conn, cell: Cell, threads: int, keep_state: bool, device, stop, resume: ResumePlan | None
+    conn, cell: Cell, threads: int, keep_state: bool, device, stop, resume, asks: bool
 ) -> None:
     try:  # the driver's process: its plugins are imported
-        outcome = _run(cell, threads, _ThreadProgress(conn, stop), keep_state, device, (), resume)
+        progress = _ThreadProgress(conn, stop)
+        outcome = _run(cell, threads, progress, keep_state, device, (), resume, asks)
     except CellInterrupted:
         return
     except BaseException:  # run_cell catches Exception; the driver must still hear back
@@ -220,8 +259,8 @@ def _worker_main(conn, threads: int, parent: int, imports: Sequence[str]) -> Non
             job = conn.recv()
             if job is None:
                 return
-            cell, keep_state, device, resume = job
-            outcome = _run(cell, threads, progress, keep_state, device, imports, resume)
+            cell, keep_state, device, resume, asks = job
+            outcome = _run(cell, threads, progress, keep_state, device, imports, resume, asks)
             conn.send(("outcome", outcome))
         except (EOFError, OSError):  # the driver is gone
             return
@@ -235,6 +274,7 @@ class _Worker:
     def __init__(self, threads: int, process: bool, index: int = 0, imports: Sequence[str] = ()):
         self.threads = threads
         self.index = index
+        self.key: str | None = None  # the cell it trains
         self.busy = False
         self.outcome: CellOutcome | None = None
         self.stop = threading.Event()
@@ -267,27 +307,32 @@ class _Worker:
         return self.process.is_alive() if self.process else True
 
     def start(
-        self, cell: Cell, keep_state: bool, device: str | None, resume: ResumePlan | None
+        self,
+        cell: Cell,
+        keep_state: bool,
+        device: str | None,
+        resume: ResumePlan | None,
+        asks: bool = False,
     ) -> None:
-        self.busy, self.outcome = True, None
+        self.busy, self.outcome, self.key = True, None, cell.key
         if self.process:
-            self.conn.send((cell, keep_state, device, resume))
+            self.conn.send((cell, keep_state, device, resume, asks))
         else:
             self.thread = threading.Thread(
                 target=_train_in_thread,
-                args=(self.child, cell, self.threads, keep_state, device, self.stop, resume),
+                args=(self.child, cell, self.threads, keep_state, device, self.stop, resume, asks),
                 name="attn-zoo-cell",
                 daemon=True,  # never joined at exit: a stopped run does not wait for it
             )
             self.thread.start()
 
     def read(self, events: list) -> None:
-        """Take what has come up the pipe: progress into `events`, the outcome into
-        `self.outcome`; a process that died with its cell gives a failed outcome."""
+        """Take what has come up the pipe: progress and questions into `events`, the outcome
+        into `self.outcome`; a process that died with its cell gives a failed outcome."""
         try:
             while self.conn.poll():
                 kind, payload = self.conn.recv()
-                if kind == "progress":
+                if kind in ("progress", "ask"):
                     events.append(payload)
                 else:
                     self.outcome = payload
@@ -342,15 +387,23 @@ def _without_main_script():
 
 
 class _ResumePoints:
-    """What an executor does with the resume checkpoints (`ResumePoint`) that come up its
-    progress channel: keeps them for `resume_points`."""
+    """What an executor does with the resume checkpoints (`ResumePoint`) and questions
+    (`Evaluation`) that come up its progress channel: keeps them for `resume_points` and
+    `questions`."""
 
     points: list[ResumePoint]
+    asked: list[Evaluation]
 
     def _progress_only(self, events: list) -> list:
-        """`events` without its resume checkpoints, which are kept."""
+        """`events` without its resume checkpoints and questions, which are kept."""
         self.points += [event for event in events if isinstance(event, ResumePoint)]
-        return [event for event in events if not isinstance(event, ResumePoint)]
+        self.asked += [event for event in events if isinstance(event, Evaluation)]
+        return [event for event in events if not isinstance(event, ResumePoint | Evaluation)]
+
+    def questions(self) -> list[Evaluation]:
+        """The questions of cells that wait for `answer` (`drain` takes them in)."""
+        asked, self.asked = self.asked, []
+        return asked
 
     def resume_points(self) -> list[ResumePoint]:
         """The resume checkpoints that came up since the last call (`drain` takes them in)."""
@@ -373,16 +426,19 @@ class LocalExecutor(_ResumePoints):
         self.workers: list[_Worker] = []
         self.events: list[tuple[str, int, float]] = []
         self.points: list[ResumePoint] = []
+        self.asked: list[Evaluation] = []
         self.notes: list[str] = []
 
-    def submit(self, cell: Cell, keep_state: bool, resume: ResumePlan | None = None) -> _Worker:
+    def submit(
+        self, cell: Cell, keep_state: bool, resume: ResumePlan | None = None, asks: bool = False
+    ) -> _Worker:
         for worker in list(self.workers):
             if not worker.busy and not worker.alive():  # died idle: start a fresh one
                 self._drop(worker)
         idle = [worker for worker in self.workers if not worker.busy]
         if idle:
             try:
-                idle[0].start(cell, keep_state, self._device(idle[0], cell), resume)
+                idle[0].start(cell, keep_state, self._device(idle[0], cell), resume, asks)
                 return idle[0]
             except OSError:  # it died idle just now
                 self._drop(idle[0])
@@ -390,8 +446,16 @@ class LocalExecutor(_ResumePoints):
         index = min(i for i in range(len(self.workers) + 1) if i not in taken)
         worker = _Worker(self.threads, self.processes, index, self.imports)
         self.workers.append(worker)
-        worker.start(cell, keep_state, self._device(worker, cell), resume)
+        worker.start(cell, keep_state, self._device(worker, cell), resume, asks)
         return worker
+
+    def answer(self, key: str, prune: bool) -> None:
+        """Tell cell `key`, waiting at an evaluation (`questions`), to stop (`prune`) or go
+        on; nothing where its worker is gone."""
+        for worker in self.workers:
+            if worker.busy and worker.key == key:
+                with contextlib.suppress(OSError):
+                    worker.conn.send(prune)
 
     def _device(self, worker: _Worker, cell: Cell) -> str | None:
         """The GPU `worker` trains `cell` on, or None where the cell's own device setting
@@ -553,10 +617,15 @@ class RayExecutor(_ResumePoints):
         self.progress = Queue()
         self.drained = 0.0  # when drain last asked the queue
         self.points: list[ResumePoint] = []
+        self.asked: list[Evaluation] = []
         self.task = ray.remote(run_cell)
         self.in_flight: set = set()
 
-    def submit(self, cell: Cell, keep_state: bool, resume: ResumePlan | None = None):
+    def submit(
+        self, cell: Cell, keep_state: bool, resume: ResumePlan | None = None, asks: bool = False
+    ):
+        if asks:
+            raise ValueError("a cell that asks whether to stop (asks=True) needs executor='local'")
         ref = self.task.options(**self.options).remote(
             cell, self.threads, self.progress, keep_state, None, self.imports,
             **_given(None, resume),

@@ -41,19 +41,21 @@ from dataclasses import dataclass
 from ablations.cell import Cell
 from ablations.labels import terminal_text
 from ablations.steps import duration, is_terminal
-from ablations.store import FINISHED, error_summary
+from ablations.store import error_summary
 from ablations.train import CellOutcome
 
 STYLES = {  # the first word of a printed line -> its style on a terminal
     "done": "green",
     "failed": "bold red",
     "diverged": "yellow",
+    "pruned": "yellow",
     "released": "magenta",
     "skipped": "dim",
     "dropped": "magenta",
     "note:": "cyan",
     "interrupted": "bold",
 }
+COUNTED = ("done", "failed", "diverged")  # a run's counts always have these (ablations.store)
 REDRAW = 0.25  # seconds between redraws of a live display
 LIVE_COLUMNS = 52  # characters of the live table's other columns (bar, step, loss, time)
 
@@ -103,13 +105,15 @@ class Running:
 class Progress:
     """Plain lines: each finished (or skipped, released) cell as it comes back, and every
     `interval` seconds a status line with the cells finished, running, failed and diverged,
-    the ETA, and each running cell's step and loss. `counts` are this run's outcomes."""
+    the ETA, and each running cell's step and loss. `counts` are this run's outcomes (done,
+    failed, diverged; pruned once a cell is). `expect` adds cells to come (a search's next
+    trials)."""
 
     def __init__(self, todo: list[Cell], total: int, slots: int, interval: float, out=sys.stdout):
         self.total, self.already = total, total - len(todo)
         self.slots, self.interval, self.out = slots, interval, out
         self.pending = Counter(cell_kind(cell) for cell in todo)
-        self.counts = dict.fromkeys(FINISHED, 0)
+        self.counts = dict.fromkeys(COUNTED, 0)
         self.running: dict[str, Running] = {}
         self.durations: dict[tuple, list[float]] = {}
         self.last = time.monotonic()
@@ -118,6 +122,11 @@ class Progress:
 
     def print(self, line: str) -> None:
         print(line, file=self.out, flush=True)
+
+    def expect(self, cells: list[Cell]) -> None:
+        """`cells` more to train in this run."""
+        self.total += len(cells)
+        self.pending.update(cell_kind(cell) for cell in cells)
 
     def started(self, key: str, cell: Cell) -> None:
         self.pending[cell_kind(cell)] -= 1
@@ -129,17 +138,17 @@ class Progress:
             self.running[key].step, self.running[key].loss = step, loss
 
     def finished(self, key: str, outcome: CellOutcome) -> None:
-        """A cell recorded as done, failed or diverged: counted and printed."""
+        """A cell recorded as done, failed, diverged or pruned: counted and printed."""
         cell = self.running.pop(key)
         seconds = time.monotonic() - cell.started
         self.durations.setdefault(cell.kind, []).append(seconds)
         status = outcome.status
-        self.counts[status] += 1
+        self.counts[status] = self.counts.get(status, 0) + 1
         metrics = outcome.metrics or {}
         if status == "done":
             what = f"test_acc {metrics['test_acc']:.3f} in {metrics['steps']} steps"
-        elif status == "diverged":
-            what = f"at step {metrics['diverged_at']}"
+        elif status in ("diverged", "pruned"):
+            what = f"at step {metrics[f'{status}_at']}"
         else:
             what = error_summary(outcome.error)
         self.print(f"{status:8s} {cell.label}: {what} ({duration(seconds)})")

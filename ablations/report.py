@@ -146,6 +146,7 @@ FIELDS = {  # tidy column of a cell: its column in the store's frame (ResultsSto
     "params": "metrics.params",
     "step_ms": "metrics.step_ms",
     "diverged_at": "metrics.diverged_at",
+    "pruned_at": "metrics.pruned_at",
     "error": "error",
 }
 
@@ -316,9 +317,8 @@ def _outcomes(cells: pd.DataFrame) -> str:
     parts = []
     for status, group in cells[cells.status != "done"].groupby("status", sort=False):
         text = f"{len(group)} {UNFINISHED.get(status, status)}"
-        steps = (
-            [f"{step:.0f}" for step in group.diverged_at.dropna()] if status == "diverged" else []
-        )
+        at = {"diverged": group.diverged_at, "pruned": group.pruned_at}.get(status)
+        steps = [] if at is None else [f"{step:.0f}" for step in at.dropna()]
         if steps:
             text += f" (at step{'s' * (len(steps) > 1)} {', '.join(steps)})"
         parts.append(text)
@@ -345,6 +345,8 @@ def _detail(cell: pd.Series) -> str:
     if cell.status == "diverged":
         step = cell.diverged_at
         return "loss diverged" if pd.isna(step) else f"loss diverged at step {step:.0f}"
+    if cell.status == "pruned":
+        return f"pruned at step {cell.pruned_at:.0f} by the search's pruner (a final outcome)"
     if cell.status == "todo":
         return "not run: a cell of the grid that the store does not hold"
     return "unfinished: still running, or its run was interrupted"
@@ -633,8 +635,9 @@ def _page(
     tables, and the note."""
     grids = sorted(set(frame.get("grid", [])))
     counts = cells.status.value_counts()
-    shown = ("done", "failed", "diverged", "running") + (("todo",) if counts.get("todo") else ())
-    statuses = ", ".join(f"{counts.get(s, 0)} {s}" for s in shown)  # todo: the grid's, not run
+    shown = ("done", "failed", "diverged", "running")  # pruned: a search's; todo: not run
+    shown += tuple(s for s in ("pruned", "todo") if counts.get(s))
+    statuses = ", ".join(f"{counts.get(s, 0)} {s}" for s in shown)
     source = provenance["source"]
     if source.endswith(".csv"):
         with_curves = " and the curves.csv beside it" if provenance["curves"] else ""

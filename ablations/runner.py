@@ -17,6 +17,11 @@ trains only the cells that never finished. A full disk, a file-size limit or a d
 stops the run in one line (`RunStopped`), the cells in flight released. What it shows meanwhile:
 ablations.progress (a live view on a terminal, plain lines elsewhere).
 
+`run_grid` hands its cells to `drive`, the driver loop itself, in one batch; a search
+(ablations.search) hands it one round of trials after another on one executor, and answers the
+questions of cells that ask whether to stop at an evaluation (its pruner): such a cell is
+recorded as `pruned`, a final outcome.
+
 Stopping: while cells train, SIGINT (Ctrl-C) or SIGTERM stops the run within seconds: the
 workers are ended (processes terminated, the training thread stopped at its next module call,
 Ray tasks cancelled), the cells in flight are released for the next run, a one-line summary is
@@ -40,16 +45,17 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ablations.cell import Cell, training_settings
 from ablations.devices import default_local_workers
-from ablations.executors import make_executor
-from ablations.progress import Progress, cell_label, make_progress
+from ablations.executors import Evaluation, make_executor
+from ablations.progress import COUNTED, Progress, cell_label, make_progress
 from ablations.resume import ResumePlan
 from ablations.spec import GridSpec, SpecError
 from ablations.status import grid_status
-from ablations.store import FINISHED, ClaimError, ResultsStore, StoreError, config_key
+from ablations.store import ClaimError, ResultsStore, StoreError, config_key
 from ablations.tasks.registry import TASKS
 from ablations.tracking import TrackingPlan, check_backends, open_trackers
 from ablations.train import LOST, CellOutcome, smoke_test
@@ -110,7 +116,7 @@ def check_cells(spec: GridSpec) -> None:
 def cells_to_train(spec: GridSpec, retry_failed: bool = False) -> list[Cell]:
     """The cells of `spec` a run trains, in grid order: those whose status (`grid_status`, as
     `ablate status` shows it) is todo, stale or running (claiming one decides whether its run is
-    still alive), and failed ones with `retry_failed`; done and diverged cells never."""
+    still alive), and failed ones with `retry_failed`; done, diverged and pruned cells never."""
     wanted = {"todo", "stale", "running"} | ({"failed"} if retry_failed else set())
     frame = grid_status(spec)
     status = dict(zip(frame["key"], frame["status"], strict=True))
@@ -168,22 +174,61 @@ def run_grid(
     recorded cell is then copied to (default: the grid's [tracking]; ablations.tracking)."""
     if spec.search is not None:
         raise SpecError(f"{spec.path}: a grid with [search] runs with ablations.search.run_search")
-    cells = spec.cells
     tracking = spec.tracking if tracking is None else tracking
     check_backends(tracking)  # a missing package: TrackingError before anything runs
     check_cells(spec)
+    todo = cells_to_train(spec, retry_failed)
+    batches = [todo]  # one batch: every cell to train
+
+    def feed(say: Callable[[str], None]) -> list[Cell]:
+        if batches:
+            say(f"grid {spec.name!r}: {len(spec.cells)} cells, {len(spec.cells) - len(todo)} "
+                f"already finished, {len(todo)} to run; store {spec.store}")  # fmt: skip
+        return batches.pop() if batches else []
+
+    run = dict(executor=executor, workers=workers, address=address, retry_failed=retry_failed)
+    return drive(spec, feed, spec.cells, len(spec.cells) - len(todo), interval, out, tracking,
+                 **run)  # fmt: skip
+
+
+Feed = Callable[[Callable[[str], None]], list[Cell]]  # drive's source of cells: see drive
+Judge = Callable[[Evaluation], bool]  # whether a cell that asks stops there (pruned)
+
+
+def drive(
+    spec: GridSpec,
+    feed: Feed,
+    named: list[Cell],
+    finished: int,
+    interval: float,
+    out,
+    tracking: TrackingPlan,
+    executor: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    retry_failed: bool = False,
+    judge: Judge | None = None,
+) -> dict[str, int]:
+    """Train and record the cells `feed(say)` returns, batch after batch, until it returns
+    none: it is called when nothing is training (first before any worker starts: none then, no
+    worker), `say` printing a line where the progress display allows; one store, executor,
+    set of trackers and progress display for the whole run. `named`: cells whose names
+    workers must import (`_check_importable`); `finished`: cells of the grid finished before
+    the run (the progress counts them). With `judge`, each cell asks at its evaluations
+    whether to stop (`Evaluation`, ablations.executors) and stops as `pruned` where `judge`
+    says so. The counts of this run's outcomes by status (with pruned where there is a
+    judge)."""
     store = ResultsStore(spec.store)
     store.remove_dead_partials()
-    todo = cells_to_train(spec, retry_failed)
-    print(
-        f"grid {spec.name!r}: {len(cells)} cells, {len(cells) - len(todo)} already finished, "
-        f"{len(todo)} to run; store {spec.store}",
-        file=out,
-        flush=True,
-    )
+
+    def say(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    todo = feed(say)
+    counted = dict.fromkeys(COUNTED + (("pruned",) if judge else ()), 0)
     if not todo:
         store.close()
-        return dict.fromkeys(FINISHED, 0)
+        return counted
     try:
         trackers = open_trackers(tracking, spec.name, spec.store)
     except BaseException:
@@ -193,15 +238,17 @@ def run_grid(
     stop = _StopSignals()  # before ray.init, which sets its own SIGTERM handler
     device = training_settings(spec.training)["device"]  # where the local workers go
     if executor == "ray" or (workers or default_local_workers(device)) > 1:
-        _check_importable(spec)  # before any worker starts
+        _check_importable(spec, named)  # before any worker starts
     pool = make_executor(executor, workers, address, spec.resources, device, spec.imports)
     stop.install(pool)
     try:
-        progress = make_progress(todo, len(cells), pool.slots, interval, out)
+        progress = make_progress([], finished, pool.slots, interval, out)
     except BaseException:
         stop.restore()
         pool.close()
         raise
+    progress.counts.update(counted)  # pruned, where cells may be
+    progress.expect(todo)
     stop.progress = progress
     fault: Exception | None = None  # what stopped the run, when its store or disk failed
     running: dict[object, Cell] = {}  # executor handle -> its cell
@@ -209,7 +256,12 @@ def run_grid(
     released = 0  # claims given back unfinished
     beat = time.monotonic()
     try:
-        while (todo or running) and stop.signum is None:
+        while stop.signum is None:
+            if not todo and not running:
+                todo = feed(progress.print)
+                if not todo:
+                    break
+                progress.expect(todo)
             while todo and len(running) < pool.slots and stop.signum is None:
                 cell = todo.pop(0)
                 if store.claim(cell.config(), retry_failed=retry_failed) is None:
@@ -217,7 +269,8 @@ def run_grid(
                     continue
                 claimed.add(cell.key)
                 plan = resume_plan(spec, store, cell.key, progress)
-                running[pool.submit(cell, spec.checkpoints, plan)] = cell
+                asks = judge is not None  # its evaluations wait for the judge
+                running[pool.submit(cell, spec.checkpoints, plan, asks=asks)] = cell
                 progress.started(cell.key, cell)
             for handle, outcome in pool.wait(list(running), timeout=1.0):
                 cell = running.pop(handle)
@@ -249,6 +302,8 @@ def run_grid(
                 beat = time.monotonic()
             for key, step, loss in pool.drain():
                 progress.step(key, step, loss)
+            for question in pool.questions():  # cells waiting at an evaluation
+                pool.answer(question.key, judge(question))
             for point in pool.resume_points():  # written only while this run holds the claim
                 store.save_resume(point.key, point.data)
             _print_notes(pool, progress)
@@ -304,12 +359,12 @@ def run_grid(
     return progress.counts
 
 
-def _check_importable(spec: GridSpec) -> None:
+def _check_importable(spec: GridSpec, cells: list[Cell]) -> None:
     """SpecError when a name of the grid (a mechanism, task, symbol retriever or positional
     encoding) is defined in the script that runs it (module __main__): other worker processes
     cannot import a script, so they would fail every cell with an unknown name."""
     names = set()
-    for cell in spec.cells:
+    for cell in cells:
         names |= {("mechanism", MECHANISMS, cell.mechanism_name), ("task", TASKS, cell.task_name)}
         for options in (cell.size, cell.mechanism_kwargs):
             if isinstance(options.get("symbol_retrieval"), str):

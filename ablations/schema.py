@@ -328,13 +328,20 @@ class Tracking(Table):
 
 SAMPLERS = ("tpe", "random")
 DIRECTIONS = ("maximize", "minimize")
+PRUNERS = ("none", "median", "successive_halving")
+PRUNER_KEYS = {  # the [search] keys that set each pruner (Optuna's MedianPruner, ...)
+    "median": ("warmup_steps", "prune_after_trials"),
+    "successive_halving": ("min_resource", "reduction_factor"),
+}
 
 
 class Search(Table):
     """[search]: instead of the product of swept values, `trials` settings of the keys of
     `space` per (task, size, mechanism, other swept values), chosen one after another by an
-    Optuna `sampler` on the validation `metric` of the trials before, all on `seed`
-    (ablations.search; each distribution of `space` is checked by `load_grid`)."""
+    Optuna `sampler` on the validation `metric` of the trials before, all on `seed`, a
+    `pruner` stopping a trial early on its validation curve (ablations.search; each
+    distribution of `space`, and that the pruner keys set belong to `pruner`, is checked by
+    `load_grid`)."""
 
     trials: whole(1, "int >= 1 (settings tried per task, size, mechanism)")
     space: Annotated[
@@ -352,6 +359,20 @@ class Search(Table):
     startup_trials: whole(1, "int >= 1 (random trials before TPE models the others)") | None = (
         None  # default: a quarter of the trials, at least 2 and at most 10
     )
+    pruner: choice(PRUNERS) = "none"  # stops a trial early on its validation curve
+    # median: a trial stops at an evaluation where its metric is worse than the median of the
+    # completed trials' at that step, from `warmup_steps` on (default 0), once
+    # `prune_after_trials` trials completed (default: startup_trials)
+    warmup_steps: whole(0, "int >= 0 (median: no trial is pruned before this step)") | None = None
+    prune_after_trials: (
+        whole(0, "int >= 0 (median: trials completed before any is pruned)") | None
+    ) = None
+    # successive_halving: rungs at min_resource x reduction_factor**k steps (default: the first
+    # evaluation, and 4), where a trial goes on only in the best 1/reduction_factor so far
+    min_resource: whole(1, "int >= 1 (successive_halving: steps of the first rung)") | None = None
+    reduction_factor: (
+        whole(2, "int >= 2 (successive_halving: 1 in this many trials goes on at a rung)") | None
+    ) = None
 
 
 class GridFile(Table):

@@ -5,6 +5,7 @@
     trials = 8                                  # settings tried per (task, size, mechanism)
     space."training.lr" = { low = 1e-4, high = 3e-2, log = true }
     metric = "val_acc"                          # or "val_loss" (minimized)
+    pruner = "median"                           # or "successive_halving"; default "none"
 
     spec = load_grid("grid.toml")
     run_search(spec, workers=1)                 # `attn-zoo ablate run grid.toml`
@@ -18,18 +19,26 @@ is not trained again. So resume, concurrent runs, `ablate status`, reports and t
 [selection] read a searched grid as they read a swept one (`trial_spec`).
 
 The store is the search's only record. Before each round of a group, its Optuna study is
-rebuilt from the group's finished trial cells (`trials_of`: each a completed trial valued by
-its `metric`, or a failed one where it is not done or its metric is not finite) and the sampler
-is seeded from the search's seed, the group and the number of trials stored: the next
-trials are a function of the store alone, so an interrupted search resumed proposes what an
-uninterrupted one would have (`next_trials`). A round asks for up to `workers` new settings
-(one by default, so that each trial is chosen knowing every trial before it), trains them with
-`run_grid` and stores them; a group is done when it holds `trials` trial cells (finished or
-training in another live run). Float values are rounded to 4 significant digits (readable
-labels; a repeat is the same cell).
+rebuilt from the group's finished trial cells (`trials_of`, `study_of`: each told in the order
+they started, its stored curve reported as intermediate values, then completed with its
+`metric`, pruned, or failed where it is not done or its metric is not finite) and the sampler
+is seeded from the search's seed, the group and the number of trials stored: the next trials,
+and with `workers=1` the pruner's decisions, are a function of the store alone, so an
+interrupted search resumed proposes and prunes what an uninterrupted one would have. A round
+asks for up to `workers` new settings (one by default, so that each trial is chosen knowing
+every trial before it) and trains them; a group is done when it holds `trials` trial cells
+(finished or training in another live run). Float values are rounded to 4 significant digits
+(readable labels; a repeat is the same cell). The whole search runs on one executor
+(ablations.runner.drive), after one smoke test per model of its groups at the searched keys'
+first values (ablations.spec.search_probe).
 
-Not done: pruning (stopping a trial early on its validation curve): every trial trains its
-full length.
+Pruning (`pruner`, local executor only): a trial's cell asks at each evaluation after which it
+would train on whether to stop (its step and validation metric: trial.report, then
+trial.should_prune on Optuna's MedianPruner or SuccessiveHalvingPruner); a pruned trial stops
+there and is stored `pruned`, with its curve so far and `pruned_at`: a final outcome, never
+trained again nor selected. A trial that fails (a searched value the model refuses, e.g.
+n_heads that does not divide d_model) is stored `failed` with its error and told to Optuna as
+failed; the search goes on.
 """
 
 from __future__ import annotations
@@ -41,10 +50,12 @@ import sys
 from dataclasses import replace
 from importlib.util import find_spec
 
-from ablations.cell import Cell
-from ablations.runner import run_grid
-from ablations.spec import Dimension, GridSpec, SearchGroup, SpecError, trial_cell
+from ablations.cell import Cell, training_settings
+from ablations.executors import Evaluation
+from ablations.runner import check_cells, drive
+from ablations.spec import Dimension, GridSpec, SearchGroup, SpecError, search_probe, trial_cell
 from ablations.store import FINISHED, ResultsStore, claim_is_stale
+from ablations.tracking import TrackingPlan, check_backends
 
 MAX_ASKS = 100  # proposals of settings already tried, per round, before a group gives up
 
@@ -130,9 +141,62 @@ def _sampler_seed(spec: GridSpec, group: SearchGroup, told: int) -> int:
     return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
 
 
+def _pruner(spec: GridSpec, group: SearchGroup):
+    """The Optuna pruner of `group`'s study, as the search's [search] sets it."""
+    import optuna
+
+    plan, table = spec.search, spec.search.table
+    if table.pruner == "median":
+        after = table.prune_after_trials
+        return optuna.pruners.MedianPruner(
+            n_startup_trials=plan.startup_trials if after is None else after,
+            n_warmup_steps=table.warmup_steps or 0,
+        )
+    if table.pruner == "successive_halving":
+        first = training_settings(trial_cell(spec, group, {}).training)["eval_every"]
+        return optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=table.min_resource or first, reduction_factor=table.reduction_factor or 4
+        )
+    return optuna.pruners.NopPruner()
+
+
+def _value(spec: GridSpec, val_loss: float, val_metric: float) -> float:
+    """The search metric of an evaluation (a curve point's or a cell's question)."""
+    return val_metric if spec.search.table.metric == "val_acc" else val_loss
+
+
+def _tell(spec: GridSpec, study, trial, row: dict) -> None:
+    """Tell `study` that `trial` (asked at a stored trial's setting) ended as `row` did: each
+    point of its curve reported (the pruner asked at each point where the cell asked, so that
+    successive halving keeps its rungs), then completed with its metric, pruned, or failed
+    (not done, or a metric that is not finite)."""
+    import optuna
+
+    curve = row.get("curve") or []
+    asked = len(curve) - (row["status"] == "done")  # a done cell did not ask at its last
+    for i, (step, _, val_loss, val_metric) in enumerate(curve):
+        trial.report(_value(spec, val_loss, val_metric), step)
+        if i < asked:
+            trial.should_prune()
+    value = _metric(spec, row)
+    if row["status"] == "pruned":
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    elif value is None:
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    else:
+        study.tell(trial, value)
+
+
+def _asked_at(study, spec: GridSpec, cell: Cell):
+    """A new trial of `study` at `cell`'s searched values (not sampled)."""
+    study.enqueue_trial({d.key: cell.setting(d.key) for d in spec.search.space})
+    return study.ask({d.key: _distribution(d) for d in spec.search.space})
+
+
 def study_of(spec: GridSpec, group: SearchGroup, trials: list[tuple[Cell, dict]]):
     """The Optuna study of `group` rebuilt from its stored `trials` (`trials_of`): the finished
-    ones told (completed with their metric, or failed), the sampler seeded by `_sampler_seed`."""
+    ones told in the order they started (`_tell`), with the group's pruner (`_pruner`) and
+    the sampler seeded by `_sampler_seed`."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -143,33 +207,23 @@ def study_of(spec: GridSpec, group: SearchGroup, trials: list[tuple[Cell, dict]]
         sampler = optuna.samplers.RandomSampler(seed=seed)
     else:
         sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=plan.startup_trials)
-    study = optuna.create_study(direction=plan.direction, sampler=sampler)
-    distributions = {d.key: _distribution(d) for d in plan.space}
+    study = optuna.create_study(
+        direction=plan.direction, sampler=sampler, pruner=_pruner(spec, group)
+    )
     for cell, row in finished:
-        value = _metric(spec, row)
-        state = optuna.trial.TrialState.FAIL if value is None else optuna.trial.TrialState.COMPLETE
-        study.add_trial(
-            optuna.trial.create_trial(
-                params={d.key: cell.setting(d.key) for d in plan.space},
-                distributions=distributions,
-                value=value,
-                state=state,
-            )
-        )
+        _tell(spec, study, _asked_at(study, spec, cell), row)
     return study
 
 
 def next_trials(
-    spec: GridSpec, group: SearchGroup, trials: list[tuple[Cell, dict]], count: int
-) -> list[Cell]:
-    """Up to `count` new trial cells of `group` (none stored), asked of the study rebuilt from
-    its stored `trials`; fewer where the sampler keeps proposing settings already tried."""
-    import optuna
-
-    study = study_of(spec, group, trials)
+    spec: GridSpec, study, trials: list[tuple[Cell, dict]], group: SearchGroup, count: int
+) -> list[tuple[Cell, object]]:
+    """Up to `count` new trial cells of `group` (none stored), each with its Optuna trial,
+    asked of `study` (`study_of` its stored `trials`); fewer where the sampler keeps proposing
+    settings already tried."""
     distributions = {d.key: _distribution(d) for d in spec.search.space}
     taken = {cell.key: row for cell, row in trials}
-    new: dict[str, Cell] = {}
+    new: dict[str, tuple[Cell, object]] = {}
     for _ in range(MAX_ASKS):
         if len(new) == count:
             break
@@ -177,13 +231,9 @@ def next_trials(
         values = {d.key: _rounded(trial.params[d.key], d) for d in spec.search.space}
         cell = trial_cell(spec, group, values)
         if cell.key in taken or cell.key in new:  # tried: told again, so the sampler moves on
-            value = _metric(spec, taken[cell.key]) if cell.key in taken else None
-            if value is None:
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            else:
-                study.tell(trial, value)
+            _tell(spec, study, trial, taken.get(cell.key, {"status": "running"}))
             continue
-        new[cell.key] = cell  # left running in the study: the sampler avoids it (its liar)
+        new[cell.key] = (cell, trial)  # left running in the study until the cell ends
     return list(new.values())
 
 
@@ -193,56 +243,107 @@ def group_name(group: SearchGroup) -> str:
     return " / ".join([*parts, *(f"{k}={v}" for k, v in group.values.items())])
 
 
+class _Rounds:
+    """A search's rounds as `drive` takes them: `feed` gives the next round's trial cells
+    (group by group), `judge` answers their questions with each one's Optuna trial
+    (trial.report, trial.should_prune)."""
+
+    def __init__(self, spec: GridSpec, slots: int, retry_failed: bool):
+        self.spec, self.slots, self.retry_failed = spec, slots, retry_failed
+        self.groups = list(spec.search.groups)
+        self.retried: set[str] = set()  # of the group in hand: trained again once at most
+        self.live: dict[str, object] = {}  # cell key -> its trial, this round
+
+    def feed(self, say) -> list[Cell]:
+        """The next round's cells (none once every group holds its trials), its lines said."""
+        while self.groups:
+            cells = self._round(self.groups[0], say)
+            if cells:
+                return cells
+            self.groups.pop(0)
+            self.retried = set()
+        return []
+
+    def _round(self, group: SearchGroup, say) -> list[Cell]:
+        """Up to `slots` cells of `group`: its stale trials (their run died) and, with
+        `retry_failed`, its failed ones, each once, then new trials while it holds fewer than
+        `trials`."""
+        plan = self.spec.search
+        trials = trials_of(self.spec, group, _stored_rows(self.spec))
+        redo = []
+        for cell, row in trials:
+            stale = row["status"] == "running" and claim_is_stale(
+                row.get("owner"), row.get("heartbeat")
+            )
+            failed = self.retry_failed and row["status"] == "failed"
+            if (stale or failed) and cell.key not in self.retried:
+                redo.append(cell)
+        redo = redo[: self.slots]
+        wanted = min(self.slots - len(redo), plan.table.trials - len(trials))
+        study = study_of(self.spec, group, trials)
+        chosen = [(cell, _asked_at(study, self.spec, cell)) for cell in redo]
+        if wanted > 0:
+            chosen += next_trials(self.spec, study, trials, group, wanted)
+        if not chosen and len(trials) < plan.table.trials:
+            say(f"search {group_name(group)}: {len(trials)} of {plan.table.trials} trials; the "
+                f"sampler proposed only settings already tried {MAX_ASKS} times, so the group "
+                "stops here")  # fmt: skip
+        self.retried.update(cell.key for cell in redo)
+        self.live = {cell.key: trial for cell, trial in chosen}
+        for i, (cell, _) in enumerate(chosen):
+            setting = ", ".join(f"{d.key}={cell.setting(d.key)}" for d in plan.space)
+            which = "again" if cell in redo else f"{len(trials) + i + 1 - len(redo)}"
+            say(f"search {group_name(group)}: trial {which} of {plan.table.trials}: {setting}")
+        return [cell for cell, _ in chosen]
+
+    def judge(self, question: Evaluation) -> bool:
+        """Whether the trial of the cell asking (`question`) is pruned at its evaluation."""
+        trial = self.live[question.key]
+        trial.report(_value(self.spec, question.val_loss, question.val_metric), question.step)
+        return trial.should_prune()
+
+
 def run_search(
-    spec: GridSpec, workers: int | None = None, retry_failed: bool = False, out=sys.stdout, **run
+    spec: GridSpec,
+    workers: int | None = None,
+    retry_failed: bool = False,
+    out=sys.stdout,
+    executor: str = "local",
+    address: str | None = None,
+    interval: float = 10.0,
+    tracking: TrackingPlan | None = None,
 ) -> dict[str, int]:
     """Run the search of `spec` (its [search]) until every group holds its `trials` trial
-    cells: rounds of up to `workers` (default 1) new trials, each trained and stored by
-    `run_grid` (`run`: its other arguments, e.g. executor, interval); stale trials (their run
-    died) are trained again, failed ones with `retry_failed` (once). The counts of this run's
-    outcomes by status."""
+    cells: rounds of up to `workers` (default 1) new trials on one executor for the whole
+    search (ablations.runner.drive; `executor`, `address`, `interval`, `tracking` as for
+    ablations.runner.run_grid), after one smoke test per model of its groups; stale trials
+    (their run died) are trained again, failed ones with `retry_failed` (once). A trial that
+    fails (a searched value the model refuses) is stored failed and the search goes on; with a
+    pruner, a trial stopped at an evaluation is stored pruned. The counts of this run's
+    outcomes by status (with pruned where the search prunes)."""
     if find_spec("optuna") is None:  # before any cell
         raise SpecError(f"{spec.path}: [search] needs optuna: pip install 'attn_zoo[search]'")
     plan = spec.search
+    if plan.table.pruner != "none" and executor != "local":
+        raise SpecError(
+            f"{spec.path}: search.pruner = {plan.table.pruner!r} needs executor 'local' (a "
+            f"cell on {executor!r} cannot wait at an evaluation for the pruner's answer)"
+        )
+    tracking = spec.tracking if tracking is None else tracking
+    check_backends(tracking)  # a missing package: TrackingError before anything runs
+    probes = [trial_cell(spec, group, search_probe(plan)) for group in plan.groups]
+    check_cells(replace(spec, cells=probes))  # one smoke test per model, not per round
+    rows = _stored_rows(spec)
+    stored = [row for group in plan.groups for _, row in trials_of(spec, group, rows)]
+    finished = sum(row["status"] in FINISHED for row in stored)
     slots = workers or 1
-    counts = dict.fromkeys(FINISHED, 0)
-    for group in plan.groups:
-        retried: set[str] = set()
-        while True:
-            trials = trials_of(spec, group, _stored_rows(spec))
-            redo = []
-            for cell, row in trials:
-                stale = row["status"] == "running" and claim_is_stale(
-                    row.get("owner"), row.get("heartbeat")
-                )
-                failed = retry_failed and row["status"] == "failed"
-                if (stale or failed) and cell.key not in retried:
-                    redo.append(cell)
-            redo = redo[:slots]
-            wanted = min(slots - len(redo), plan.table.trials - len(trials))
-            cells = redo + (next_trials(spec, group, trials, wanted) if wanted > 0 else [])
-            if not cells:
-                if len(trials) < plan.table.trials:
-                    print(
-                        f"search {group_name(group)}: {len(trials)} of {plan.table.trials} "
-                        f"trials; the sampler proposed only settings already tried "
-                        f"{MAX_ASKS} times, so the group stops here",
-                        file=out,
-                    )
-                break
-            retried.update(cell.key for cell in redo)
-            for i, cell in enumerate(cells):
-                setting = ", ".join(f"{d.key}={cell.setting(d.key)}" for d in plan.space)
-                which = "again" if cell in redo else f"{len(trials) + i + 1 - len(redo)}"
-                print(f"search {group_name(group)}: trial {which} of {plan.table.trials}: "
-                      f"{setting}", file=out, flush=True)  # fmt: skip
-            done = run_grid(
-                replace(spec, cells=cells, search=None), workers=min(slots, len(cells)),
-                retry_failed=retry_failed, out=out, **run,
-            )  # fmt: skip
-            for status, n in done.items():
-                counts[status] += n
-    return counts
+    rounds = _Rounds(spec, slots, retry_failed)
+    judge = rounds.judge if plan.table.pruner != "none" else None
+    return drive(
+        replace(spec, search=None), rounds.feed, probes, finished, interval, out, tracking,
+        executor=executor, workers=slots, address=address, retry_failed=retry_failed,
+        judge=judge,
+    )  # fmt: skip
 
 
 def trial_spec(spec: GridSpec) -> GridSpec:
@@ -271,8 +372,9 @@ def _target(spec: GridSpec, group: SearchGroup, key: str) -> str:
 
 
 def best_trials(spec: GridSpec) -> list[dict]:
-    """Per group of the search: its name, the number of trials stored and done, and its best
-    trial (`cell`, `value` of the metric; None where no trial is done with a finite metric)."""
+    """Per group of the search: its name, the number of trials stored, done and pruned, and its
+    best trial (`cell`, `value` of the metric; None where no trial is done with a finite
+    metric)."""
     rows = _stored_rows(spec)
     sign = 1 if spec.search.direction == "maximize" else -1
     best = []
@@ -281,8 +383,9 @@ def best_trials(spec: GridSpec) -> list[dict]:
         scored = [(_metric(spec, row), cell) for cell, row in trials]
         scored = [(value, cell) for value, cell in scored if value is not None]
         value, cell = max(scored, key=lambda pair: sign * pair[0], default=(None, None))
+        pruned = sum(row["status"] == "pruned" for _, row in trials)
         best.append({"group": group, "trials": len(trials), "done": len(scored),
-                     "cell": cell, "value": value})  # fmt: skip
+                     "pruned": pruned, "cell": cell, "value": value})  # fmt: skip
     return best
 
 
@@ -298,6 +401,7 @@ def best_text(spec: GridSpec) -> str:
     for found in best_trials(spec):
         group, cell = found["group"], found["cell"]
         tally = f"{found['trials']} trials, {found['done']} done"
+        tally += f", {found['pruned']} pruned" if found["pruned"] else ""
         if cell is None:
             lines.append(f"# {group_name(group)}: no trial done yet ({tally})")
             continue

@@ -11,8 +11,9 @@ that any store can be read, one written before sweeps existed included:
 - `select(cells, over, metric, reported)`: per task, size, mechanism and the other axes, the
   setting of the axes `over` whose cells have the best mean `metric` over seeds (the highest
   accuracy, the lowest loss), among the eligible settings: every seed of the group run, done,
-  with a finite `metric` (a NaN result is never chosen); each other setting excluded with why
-  (`setting_problems`: "training.lr=1e+30: 1 of 3 seeds diverged"); at the chosen setting, the
+  with a finite `metric` (a NaN result is never chosen, nor a search's pruned trial); each
+  other setting excluded with why (`setting_problems`: "training.lr=1e+30: 1 of 3 seeds
+  diverged", "training.lr=1e-07: 1 of 1 seeds pruned at step 40"); at the chosen setting, the
   `reported` metric: mean and 95% confidence interval over seeds (Student's t, n - 1 degrees
   of freedom).
 - `paired(cells, selected, a, b, reported, margin)`: mechanism a minus mechanism b, each at
@@ -241,19 +242,24 @@ def select(
 
 
 UNFINISHED = {
-    "diverged": "diverged", "failed": "failed", "running": "unfinished", "todo": "not run",
+    "diverged": "diverged", "failed": "failed", "pruned": "pruned", "running": "unfinished",
+    "todo": "not run",
 }  # fmt: skip
 
 
 def setting_problems(runs: pd.DataFrame, seeds: set, metrics: list[str]) -> str:
     """Why the cells `runs` of one setting are not eligible for selection, or '' where they
     are: of the group's `seeds`, how many have no cell at the setting ("not run"), are not done
-    (diverged, failed, unfinished) or are done with a metric of `metrics` NaN or infinite, e.g.
-    "1 of 3 seeds diverged, 1 of 3 seeds not run"."""
+    (diverged, failed, pruned by a search: at its `pruned_at` steps where `runs` has them,
+    unfinished) or are done with a metric of `metrics` NaN or infinite, e.g. "1 of 3 seeds
+    diverged, 1 of 3 seeds not run", "1 of 1 seeds pruned at step 40"."""
     counts = {"not run": len(seeds - set(runs.seed))}
     for status, count in runs.status.value_counts(sort=False).items():
         if status != "done":
             what = UNFINISHED.get(status, str(status))
+            if status == "pruned" and "pruned_at" in runs:
+                steps = sorted({int(s) for s in runs.pruned_at[runs.status == status].dropna()})
+                what += f" at step{'s' * (len(steps) > 1)} {', '.join(map(str, steps))}"
             counts[what] = counts.get(what, 0) + count
     done = runs[runs.status == "done"]
     for name in metrics:

@@ -59,6 +59,8 @@ cells once (`GridSpec.cells`, ablations.cell).
     sampler = "tpe"                             # or "random"; seeded by `seed`
     metric = "val_acc"                          # or "val_loss"; direction: maximize for an
     seed = 0                                    # accuracy, minimize a loss; default: seeds[0]
+    pruner = "median"                           # or "successive_halving"; default "none"
+    warmup_steps = 100                          # median: none pruned before (default 0)
 
 A cell is one (task, size, mechanism, swept values, seed) with everything resolved; `--set
 key=value` overrides (dotted keys, list entries indexed, TOML values: ``--set
@@ -161,6 +163,8 @@ from ablations.plugins import import_plugins, resolve
 from ablations.references import REFERENCES
 from ablations.resume import RESUME_DEFAULTS
 from ablations.schema import (
+    PRUNER_KEYS,
+    PRUNERS,
     SECTIONS,
     SEED_RANGE,
     GridFile,
@@ -272,6 +276,12 @@ class SearchPlan:
 def trial_cell(spec: GridSpec, group: SearchGroup, values: dict) -> Cell:
     """The cell of search `group` of `spec` with the searched keys at `values`."""
     return _cell(spec.path, spec.name, group.base, {**group.values, **values}, group.seed)
+
+
+def search_probe(plan: SearchPlan) -> dict:
+    """The searched values a search's groups are checked at (built by `load_grid`,
+    smoke-tested by ablations.search.run_search): each key's first choice, or its low end."""
+    return {d.key: d.choices[0] if d.choices else d.low for d in plan.space}
 
 
 def _base(file: GridFile, task: TaskEntry, size: SizeEntry, mech: MechanismEntry) -> Base:
@@ -863,6 +873,14 @@ def _check_search(
         for base in _bases(grid)
         for values in _assignments(base.sweep)
     )
+    for pruner, keys in PRUNER_KEYS.items():
+        for key in keys:
+            value = getattr(search, key)
+            if value is not None and search.pruner != pruner:
+                raise SpecError(
+                    f"{path}: search.{key} = {value!r} sets pruner = {pruner!r}, but "
+                    f"search.pruner = {search.pruner!r}; valid: {', '.join(PRUNERS)}"
+                )
     direction = search.direction or ("maximize" if search.metric == "val_acc" else "minimize")
     startup = search.startup_trials or min(10, max(2, trials // 4))
     return SearchPlan(search, tuple(space), direction, seed, startup, groups)
@@ -923,8 +941,7 @@ def load_grid(
     cells, unmatched = _expand(path, grid, exclude, include)
     checked = cells
     if search is not None:  # no cells: the trials are chosen as the search runs
-        probe = {d.key: d.choices[0] if d.choices else d.low for d in search.space}
-        checked = [_cell(path, grid.name, g.base, {**g.values, **probe}, g.seed)
+        checked = [_cell(path, grid.name, g.base, {**g.values, **search_probe(search)}, g.seed)
                    for g in search.groups]  # fmt: skip
         cells = []
     elif not cells:

@@ -5,8 +5,9 @@
 
 Statuses: todo, running (claimed by a live run), stale (claimed by a run that ended without giving
 it back, e.g. killed, or stopped by a full disk that left no room to release it: the next run
-trains it again), done, failed, diverged. The store is opened read-only and never created; a
-store that does not exist yet means every cell is todo.
+trains it again), done, failed, diverged, pruned (a search's trial its pruner stopped: final, not
+done). The store is opened read-only and never created; a store that does not exist yet means
+every cell is todo.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ Runs share a store through claims: `claim` marks a cell `running` with the run's
 other live run holds it and it is not finished. Only the owner can `finish` or `release` its
 claim; `heartbeat` keeps it fresh. A claim is stale (and can be taken over) when its heartbeat
 is older than the lease, or when its owner was a process of this host that is no longer alive.
-A done or diverged row is never overwritten; a failed one only by a claim with `retry_failed`.
+A done, diverged or pruned row is never overwritten; a failed one only by a claim with
+`retry_failed`.
 
     store = ResultsStore("grid.sqlite")
     key = store.claim(config, owner)           # None: finished, or held by a live run
@@ -26,7 +27,9 @@ folder is read-only. As tables (pandas):
     curves = store.curves()        # a row per cell and evaluated step: key, step, train_loss,
                                    # val_loss, val_metric
 
-Statuses: running, done, failed (with its traceback), diverged (NaN/inf loss, at its step).
+Statuses: running, done, failed (with its traceback), diverged (NaN/inf loss, at its step),
+pruned (a search's trial stopped at an evaluation by its pruner, ablations.search: final, with
+its curve so far and `pruned_at`; not done).
 """
 
 from __future__ import annotations
@@ -49,8 +52,8 @@ from urllib.parse import quote
 
 import pandas as pd
 
-STATUSES = ("running", "done", "failed", "diverged")
-FINISHED = ("done", "failed", "diverged")
+STATUSES = ("running", "done", "failed", "diverged", "pruned")
+FINISHED = ("done", "failed", "diverged", "pruned")
 LEASE = 60.0  # seconds without a heartbeat after which a claim is stale
 TIMEOUT = 30.0  # seconds a write waits for another process's transaction
 FRAME_COLUMNS = ("key", "status", "error", "started", "finished")  # then config, metrics.*

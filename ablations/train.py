@@ -6,14 +6,15 @@ gradient-norm clipping (none where `grad_clip` is 0), label smoothing of the tra
 losses are plain cross-entropy), evaluation on the validation split every
 `eval_every` steps (and at the end), early stop once the validation metric reaches
 `early_stop_target`, or once it has not improved on its best for `patience` evaluations (the
-cell keeps its last weights). The metric is accuracy: per example for classification
-(sequences or images), per scored position for language-model and seq2seq tasks, which also
-get `exact` (the share of examples with every scored position right). A finished cell is
-tested on every test split of its task ("test", and any "test_<what>": metrics "test_acc",
-"test_<what>_acc", and so on). A NaN or inf loss ends the cell as `diverged` at its step; so
-do weights, validation or test metrics that are not finite at the end (a last update that made
-the weights NaN): a result is done only if it is finite. The same seed gives the same metrics
-on CPU.
+cell keeps its last weights), or as `pruned` where a search's pruner says so at an evaluation
+(`should_prune`, ablations.search: its metrics and curve so far, and `pruned_at`). The metric
+is accuracy: per example for classification (sequences or images), per scored position for
+language-model and seq2seq tasks, which also get `exact` (the share of examples with every
+scored position right). A finished cell is tested on every test split of its task ("test",
+and any "test_<what>": metrics "test_acc", "test_<what>_acc", and so on). A NaN or inf loss
+ends the cell as `diverged` at its step; so do weights, validation or test metrics that are
+not finite at the end (a last update that made the weights NaN): a result is done only if it
+is finite. The same seed gives the same metrics on CPU.
 
 Where and how (ablations.devices says what is valid and what it resolves to): the model is
 built on the CPU (the same initial weights everywhere) and moved with the data to the cell's
@@ -57,7 +58,7 @@ from attn_zoo.maps import recording_attention
 class CellResult:
     """What `train_cell` returns, in the process that trained the cell."""
 
-    status: str  # done | diverged
+    status: str  # done | diverged | pruned
     metrics: dict
     curve: list = field(default_factory=list)  # [step, train_loss, val_loss, val_metric]
     environment: dict = field(default_factory=dict)
@@ -78,7 +79,7 @@ class CellOutcome:
     recorded (`maps_error`). Status `LOST`: the infrastructure lost the cell; the driver
     releases it and the next run trains it again."""
 
-    status: str  # done | diverged | failed | LOST
+    status: str  # done | diverged | pruned | failed | LOST
     environment: dict = field(default_factory=dict)
     metrics: dict | None = None
     curve: list | None = None
@@ -230,8 +231,11 @@ def train_cell(
     device: str | None = None,
     resume: ResumePlan | None = None,
     on_checkpoint=None,
+    should_prune=None,
 ) -> CellResult:
     """Train and evaluate `cell`; `on_progress(step, loss)` is called at each evaluation;
+    `should_prune(step, val_loss, val_metric)` at each evaluation after which the cell would
+    train on (not its last, nor one that stops it early): true ends it there as `pruned`;
     `keep_state` returns the trained weights too, `keep_maps` the `attention_record` of the
     trained model (a cell that finished, not a diverged one; should recording fail, a record
     without maps whose "error" is the traceback). `device`: where to train (an executor's
@@ -299,6 +303,13 @@ def train_cell(
                 loop.stale += 1
             if t["patience"] and loop.stale >= t["patience"]:
                 break
+            if (
+                should_prune is not None
+                and step < t["steps"]
+                and should_prune(step, loop.val_loss, loop.val_metric)
+            ):
+                status = "pruned"
+                break
         now = time.perf_counter()
         if on_checkpoint is not None and step < t["steps"] and resume.due(step, now - saved):
             loop.step, loop.wall_s = step, before + now - start
@@ -326,8 +337,8 @@ def train_cell(
             metrics.update(tests)
         else:  # a result is done only if it is finite
             status = "diverged"
-    if status == "diverged":
-        metrics["diverged_at"] = step
+    if status in ("diverged", "pruned"):
+        metrics[f"{status}_at"] = step
     state = _to_cpu(model.state_dict()) if keep_state else None
     maps = None
     if keep_maps and status == "done":
