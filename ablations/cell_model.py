@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from ablations.cell import Cell
 from ablations.references import REFERENCES, build_reference
 from ablations.tasks import IGNORE_INDEX
+from attn_zoo.mechanisms.registry import MECHANISMS
 from attn_zoo.models import (
     BlockConfig,
     LanguageModel,
@@ -118,11 +119,20 @@ MODEL_OPTIONS = tuple(dict.fromkeys(o for kind in MODEL_FOR_KIND.values() for o 
 def build_cell_model(cell: Cell, task) -> nn.Module:
     """The model family the task's kind needs, sized and configured by the cell's size, with
     its mechanism (or the reference model its mechanism names: ablations.references);
-    ValueError naming a model option the kind's model does not take."""
+    ValueError naming a model option the kind's model does not take, or a causal-only
+    mechanism (gla) on a task whose model is not a language model."""
     kind = MODEL_FOR_KIND[task.kind]
     size = cell.size
     if cell.mechanism_name in REFERENCES:
         return build_reference(cell.mechanism_name, task, size, cell.mechanism_kwargs)
+    if task.kind != "language_model" and MECHANISMS[cell.mechanism_name].causal_only:
+        how = "reads its input both ways"
+        if task.kind == "seq2seq":
+            how = "puts it in its encoder too, which reads the source both ways"
+        raise ValueError(
+            f"mechanism {cell.mechanism_name!r} is causal only, and a grid's {task.kind} model "
+            f"{how}: train it on language_model tasks"
+        )
     options = {k: v for k, v in size.items() if k in MODEL_OPTIONS}
     for key in options:
         if key not in kind.options:

@@ -1,6 +1,7 @@
 """Resume checkpoints: a cell interrupted mid-way (a killed run, a lost worker) trains on from
 its last checkpoint when it runs again, and ends with exactly the metrics and curve of a run
-that was never interrupted (bitwise on CPU, with the same number of threads).
+that was never interrupted (bitwise on CPU: every part trains with the same torch thread count,
+which `load_state` checks).
 
     plan = ResumePlan(every_steps=0, every_seconds=300.0, data=None)   # what a worker is given
     data = save_state(cell, loop, model, optimizer, schedule, batches, device)
@@ -16,8 +17,12 @@ config or key: how often checkpoints are taken changes no result.
 Its bytes are `MAGIC`, the SHA-256 of the payload, then the payload (torch.save of a dict of
 tensors and plain values, read back with `weights_only=True`). `load_state` trusts only a
 checkpoint whose checksum holds and that was written for the same cell config, by the same
-torch and attn_zoo, on the same kind of device, before the cell's last step; it raises
-`ResumeError` (the cell trains from step 0) before it changes anything.
+torch and attn_zoo, on the same kind of device, with the same torch thread count
+(`torch.get_num_threads()`), before the cell's last step; it raises `ResumeError` (the cell
+trains from step 0, its note saying why) before it changes anything. The thread count changes
+how a CPU sums (a cell checkpointed with 2 threads and resumed with 1 ended with val_loss
+1.6354334, not the uninterrupted 1.6354336), so a checkpoint of another count is not resumed:
+a resumed result is always the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ from ablations.cell import Cell, training_settings
 
 MAGIC = b"attn_zoo resume checkpoint 1\n"
 RESUME_DEFAULTS = {"every_minutes": 5.0, "every_steps": 0}  # a grid's [resume] table
-KEYS = ("config", "versions", "device_type", "loop", "model", "optimizer", "schedule", "rng")
+KEYS = ("config", "versions", "device_type", "threads", "loop", "model", "optimizer", "schedule",
+        "rng")  # fmt: skip
 RNG_STATES = ("torch", "device", "python", "numpy", "batches")  # the random states kept
 
 
@@ -139,6 +145,7 @@ def save_state(
             "config": _config(cell),
             "versions": _versions(),
             "device_type": device.type,
+            "threads": torch.get_num_threads(),
             "loop": asdict(loop),
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
@@ -169,9 +176,10 @@ def _trusted(data: bytes, cell: Cell, model: nn.Module, device: torch.device) ->
         raise ResumeError(f"unreadable: {type(err).__name__}: {first}") from None
     if state["config"] != _config(cell):
         raise ResumeError("written for another cell config")
-    for what, here in (("versions", _versions()), ("device_type", device.type)):
-        if state[what] != here:
-            raise ResumeError(f"written with {what} {state[what]}, not {here}")
+    here = {"versions": _versions(), "device_type": device.type, "threads": torch.get_num_threads()}
+    for what, value in here.items():
+        if state[what] != value:
+            raise ResumeError(f"written with {what} {state[what]}, not {value}")
     if weights != {name: tuple(t.shape) for name, t in model.state_dict().items()}:
         raise ResumeError("its weights do not fit the cell's model")
     step = state["loop"].step

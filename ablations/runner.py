@@ -26,14 +26,18 @@ Stopping: while cells train, SIGINT (Ctrl-C) or SIGTERM stops the run within sec
 workers are ended (processes terminated, the training thread stopped at its next module call,
 Ray tasks cancelled), the cells in flight are released for the next run, a one-line summary is
 printed and `GridInterrupted` raised (exit code 130 or 143 from the CLI). A second signal during
-that shutdown exits at once. Losing Ray's progress channel only stops the progress display. A
-cell lost to the infrastructure rather than by its own error (`ablations.train.LOST`) is released,
-not recorded: the next run trains it again.
+that shutdown exits at once, but for the same signal within `REPEAT_S` of the first: coreutils
+`timeout` sends its SIGTERM twice (to the run, then to its process group), which is one stop.
+Losing Ray's progress channel only stops the progress display. A cell lost to the
+infrastructure rather than by its own error (`ablations.train.LOST`) is released, not recorded:
+the next run trains it again.
 
 Resuming: a cell that trains long enough hands the driver resume checkpoints (the grid's
 `[resume]`, ablations.resume), written beside the store (`ResultsStore.resume_path`) only while
 this run holds its claim; a cell interrupted (its run killed or stopped, its worker lost)
-starts from its last one when it runs again, and ends as if it had not been.
+starts from its last one when it runs again, and ends as if it had not been. A resume
+checkpoint that cannot be written (a full disk, a file where their folder goes) costs one line:
+the run takes no more, and its cells train on without them.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from ablations.cell import Cell, training_settings
 from ablations.devices import default_local_workers
 from ablations.executors import Evaluation, make_executor
 from ablations.progress import COUNTED, Progress, cell_label, make_progress
-from ablations.resume import ResumePlan
+from ablations.resume import ResumePlan, ResumePoint
 from ablations.spec import GridSpec, SpecError
 from ablations.status import grid_status
 from ablations.store import ClaimError, ResultsStore, StoreError, config_key
@@ -136,7 +140,7 @@ def resume_plan(spec: GridSpec, store: ResultsStore, key: str, progress: Progres
     path = store.resume_path(key)
     try:
         data = path.read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # none; a file where the folder goes
         data = None
     except OSError as err:
         progress.note(f"resume checkpoint {path} cannot be read ({err}); trained from step 0")
@@ -254,6 +258,7 @@ def drive(
     running: dict[object, Cell] = {}  # executor handle -> its cell
     claimed: set[str] = set()  # claims of this run not yet finished or released
     released = 0  # claims given back unfinished
+    resume_off = False  # a resume checkpoint could not be written: the run takes no more
     beat = time.monotonic()
     try:
         while stop.signum is None:
@@ -270,6 +275,7 @@ def drive(
                 claimed.add(cell.key)
                 plan = resume_plan(spec, store, cell.key, progress)
                 asks = judge is not None  # its evaluations wait for the judge
+                plan = ResumePlan(data=plan.data) if resume_off else plan  # takes none
                 running[pool.submit(cell, spec.checkpoints, plan, asks=asks)] = cell
                 progress.started(cell.key, cell)
             for handle, outcome in pool.wait(list(running), timeout=1.0):
@@ -305,7 +311,7 @@ def drive(
             for question in pool.questions():  # cells waiting at an evaluation
                 pool.answer(question.key, judge(question))
             for point in pool.resume_points():  # written only while this run holds the claim
-                store.save_resume(point.key, point.data)
+                resume_off = resume_off or not _save_resume(store, point, progress)
             _print_notes(pool, progress)
             progress.tick()
     except KeyboardInterrupt:  # not through the handler (it was not installed, or replaced)
@@ -381,17 +387,40 @@ def _check_importable(spec: GridSpec, cells: list[Cell]) -> None:
             )
 
 
+def _save_resume(store: ResultsStore, point: ResumePoint, progress: Progress) -> bool:
+    """Write `point` beside the store (`ResultsStore.save_resume`); False, after one note
+    naming the file and the reason, when the disk refuses it (the cells train on without
+    checkpoints)."""
+    try:
+        store.save_resume(point.key, point.data)
+        return True
+    except OSError as err:
+        path = store.resume_path(point.key)
+        reason = f"{type(err).__name__}: {err}{STORAGE_HINTS.get(err.errno, '')}"
+        if path.parent.exists() and not path.parent.is_dir():
+            reason = f"{path.parent} is a file, not a folder"
+        progress.note(
+            f"resume checkpoint {path} cannot be written: {reason}; this run takes no more, "
+            "and its cells train on without them"
+        )
+        return False
+
+
 def _print_notes(pool, progress: Progress) -> None:
     notes = getattr(pool, "notes", [])
     while notes:
         progress.note(notes.pop(0))
 
 
+REPEAT_S = 1.0  # the same signal again within this many seconds of the first: one stop
+
+
 class _StopSignals:
     """SIGINT and SIGTERM while the driver runs cells (main thread only): the first sets
-    `signum`, which ends the driver loop; a second one exits at once (os._exit), after killing
-    the worker processes and giving the terminal back from a live progress display (`progress`,
-    once set). `restore` puts back the handlers there were when it was made."""
+    `signum`, which ends the driver loop; a second one (not the first's signal again within
+    `REPEAT_S`) exits at once (os._exit), after killing the worker processes and giving the
+    terminal back from a live progress display (`progress`, once set). `restore` puts back the
+    handlers there were when it was made."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -399,6 +428,7 @@ class _StopSignals:
         self.pool = None
         self.progress: Progress | None = None
         self.signum: int | None = None
+        self.since = 0.0  # time.monotonic() of the first signal
         self.main = threading.current_thread() is threading.main_thread()
         self.previous = {signum: signal.getsignal(signum) for signum in self.SIGNALS}
 
@@ -410,8 +440,10 @@ class _StopSignals:
 
     def handle(self, signum: int, frame) -> None:
         if self.signum is None:
-            self.signum = signum
+            self.signum, self.since = signum, time.monotonic()
             return
+        if signum == self.signum and time.monotonic() - self.since < REPEAT_S:
+            return  # the same stop delivered twice (coreutils timeout), not a second one
         try:
             if self.progress is not None:
                 self.progress.abandon()

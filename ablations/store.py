@@ -46,7 +46,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from urllib.parse import quote
 
@@ -489,7 +489,8 @@ class ResultsStore:
                  error, time.time(), key),
             )  # fmt: skip
             place()
-            self.resume_path(key).unlink(missing_ok=True)  # a finished cell never resumes
+            with suppress(FileNotFoundError, NotADirectoryError):  # none (a file for its folder)
+                self.resume_path(key).unlink()  # a finished cell never resumes
 
     def save_resume(self, key: str, data: bytes, owner: str | None = None) -> bool:
         """Write cell `key`'s resume checkpoint (ablations.resume) to `resume_path(key)`: a

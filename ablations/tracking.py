@@ -1,8 +1,11 @@
 """Experiment tracking: each finished cell of a run copied to TensorBoard, MLflow or W&B.
 
 The results store stays the record: the driver (ablations.runner) stores a cell's outcome
-first, then hands it to each tracker; a tracker that fails costs one warning line, never the
-stored result. Switched on per grid, per run or per call:
+first, then hands it to each tracker; a tracker that fails costs one warning line (the tracker,
+the cell, and its error's innermost cause in one line), never the stored result, and the grid
+goes on. What the tracker's libraries log meanwhile (`loggers`: MLflow's and SQLAlchemy's
+tracebacks of the very error) is held back, and shown only when the tracker succeeds.
+Switched on per grid, per run or per call:
 
     [tracking]                              # in the grid file
     backends = ["tensorboard", "mlflow"]    # any of BACKENDS
@@ -38,8 +41,11 @@ TrackingError before any cell runs.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -165,6 +171,7 @@ class TensorBoard:
     """Event files per cell, written with torch.utils.tensorboard's SummaryWriter."""
 
     name = "tensorboard"
+    loggers = ("tensorboard",)  # the library loggers `Trackers.log` holds back
 
     def __init__(self, folder: Path, grid: str):
         from torch.utils.tensorboard import SummaryWriter
@@ -192,6 +199,7 @@ class MLflow:
     """A run per cell in the grid's experiment, through MlflowClient (no global state)."""
 
     name = "mlflow"
+    loggers = ("mlflow", "sqlalchemy", "alembic")
 
     def __init__(self, uri: str, folder: Path, grid: str):
         from mlflow.exceptions import MlflowException
@@ -239,7 +247,8 @@ class MLflow:
             for start in range(0, len(metrics), METRICS_PER_BATCH):
                 self.client.log_batch(run_id, metrics=metrics[start : start + METRICS_PER_BATCH])
         except BaseException:
-            self.client.set_terminated(run_id, "FAILED")
+            with suppress(Exception):  # a store that failed may fail this too: the first error
+                self.client.set_terminated(run_id, "FAILED")
             raise
         self.client.set_terminated(run_id, "FINISHED" if run.status == "done" else "FAILED")
 
@@ -258,6 +267,7 @@ class Wandb:
     """An offline W&B run per cell (`wandb sync <folder>/wandb/offline-run-*` uploads them)."""
 
     name = "wandb"
+    loggers = ("wandb",)
 
     def __init__(self, folder: Path, grid: str):
         import wandb
@@ -286,7 +296,8 @@ class Trackers:
 
     def log(self, name: str, config: dict, record: dict) -> list[str]:
         """Copy the cell of label `name` and `config`, stored with `record` (`cell_run`), to
-        every tracker; a warning line for each that failed (its error's first line)."""
+        every tracker; a warning line for each that failed (`_one_line`), what its libraries
+        logged about the failure dropped (`_held`)."""
         if not self.trackers:
             return []
         what = f"cell {name} (its result is stored)"
@@ -297,15 +308,50 @@ class Trackers:
         warnings = []
         for tracker in self.trackers:
             try:
-                tracker.log(run)
+                with _held(tracker.loggers):
+                    tracker.log(run)
             except Exception as err:
                 warnings.append(f"warning: {tracker.name} did not record {what}: {_one_line(err)}")
         return warnings
 
 
 def _one_line(err: BaseException) -> str:
-    """'TypeName: the first line of its message'."""
+    """'TypeName: the first line of its message' of the innermost cause of `err` (raise ...
+    from ...): of MLflow's MlflowException from SQLAlchemy's OperationalError from sqlite3's,
+    sqlite3's "OperationalError: attempt to write a readonly database"."""
+    while err.__cause__ is not None:
+        err = err.__cause__
     return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+
+
+class _Hold(logging.Handler):
+    """A logging handler that keeps the records it is given (`records`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextmanager
+def _held(names: tuple[str, ...]) -> Iterator[None]:
+    """Hold what the loggers `names` (and those below them) log during the block: passed on
+    to their own handlers after it, or dropped when it raises (its error is then one line of
+    ours, not the library's traceback)."""
+    loggers = [logging.getLogger(name) for name in names]
+    saved = [(logger.handlers, logger.propagate) for logger in loggers]
+    hold = _Hold()
+    for logger in loggers:
+        logger.handlers, logger.propagate = [hold], False
+    try:
+        yield
+    finally:
+        for logger, (handlers, propagate) in zip(loggers, saved, strict=True):
+            logger.handlers, logger.propagate = handlers, propagate
+    for record in hold.records:  # the block succeeded
+        logging.getLogger(record.name).handle(record)
 
 
 def open_trackers(plan: TrackingPlan | None, grid: str, store: Path) -> Trackers:

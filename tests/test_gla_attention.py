@@ -11,13 +11,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 from einops import rearrange
+from grids import SAME_PAIR, tiny_grid
 from hypothesis import given
 from hypothesis import strategies as st
 from package_files import package_file
 
 import attn_zoo as az
+from ablations.spec import SpecError, load_grid
+from attn_zoo.kernels.dispatch import Capabilities, family, register_backend
 from attn_zoo.kernels.gla import decayed_state, gla_attention
 from attn_zoo.kernels.gla.chunked import CHUNK, chunked
+from attn_zoo.kernels.gla.family import FEATURES
 from attn_zoo.kernels.rotary import Rotary, rotary_tables
 from attn_zoo.testing import assert_backends_agree, assert_mechanism_backends_agree, lengths
 
@@ -169,6 +173,33 @@ def test_mechanism_backends_agree():
     assert report == {"chunked": "ok", "naive": "ok"}
 
 
+FAST_GATES = dict(d_model=16, n_heads=4, key_dim=3, tau=0.5)  # alpha = sigmoid(.)^2
+
+
+def test_fast_gates_agree_in_float32_and_a_gate_off_by_one_still_fails():
+    """Fast gates and a narrow key: the float32 recurrence itself misses the kit's fixed
+    float32 tolerances on the weight gradients here (1e-3 on gradients of 1e2), and so did
+    the chunked kernel at N = 63 and 130, which summed each decay as a difference of two
+    running sums of the gates. The kit holds each backend to the recurrence's own float32
+    error (attn_zoo.testing.mechanisms); a kernel taking one gate too many into each decay
+    (the key's own, exp(b_t - b_s + log alpha_s)) still fails it."""
+    for length in (63, 130):
+        report = assert_mechanism_backends_agree("gla", FAST_GATES, length=length, is_causal=True)
+        assert report == {"chunked": "ok", "naive": "ok"}
+
+    def one_gate_too_many(q, k, v, log_alpha, initial_state=None, scale=None):
+        return chunked(q, k * log_alpha.exp(), v, log_alpha, initial_state, scale)
+
+    register_backend("gla", "one_gate_too_many", tier="chunked", priority=-100,
+                     capabilities=Capabilities(FEATURES))(one_gate_too_many)  # fmt: skip
+    try:
+        with pytest.raises(AssertionError, match="backend 'one_gate_too_many' disagrees"):
+            assert_mechanism_backends_agree("gla", FAST_GATES, length=63, is_causal=True,
+                                            backends=["one_gate_too_many"])  # fmt: skip
+    finally:
+        del family("gla").backends["one_gate_too_many"]
+
+
 @pytest.mark.parametrize(
     ("call", "match"),
     [
@@ -184,14 +215,56 @@ def test_what_the_recurrence_cannot_serve_is_refused(call, match):
         layer(torch.randn(2, 5, 8), **{"is_causal": True, **call})
 
 
-def test_non_causal_models_refuse_it_by_name():
-    from attn_zoo.models import VisionClassifier
+def test_non_causal_models_refuse_it_by_name_and_the_places_it_names_take_it():
+    from attn_zoo.models import Seq2Seq, VisionClassifier
 
     model = VisionClassifier(
         (1, 4, 4), 2, 3, 8, 1, attention="gla", attention_kwargs={"n_heads": 2}
     )
-    with pytest.raises(ValueError, match="gla attention is causal only"):
+    advice = (
+        "gla attention is causal only (a recurrence over positions), got is_causal=False: use "
+        "it where blocks are causal, in a LanguageModel or as a Seq2Seq's decoder_attention "
+        "with another encoder_attention (its encoder reads the source both ways), not in an "
+        "encoder or a classifier"
+    )
+    with pytest.raises(ValueError) as refused:
         model(torch.randn(2, 1, 4, 4))
+    assert str(refused.value) == advice
+    heads = {"n_heads": 2}
+    src, tgt = torch.randint(0, 11, (2, 7)), torch.randint(0, 11, (2, 5))
+    decoder = Seq2Seq(11, 11, d_model=8, encoder_attention_kwargs=heads, decoder_attention="gla",
+                      decoder_attention_kwargs=heads)  # fmt: skip
+    assert torch.isfinite(decoder(src, tgt, tgt)[1])
+    encoder = Seq2Seq(11, 11, d_model=8, encoder_attention="gla", encoder_attention_kwargs=heads,
+                      decoder_attention_kwargs=heads)  # fmt: skip
+    with pytest.raises(ValueError) as refused:
+        encoder(src, tgt, tgt)
+    assert str(refused.value) == advice
+
+
+ARITHMETIC = {"name": "arithmetic", "kwargs": {"n_train": 16, "n_validation": 8, "n_test": 8}}
+GLA = {"label": "gla", "name": "gla", "kwargs": {"n_heads": 2}}
+
+
+@pytest.mark.parametrize(
+    "task, how",
+    [
+        (ARITHMETIC, "seq2seq model puts it in its encoder too, which reads the source both ways"),
+        (SAME_PAIR, "classification model reads its input both ways"),
+    ],
+    ids=["seq2seq", "classification"],
+)
+def test_a_grid_refuses_it_where_its_model_is_not_a_language_model(tmp_path, task, how):
+    """A grid's cell puts its mechanism in every block: a classifier's (non-causal) and a
+    seq2seq model's encoder as well as its decoder. The grid refuses it at load saying so and
+    where gla trains in a grid, not the library's Seq2Seq decoder_attention, which a grid's
+    cell cannot choose."""
+    with pytest.raises(SpecError) as refused:
+        load_grid(tiny_grid(tmp_path, tasks=[task], mechanisms=[GLA], seeds=[0]))
+    assert str(refused.value).endswith(
+        f"ValueError: mechanism 'gla' is causal only, and a grid's {how}: train it on "
+        "language_model tasks"
+    )
 
 
 def test_bad_kernel_inputs_are_named():

@@ -9,6 +9,7 @@ import contextlib
 import io
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -215,6 +216,44 @@ def test_a_second_ctrl_c_during_a_slow_shutdown_exits_at_once(tmp_path, monkeypa
     # its claim was left in flight; the next run takes over a dead run's claims
     monkeypatch.setattr(executors, "run_cell", fake_outcome)
     assert runner.run_grid(load_grid(path), workers=1, out=io.StringIO())["done"] == 4
+
+
+@pytest.mark.slow  # a real run stopped by a real signal: 10 to 20 s each
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="no coreutils timeout")
+@pytest.mark.parametrize("sender", ["timeout", "apart"])
+def test_coreutils_timeout_stops_the_run_gracefully(tmp_path, sender):
+    """`timeout` sends SIGTERM to the run, then to its whole process group (the run again, and
+    its workers): one stop, the graceful one (cells released, the summary), not the second
+    signal's 'exiting now'. "timeout": coreutils' own, fired early by its timer signal; the
+    run often handles the two deliveries as one. "apart": the same two deliveries, the second
+    0.2 s after the first, as a loaded machine may order them: the run has handled the first."""
+    path = tiny_grid(tmp_path, name="timeout", seeds=[0], mechanisms=[STD], tasks=[MQAR_LONG],
+                     training={"steps": 300, "eval_every": 150})  # fmt: skip
+    store = load_grid(path).store
+    head = ["timeout", "600"] if sender == "timeout" else []
+    command = [*head, sys.executable, "-m", "ablations.cli", "ablate", "run", str(path),
+               "--workers", "2", "--interval", "1"]  # fmt: skip
+    with (tmp_path / "out.txt").open("w") as out, (tmp_path / "err.txt").open("w") as err:
+        run = subprocess.Popen(command, cwd=ROOT, start_new_session=True, stdout=out, stderr=err)
+    run.folder = tmp_path
+    try:
+        wait_for(run, lambda: "starting" in output(run))  # the cell claimed, the handler set
+        if sender == "timeout":
+            os.kill(run.pid, signal.SIGALRM)  # timeout's own timer signal: its time is up now
+        else:
+            os.kill(run.pid, signal.SIGTERM)
+            time.sleep(0.2)
+            os.killpg(run.pid, signal.SIGTERM)
+        code = run.wait(timeout=30)
+        assert code == (124 if sender == "timeout" else 143), output(run)  # 124: timed out
+        assert no_process_left(run.pid) == []
+    finally:
+        kill_session(run)
+    said = output(run)
+    assert "exiting now" not in said and "Traceback" not in said, said
+    assert "SIGTERM: stopping the workers and releasing the cells in flight" in said
+    assert SUMMARY.fullmatch(said.strip().splitlines()[-1]).group(1) == "SIGTERM", said
+    assert rows(store) == []  # the cell in flight released, none left running
 
 
 def test_workers_die_with_a_sigkilled_driver(tmp_path):

@@ -4,6 +4,7 @@ uninterrupted run; the checkpoint is gone once the cell finishes; a damaged or f
 ignored with a note; only the run holding the cell's claim writes one."""
 
 import dataclasses
+import errno
 import io
 import os
 import signal
@@ -89,6 +90,27 @@ def test_a_cell_resumed_from_any_checkpoint_ends_as_an_uninterrupted_one(
     assert foreign.curve == train_cell(other).curve
 
 
+def test_a_checkpoint_written_with_another_thread_count_is_not_resumed(tmp_path):
+    """The thread count changes how a CPU sums: a cell checkpointed with 2 threads and resumed
+    with 1 would end off the uninterrupted run's last bits. It starts over instead, saying
+    why, and ends bitwise as the uninterrupted 1-thread run."""
+    (cell,) = load_grid(one_cell(tmp_path, {"steps": 20, "eval_every": 5})).cells
+    points = []
+    torch.set_num_threads(2)  # restored to 1 below, and by `one_thread` after the test
+    try:
+        train_cell(cell, resume=ResumePlan(every_steps=10),
+                   on_checkpoint=lambda step, data: points.append(data))  # fmt: skip
+    finally:
+        torch.set_num_threads(1)
+    plain = train_cell(cell)
+    resumed = train_cell(cell, resume=ResumePlan(data=points[0]))
+    assert resumed.notes == [
+        "resume checkpoint ignored (written with threads 2, not 1); trained from step 0"
+    ]
+    assert "resumed_from_step" not in resumed.environment
+    assert resumed.curve == plain.curve and exact(resumed.metrics) == exact(plain.metrics)
+
+
 def test_only_the_claims_owner_writes_a_resume_checkpoint_and_finishing_removes_it(tmp_path):
     store = ResultsStore(tmp_path / "grid.sqlite")
     for status in ("done", "failed", "diverged"):
@@ -142,6 +164,57 @@ def test_a_run_resumes_a_cell_from_its_checkpoint_and_ignores_a_damaged_one(tmp_
         assert list(file.parent.iterdir()) == []  # removed when the cell finished
     # from step 20 no checkpoint was due (30 is the last step); from 0, at steps 10 and 20
     assert written == [True, True] * 2
+
+
+def test_a_full_disk_under_the_resume_checkpoints_costs_one_line_not_the_run(tmp_path, monkeypatch):
+    """Every resume checkpoint's partial file fails half-written with ENOSPC: one note for the
+    run (not one per checkpoint), no partial file left, both cells done."""
+    spec = load_grid(tiny_grid(tmp_path, seeds=[0, 1], mechanisms=[STD]), ["resume.every_steps=5"])
+    folder = resume_file(spec, spec.cells[0]).parent
+    real_write = Path.write_bytes
+
+    def full_disk(self, data):
+        if self.parent == folder:
+            real_write(self, data[:100])
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real_write(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full_disk)
+    out = io.StringIO()
+    assert run_grid(spec, workers=1, out=out) == {"done": 2, "failed": 0, "diverged": 0}
+    notes = [line for line in out.getvalue().splitlines() if "cannot be written" in line]
+    assert len(notes) == 1, out.getvalue()
+    assert notes[0].startswith(f"note: resume checkpoint {folder}/")
+    assert notes[0].endswith(
+        ".partial' (the disk is full); this run takes no more, and its cells train on without them"
+    )
+    assert list(folder.iterdir()) == []  # the half-written partial file is gone
+
+
+@pytest.mark.slow  # a CLI process: 10 s
+def test_a_file_where_the_resume_folder_goes_costs_one_line_not_the_run(tmp_path):
+    """`<store>.resume` is a regular file: no checkpoint can be written (nor read) there. The
+    run says so once, trains its cells without checkpoints and exits 0; the file is left."""
+    path = tiny_grid(tmp_path, seeds=[0, 1], mechanisms=[STD])
+    spec = load_grid(path)
+    squatter = resume_file(spec, spec.cells[0]).parent
+    squatter.write_text("not a folder")
+    command = [sys.executable, "-m", "ablations.cli", "ablate", "run", str(path), "--workers", "1",
+               "--set", "resume.every_steps=5"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    said = run.stdout + run.stderr
+    assert run.returncode == 0 and "Traceback" not in said, said
+    notes = [line for line in said.splitlines() if line.startswith("note:")]
+    assert notes == [
+        f"note: resume checkpoint {resume_file(spec, spec.cells[0])} cannot be written: "
+        f"{squatter} is a file, not a folder; this run takes no more, and its cells train on "
+        "without them"
+    ]
+    rows = list(ResultsStore(spec.store, readonly=True).rows())
+    assert [r["status"] for r in rows] == ["done", "done"]
+    assert squatter.read_text() == "not a folder"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.toml", "tiny.resume", "tiny.sqlite"]
 
 
 def pinned() -> None:

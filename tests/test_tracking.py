@@ -4,8 +4,11 @@ runs; a tracker that fails costs a warning line, never the stored result."""
 
 import io
 import json
+import logging
 import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from ablations.spec import SpecError, load_grid
 from ablations.store import FRAME_COLUMNS, ResultsStore, is_missing
 from ablations.tracking import TrackingError, TrackingPlan
 
+ROOT = Path(__file__).resolve().parents[1]
 CURVES = ("train_loss", "val_loss", "val_metric")
 
 
@@ -218,6 +222,80 @@ def test_a_failing_tracker_is_a_warning_line_and_the_result_is_stored(tmp_path, 
         for cell in spec.cells
     )
     assert (tmp_path / "tb").is_dir()
+
+
+class Loud:
+    """A tracker whose library logs the error it catches, with its traceback, then (`fails`)
+    raises its own error caused by it, as MLflow does."""
+
+    name, loggers = "loud", ("loudlib",)
+
+    def __init__(self, fails: bool):
+        self.fails = fails
+
+    def log(self, run) -> None:
+        try:
+            raise OSError("the disk is gone")
+        except OSError as err:
+            logging.getLogger("loudlib.store").exception("database error caught")
+            if self.fails:
+                raise RuntimeError("could not log\n(long SQL)") from err
+
+
+def test_what_a_failing_trackers_library_logs_is_dropped_and_kept_when_it_succeeds(caplog):
+    record = {"status": "done", "metrics": {}, "curve": [], "error": None}
+    warnings = tracking.Trackers([Loud(fails=True)]).log("c", {"seed": 0}, record)
+    assert warnings == [
+        "warning: loud did not record cell c (its result is stored): OSError: the disk is gone"
+    ]
+    assert caplog.records == []  # nothing reached the root logger (pytest's handler)
+    assert tracking.Trackers([Loud(fails=False)]).log("c", {"seed": 0}, record) == []
+    (kept,) = caplog.records  # passed on after the tracker succeeded, traceback and all
+    assert kept.name == "loudlib.store" and kept.exc_info[0] is OSError
+    assert logging.getLogger("loudlib").handlers == [] and logging.getLogger("loudlib").propagate
+
+
+# The CLI with MLflow's folder (the last argument) deleted before the second cell is logged
+BREAKING = """
+import shutil, sys
+from ablations import tracking
+from ablations.cli import main
+
+real_log = tracking.MLflow.log
+
+def log_after_deleting_the_folder(self, run):
+    if run.name.endswith("seed1"):
+        shutil.rmtree(sys.argv[-1])
+    real_log(self, run)
+
+tracking.MLflow.log = log_after_deleting_the_folder
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # a process importing MLflow: 10 s
+def test_a_tracker_failing_mid_run_is_one_line_without_the_librarys_traceback(tmp_path):
+    """MLflow's folder deleted between two cells (its database goes read-only): MLflow logs
+    the error with SQLAlchemy's traceback, which the run holds back; the user sees one line
+    naming the tracker, the cell and the innermost cause, and the grid finishes."""
+    pytest.importorskip("mlflow")
+    folder = tmp_path / "runs"
+    spec = load_grid(tiny_grid(tmp_path, seeds=[0, 1], mechanisms=[STD]))
+    argv = ["ablate", "run", str(spec.path), "--workers", "1", "--track", "mlflow"]
+    run = subprocess.run(
+        [sys.executable, "-c", BREAKING, *argv, "--tracking-uri", str(folder)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    said = run.stdout + run.stderr
+    assert run.returncode == 0 and "Traceback" not in said and "ERROR" not in said, said
+    (warning,) = [line for line in said.splitlines() if line.startswith("warning:")]
+    assert warning == (
+        f"warning: mlflow did not record cell {cell_label(spec.cells[1])} (its result is "
+        "stored): OperationalError: attempt to write a readonly database"
+    )
+    rows = list(ResultsStore(spec.store, readonly=True).rows())
+    assert [r["status"] for r in rows] == ["done", "done"]
 
 
 def test_tracking_places(tmp_path):

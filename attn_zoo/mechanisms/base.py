@@ -38,6 +38,9 @@ class AttentionMechanism(nn.Module):
     """
 
     kernel_family: ClassVar[str] = "softmax"
+    # True: serves causal calls only (a recurrence over positions), so a model may put it only
+    # where its blocks are causal (a LanguageModel, a Seq2Seq's decoder)
+    causal_only: ClassVar[bool] = False
 
     def __init__(self, backend: str = "auto"):
         super().__init__()

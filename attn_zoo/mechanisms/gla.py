@@ -13,8 +13,10 @@ the 1/sqrt(dk) query scale) follow the authors' flash-linear-attention
 (`fla.layers.GatedLinearAttention` with its defaults). Reference: the kernel is tested against
 `fla.ops.gla.naive.naive_recurrent_gla` when flash-linear-attention is installed.
 
-Causal only: the recurrence reads positions in order, so a non-causal call, an attn_mask, RoPE
-or symbols are refused with a clear error (use it in a language model or a Seq2Seq decoder).
+Causal only (`causal_only`): the recurrence reads positions in order, so a non-causal call, an
+attn_mask, RoPE or symbols are refused with a clear error. Use it in a LanguageModel, or as a
+Seq2Seq's decoder_attention with another encoder_attention (the encoder reads its source both
+ways); not in an encoder or a classifier.
 Backends (kernel family ``gla``, attn_zoo/kernels/gla/): ``naive`` (the recurrence, the ground
 truth) and ``chunked`` (chunk-parallel, O(N) memory).
 
@@ -46,6 +48,7 @@ class GatedLinearAttention(AttentionMechanism):
     """Multi-head gated linear attention; head_dim = d_model // n_heads, causal only."""
 
     kernel_family = "gla"
+    causal_only = True
     supports_cache = True  # the recurrent state S
 
     def __init__(
@@ -109,8 +112,9 @@ class GatedLinearAttention(AttentionMechanism):
         if causal_alignment(is_causal) is None:
             raise ValueError(
                 f"gla attention is causal only (a recurrence over positions), got "
-                f"is_causal={is_causal!r}: use it where blocks are causal (a LanguageModel, a "
-                "Seq2Seq decoder), not in an encoder or a classifier"
+                f"is_causal={is_causal!r}: use it where blocks are causal, in a LanguageModel "
+                "or as a Seq2Seq's decoder_attention with another encoder_attention (its "
+                "encoder reads the source both ways), not in an encoder or a classifier"
             )
         if attn_mask is not None:
             raise ValueError(

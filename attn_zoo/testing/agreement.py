@@ -14,6 +14,7 @@ problem's torch thread count (its ``threads``, if it has one).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -66,11 +67,17 @@ def compare(name: str, got: torch.Tensor, want: torch.Tensor, atol: float, rtol:
     )
 
 
-def disagreements(want: Mapping, got: Mapping, dtype: torch.dtype) -> list[str]:
-    """One message per tensor of `got` outside the `dtype` tolerance of `want` (see module)."""
+def disagreements(
+    want: Mapping, got: Mapping, dtype: torch.dtype, floor: Mapping | None = None
+) -> list[str]:
+    """One message per tensor of `got` outside the `dtype` tolerance of `want` (see module).
+    `floor`: the same tensors by the naive backend run in `dtype`; each tensor's atol then
+    grows by that run's own worst error on it (what `dtype` arithmetic costs on the problem)."""
     messages = []
     for key, ref in want.items():
         atol, rtol = (OUTPUT_TOLERANCE if key == "output" else GRAD_TOLERANCE)[dtype]
+        spent = 0.0 if floor is None else compare(key, floor[key], ref, 0.0, 0.0).max_abs
+        atol += spent if math.isfinite(spent) else 0.0  # a naive run that overflowed: none
         c = compare(key, got[key], ref, atol, rtol)
         if not c.ok:
             messages.append(c.message(atol, rtol))
