@@ -70,6 +70,22 @@ def record_attention_maps(
     return maps
 
 
+def _colour_scale(kind: str, maps: torch.Tensor) -> tuple[str, float, float, str]:
+    """(colour map, vmin, vmax, colour bar label) of one row of maps of `kind`.
+
+    Attention weights in [0, 1] keep the scale [0, 1]; relations r_ij^l, and weights outside
+    [0, 1] (differential attention's softmax1 - lambda softmax2), get a diverging scale
+    symmetric about 0 that spans the row's values (its finite ones: NaN and inf, as of a
+    diverged model, do not set the scale)."""
+    finite = maps[maps.isfinite()]
+    low, high = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 1.0)
+    if kind != "relations" and low >= 0 and high <= 1:
+        return "viridis", 0.0, 1.0, "weight"
+    bound = max(-low, high, 1e-6)
+    what = "relation" if kind == "relations" else "weight, outside [0, 1]"
+    return "RdBu_r", -bound, bound, f"{what}: scale centred on 0"
+
+
 def plot_attention_maps(
     maps: dict[str, dict[str, torch.Tensor]],
     example: int = 0,
@@ -78,8 +94,10 @@ def plot_attention_maps(
 ) -> Figure:
     """Heatmaps of one example: a row per (module, kind), a column per head or relation.
 
-    Attention rows are queries, columns keys (weights in [0, 1]); relation maps r_ij^l use a
-    diverging colour scale centred on 0. `labels` names the N positions on the axes."""
+    Attention rows are queries, columns keys; each row of maps has one colour scale
+    (`_colour_scale`): [0, 1] for attention weights, diverging and centred on 0 for relation
+    maps r_ij^l and for weights outside [0, 1] (differential attention), as its colour bar
+    says. `labels` names the N positions on the axes."""
     from matplotlib.figure import Figure
 
     rows = [
@@ -92,17 +110,14 @@ def plot_attention_maps(
     figure = Figure(figsize=(size * columns, size * len(rows)), layout="constrained")
     axes = figure.subplots(len(rows), columns, squeeze=False)
     for r, (name, kind, tensor) in enumerate(rows):
+        cmap, vmin, vmax, label = _colour_scale(kind, tensor)
         for c in range(columns):
             ax = axes[r][c]
             if c >= tensor.shape[0]:
                 ax.set_axis_off()
                 continue
             grid = tensor[c].float().numpy()
-            if kind == "relations":  # one symmetric scale per row
-                bound = max(float(tensor.abs().max()), 1e-6)
-                image = ax.imshow(grid, cmap="RdBu_r", vmin=-bound, vmax=bound)
-            else:
-                image = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1)
+            image = ax.imshow(grid, cmap=cmap, vmin=vmin, vmax=vmax)
             ax.set_title(
                 f"{name}\n{kind} {'relation' if kind == 'relations' else 'head'} {c}", fontsize=7
             )
@@ -114,7 +129,7 @@ def plot_attention_maps(
                 ax.set_yticks(range(len(labels)), labels, fontsize=6)
             else:
                 ax.set_yticks([])
-        figure.colorbar(image, ax=axes[r].tolist(), shrink=0.8)
+        figure.colorbar(image, ax=axes[r].tolist(), shrink=0.8).set_label(label, fontsize=7)
     if title:
         figure.suptitle("\n".join(textwrap.wrap(title, 45 * columns)), fontsize=9)
     return figure

@@ -1,17 +1,18 @@
 """Sliding-window attention: an example of a mechanism of your own, as a plugin.
 
 Each query attends to itself and the `window - 1` positions before it (causal) or around it
-(non-causal: |i - j| < window), on top of the caller's mask:
+(non-causal: |i - j| < window), on top of the caller's mask (boolean, or additive float):
 
-    A^h = softmax(Q^h K^h^T / sqrt(head_dim) + band) V^h,  band_ij = 0 if |i - j| < window
-                                                           (and j <= i causally), else -inf
+    A^h = softmax(Q^h K^h^T / sqrt(head_dim) + mask + band) V^h,
+    band_ij = 0 if |i - j| < window (and j <= i causally), else -inf
 
-It reuses standard attention's projections and hands the softmax kernel family a boolean band
-mask, so every softmax backend that takes a mask serves it and `backend="auto"` picks one by
-capability. Import this file (a grid's ``imports = ["sliding_window.py"]``, ``attn-zoo ...
---import examples/sliding_window.py``, or a plain import) and ``sliding_window`` is a
-mechanism like any other: ``attn_zoo.build("sliding_window", d_model=64, n_heads=4,
-window=8)``, in every model, in grids with any number of workers and on Ray.
+It reuses standard attention's projections and hands the softmax kernel family the band as a
+mask (boolean, or the caller's float mask with -inf outside the band), so every softmax
+backend that takes a mask serves it and `backend="auto"` picks one by capability. Import this
+file (a grid's ``imports = ["sliding_window.py"]``, ``attn-zoo ... --import
+examples/sliding_window.py``, or a plain import) and ``sliding_window`` is a mechanism like
+any other: ``attn_zoo.build("sliding_window", d_model=64, n_heads=4, window=8)``, in every
+model, in grids with any number of workers and on Ray.
 """
 
 from __future__ import annotations
@@ -49,11 +50,13 @@ class SlidingWindowAttention(StandardAttention):
             raise ValueError("sliding_window attention is self-attention without a KV cache")
         q, k = self.queries_keys(x, x, rope)
         v = rearrange(self.wv(x), "b n (h d) -> b h n d", h=self.n_kv_heads)
-        allowed = band(x.shape[1], x.shape[1], self.window, bool(is_causal), x.device)
-        if attn_mask is not None:  # the caller's mask too: bool, or float with -inf masked
-            allowed = allowed & (attn_mask if attn_mask.dtype == torch.bool else attn_mask > -1e30)
+        mask = band(x.shape[1], x.shape[1], self.window, bool(is_causal), x.device)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:  # the caller's mask too
+            mask = mask & attn_mask
+        elif attn_mask is not None:  # additive float: its biases kept, -inf outside the band
+            mask = torch.where(mask, attn_mask, -torch.inf)
         out = softmax_attention(
-            q, k, v, attn_mask=allowed, scale=self.head_dim**-0.5,
+            q, k, v, attn_mask=mask, scale=self.head_dim**-0.5,
             dropout_p=self.dropout if self.training else 0.0, backend=self.backend,
         )  # fmt: skip
         return self.resid_dropout(self.wo(rearrange(out, "b h n d -> b n (h d)")))

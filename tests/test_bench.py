@@ -11,12 +11,16 @@ import pytest
 import torch
 from matplotlib.image import imread
 
+from ablations.bench import measure as measure_module
+from ablations.bench import suites as suites_module
 from ablations.bench.measure import (
     Workload,
     add_ratios,
     isolated_peak_memory_mb,
     machine,
+    measure,
     peak_memory_mb,
+    wall_ms,
 )
 from ablations.bench.report import write_bench_report
 from ablations.bench.suites import bench_mechanisms, bench_relational, bench_softmax, bench_window
@@ -53,6 +57,78 @@ def test_window_suite_times_the_window_as_a_mod_and_as_a_dense_mask():
 def test_peak_memory_sees_a_large_temporary():
     mb = peak_memory_mb(lambda: torch.ones(64 * 2**20 // 4).sum(), "cpu")  # 64 MiB
     assert 60 < mb < 80
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """torch.cuda's synchronize and memory statistics stubbed (no GPU here): the calls, each
+    as (function, device), land in the returned list; the allocator's peak reads 3 MiB."""
+    calls = []
+
+    def stub(name, value):
+        def call(device=None):
+            calls.append((name, device))
+            return value
+
+        return call
+
+    for name, value in (
+        ("synchronize", None),
+        ("memory_allocated", 0),
+        ("reset_peak_memory_stats", None),
+        ("max_memory_allocated", 3 * 2**20),
+    ):
+        monkeypatch.setattr(torch.cuda, name, stub(name, value))
+    return calls
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_any_cuda_device_is_synchronised_and_measured_by_the_allocator(fake_cuda, device):
+    wall_ms(lambda: None, device)
+    assert fake_cuda == [("synchronize", device)] * 2
+    assert peak_memory_mb(lambda: None, device) == 3
+    assert {name for name, _ in fake_cuda} >= {"memory_allocated", "max_memory_allocated"}
+    assert {d for _, d in fake_cuda} == {device}
+
+
+def test_measure_on_cuda_n_takes_the_gpu_memory_path(fake_cuda, monkeypatch):
+    make = Workload.make  # the workload itself runs on the CPU (no GPU here)
+    monkeypatch.setattr(Workload, "make", lambda self, n, grad, device: make(self, n, grad))
+
+    def isolated(*args):
+        raise AssertionError("a CUDA device measured in a CPU process")
+
+    monkeypatch.setattr(measure_module, "isolated_peak_memory_mb", isolated)
+    shape = dict(batch=1, heads=1, head_dim=4)
+    table = measure([Workload("naive", "softmax", "naive", shape)], [8], 1, "cuda:0", ())
+    assert table.train_peak_mb.tolist() == [3]
+    assert ("synchronize", "cuda:0") in fake_cuda
+
+
+@pytest.mark.parametrize(
+    ("option", "error"),
+    [
+        (["--device", "cpu:7"], "--device 'cpu:7': the bench runs on cpu, cuda or cuda:N"),
+        (["--device", "meta"], "--device 'meta': the bench runs on cpu, cuda or cuda:N"),
+        (["--device", "cuda:99"], "--device cuda:99: torch.cuda."),
+        (["--lengths", "8", "16", "8"], "--lengths [8, 16, 8]: each length once (repeated: [8])"),
+        (["--csv-dir", "{file}/x"], "--csv-dir {file}/x: cannot write files there"),
+        (["--report", "{file}/x"], "--report {file}/x: cannot write files there"),
+    ],
+)
+def test_cli_refuses_a_bad_setting_in_one_line_before_measuring(
+    option, error, monkeypatch, tmp_path
+):
+    def measured(*args):
+        raise AssertionError("measured before the settings were checked")
+
+    monkeypatch.setattr(suites_module, "_suite_table", measured)
+    file = tmp_path / "file"  # a folder below a file cannot be made
+    file.write_text("")
+    option = [word.format(file=file) for word in option]
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--suite", "softmax", "--lengths", "8", *option])
+    assert str(exit_.value).startswith(f"error: {error.format(file=file)}")
 
 
 @pytest.mark.slow  # `make test-slow`: the default suite stays under 10 minutes

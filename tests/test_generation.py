@@ -193,6 +193,38 @@ def test_prompt_of_one_token_and_zero_new_tokens():
     assert torch.equal(same, idx) and none.shape == (3, 0, VOCAB)
 
 
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        (dict(temperature=-1.0), r"temperature=-1\.0: must be a finite number > 0, or 0"),
+        (dict(temperature=math.inf), "temperature=inf: must be a finite number"),
+        (dict(temperature=math.nan), "temperature=nan: must be a finite number"),
+        (dict(max_new_tokens=-2), "max_new_tokens=-2: must be an int >= 0"),
+        (dict(max_new_tokens=2.5), "max_new_tokens=2.5: must be an int >= 0"),
+        (dict(top_k=0), r"top_k=0: must be None \(every token\) or an int >= 1"),
+        (dict(top_k=-3), "top_k=-3: must be None"),
+        (dict(idx=prompt(length=0)), r"idx \(3, 0\) has no tokens: the prompt needs T >= 1"),
+    ],
+)
+def test_bad_generation_arguments_are_refused_before_any_compute(change, error):
+    model = model_for("standard-rope")
+
+    def refuse(module, args):
+        raise AssertionError("the model ran before its arguments were checked")
+
+    model.register_forward_pre_hook(refuse)
+    with pytest.raises(ValueError, match=error):
+        model.generate(**{"idx": prompt(), "max_new_tokens": 3, **change})
+
+
+def test_top_k_beyond_the_vocabulary_samples_from_all_of_it():
+    model = model_for("standard-rope")
+    torch.manual_seed(3)
+    every = model.generate(prompt(), 6, top_k=VOCAB + 5)
+    torch.manual_seed(3)
+    assert torch.equal(every, model.generate(prompt(), 6))
+
+
 def test_prompt_longer_than_max_block_size_runs_uncached():
     model = model_for("standard-rope")
     idx = prompt(length=BLOCK + 3)

@@ -78,6 +78,34 @@ def test_dual_maps_have_both_branches_and_the_relations():
     assert len(set(image.reshape(-1, image.shape[-1])[:, :3].sum(1).tolist())) > 10
 
 
+def test_each_row_of_maps_is_drawn_on_a_scale_that_covers_its_values():
+    torch.manual_seed(0)
+    differential = LanguageModel(
+        vocab_size=11, d_model=16, n_layers=1, attention="differential",
+        attention_kwargs=dict(n_heads=2), max_block_size=12,
+    )  # fmt: skip
+    with torch.no_grad():
+        for p in differential.parameters():
+            p.mul_(3)  # sharper maps: softmax1 - lambda softmax2 goes below 0
+    idx = torch.randint(11, (1, 8))
+    (signed,) = record_attention_maps(differential, idx).values()
+    standard = LanguageModel(
+        vocab_size=11, d_model=16, n_layers=1, attention_kwargs=dict(n_heads=2), max_block_size=12
+    )
+    (weights,) = record_attention_maps(standard, idx).values()
+    maps = {"differential": signed, "standard": weights}
+    assert signed["attention"].min() < 0  # the case drawn wrongly on a [0, 1] scale
+
+    figure = plot_attention_maps(maps)
+    images = [ax.images[0] for ax in figure.axes if ax.images]  # row by row; then colour bars
+    bars = [ax for ax in figure.axes if ax.get_ylabel()]
+    low, high = images[0].get_clim()
+    values = signed["attention"][0]
+    assert low <= values.min() and values.max() <= high and low == -high
+    assert "centred on 0" in bars[0].get_ylabel()
+    assert images[-1].get_clim() == (0, 1) and bars[1].get_ylabel() == "weight"
+
+
 def test_a_model_without_attention_maps_is_named():
     with (
         pytest.raises(ValueError, match="Linear has no module with attention_maps"),

@@ -146,6 +146,19 @@ def test_bad_mods_are_named():
         build_mod("window")
     with pytest.raises(ValueError, match="window=0: must be a positive int"):
         build_mod({"name": "sliding_window", "window": 0})
+    for spec in (
+        {"name": "sliding_window", "window": 10**30},
+        {"name": "prefix_lm", "prefix": 2**63},
+    ):
+        with pytest.raises(ValueError, match=r"=\d+: must be a positive int <= 2\*\*63 - 1"):
+            build_mod(spec)  # refused when built, not at the first call
+    with pytest.raises(ValueError, match=r"their sum must be at most 2\*\*63 - 1"):
+        build_mod({"name": "document", "lengths": [2**62, 2**62]})
+    huge = build_mod({"name": "sliding_window", "window": 2**63 - 1})  # the largest: every key
+    q, k, v = inputs(4, 4)
+    torch.testing.assert_close(
+        softmax_attention(q, k, v, mask_mod=huge), softmax_attention(q, k, v, is_causal=True)
+    )
     with pytest.raises(ValueError, match="a mod is a name"):
         build_mod(3)
     with pytest.raises(ValueError, match="causal='false': must be true or false"):

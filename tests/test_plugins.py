@@ -183,3 +183,20 @@ def test_the_example_mechanism_agrees_across_backends_and_with_its_band():
     x2[:, 2] += 1.0  # position 2 is seen by queries 2 and 3 only (window 2, causal)
     changed = (layer(x2, is_causal=True) - base).abs().amax(-1)[0] > 1e-12
     assert changed.tolist() == [False, False, True, True, False, False, False]
+
+
+def test_the_example_mechanism_adds_a_float_mask_to_the_scores_as_standard_attention_does():
+    import_plugins([str(EXAMPLE)])
+    torch.manual_seed(0)
+    window = az.build("sliding_window", d_model=8, n_heads=2, window=2, backend="naive").double()
+    standard = az.build("standard", d_model=8, n_heads=2, backend="naive").double()
+    standard.load_state_dict(window.state_dict())
+    x = torch.randn(1, 6, 8, dtype=torch.float64)
+    bias = torch.zeros(6, 6, dtype=torch.float64)
+    bias[:, 0] = -5.0  # a finite bias against key 0
+    offset = torch.arange(6)[:, None] - torch.arange(6)  # i - j
+    for is_causal, near in ((False, offset.abs() < 2), (True, (offset >= 0) & (offset < 2))):
+        band = torch.zeros(6, 6, dtype=torch.float64).masked_fill(~near, -torch.inf)
+        biased = window(x, attn_mask=bias, is_causal=is_causal)
+        assert (biased - window(x, is_causal=is_causal)).abs().max() > 1e-3  # the bias counts
+        torch.testing.assert_close(biased, standard(x, attn_mask=bias + band))

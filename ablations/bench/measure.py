@@ -124,14 +124,28 @@ def forward_backward(run: Run) -> Callable[[], None]:
     return step
 
 
+def on_cuda(device: str) -> bool:
+    """Whether `device` is a CUDA device: "cuda" or "cuda:N"."""
+    return torch.device(device).type == "cuda"
+
+
+def check_lengths(lengths: Sequence[int], name: str = "lengths") -> None:
+    """ValueError naming `name` unless `lengths` is a non-empty list of distinct N >= 1 (a table
+    holds one row per backend and N)."""
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"{name} {list(lengths)}: give one or more lengths N >= 1")
+    if repeated := sorted({n for n in lengths if list(lengths).count(n) > 1}):
+        raise ValueError(f"{name} {list(lengths)}: each length once (repeated: {repeated})")
+
+
 def wall_ms(fn: Callable[[], object], device: str) -> float:
     """Wall time of one fn() call in milliseconds (on CUDA, synchronised)."""
-    if device == "cuda":
-        torch.cuda.synchronize()
+    if on_cuda(device):
+        torch.cuda.synchronize(device)
     start = time.perf_counter()
     fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
+    if on_cuda(device):
+        torch.cuda.synchronize(device)
     return (time.perf_counter() - start) * 1e3
 
 
@@ -164,16 +178,17 @@ def _status_kib(name: str) -> int:
 def peak_memory_mb(fn: Callable[[], object], device: str = "cpu") -> float:
     """Peak memory fn() adds above what was in use before it, in MiB (NaN if unmeasurable).
 
-    CPU: rise of this process's peak resident set; call it in a fresh process (see
-    `isolated_peak_memory_mb`) for numbers independent of earlier work.
+    CUDA ("cuda", "cuda:N"): rise of the allocator's peak on `device`. CPU: rise of this
+    process's peak resident set; call it in a fresh process (see `isolated_peak_memory_mb`)
+    for numbers independent of earlier work.
     """
-    if device == "cuda":
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
+    if on_cuda(device):
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
         fn()
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - before) / 2**20
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
     try:
         before = _status_kib("VmRSS")
         with open("/proc/self/clear_refs", "w") as f:
@@ -240,6 +255,7 @@ def measure(
     workloads in turn (`interleaved_median_ms`). `progress` (ablations.steps) counts the
     measurements, workloads x lengths x (forward, fwd+bwd, memory), those a workload refused
     included; it is told between them, never while a workload is timed."""
+    check_lengths(lengths)
     progress = progress or Steps()
     progress.expect(len(workloads) * len(lengths) * (3 if memory else 2))
     rows = []
@@ -274,7 +290,7 @@ def measure(
             if w.label in steps:  # not refused
                 table[w.label]["train_peak_mb"] = (
                     peak_memory_mb(steps[w.label], device)
-                    if device == "cuda"
+                    if on_cuda(device)
                     else isolated_peak_memory_mb(w, n)
                 )
             progress.advance()

@@ -15,7 +15,9 @@ prints each table and writes the CSVs and the report it asks for (ablations.benc
 
 from __future__ import annotations
 
+import re
 import shlex
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +27,14 @@ import pandas as pd
 import torch
 
 from ablations.bench import SUITES
-from ablations.bench.measure import Workload, interleaved_median_ms, machine, measure
+from ablations.bench.measure import (
+    Workload,
+    check_lengths,
+    interleaved_median_ms,
+    machine,
+    measure,
+)
+from ablations.devices import device_problem
 from ablations.steps import Steps, make_steps
 from attn_zoo.kernels.dispatch import family
 
@@ -59,7 +68,7 @@ def bench_softmax(
     counts the measurements (see `measure`)."""
     if backends is None:
         fam = family("softmax")
-        backends = [b for b in fam.backends if fam.status(b, device)[0]]
+        backends = [b for b in fam.backends if fam.status(b, torch.device(device).type)[0]]
     shape = dict(batch=batch, heads=heads, head_dim=head_dim, dtype=dtype)
     workloads = [Workload(b, "softmax", b, shape, causal=causal) for b in backends]
     return measure(workloads, lengths, repeats, device, memory=memory, progress=progress)
@@ -240,6 +249,7 @@ def bench_generation(
 
     if unknown := [m for m in mechanisms if m not in GENERATION_MODELS]:
         raise ValueError(f"generation mechanisms {unknown}: valid are {list(GENERATION_MODELS)}")
+    check_lengths(lengths)
     if min(lengths) <= prompt:
         raise ValueError(f"lengths {list(lengths)} must all exceed the prompt ({prompt} tokens)")
     progress = progress or Steps()
@@ -308,6 +318,29 @@ class BenchRun:
     ra_heads: int = 4
     ra_backends: list[str] | None = None
     window: int = 64  # window suite
+
+    def check(self) -> None:
+        """ValueError naming the option, its value and what is valid, for a setting this run
+        cannot measure or write: checked before anything is measured. Creates the --csv-dir
+        and --report folders (to check that files can be written there)."""
+        if "generation" in self.suite and len(self.suite) > 1:
+            raise ValueError("--suite generation runs on its own (its report differs)")
+        if not re.fullmatch(r"cpu|cuda|cuda:\d+", self.device):
+            raise ValueError(f"--device {self.device!r}: the bench runs on cpu, cuda or cuda:N")
+        if problem := device_problem(self.device):
+            raise ValueError(f"--device {self.device}: {problem} here")
+        if self.lengths is not None:
+            check_lengths(self.lengths, "--lengths")
+        for option, folder in (("--csv-dir", self.csv_dir), ("--report", self.report)):
+            if folder is None:
+                continue
+            try:
+                Path(folder).mkdir(parents=True, exist_ok=True)
+                tempfile.TemporaryFile(dir=folder).close()
+            except OSError as err:
+                raise ValueError(
+                    f"{option} {folder}: cannot write files there ({err.strerror or err})"
+                ) from None
 
     def suite_lengths(self, suite: str) -> list[int]:
         return self.lengths or DEFAULT_LENGTHS.get(suite, DEFAULT_LENGTHS["relational"])
@@ -419,16 +452,7 @@ def run_bench(
     from ablations.bench.report import write_bench_report
     from ablations.report_pages import write_csv
 
-    if "generation" in bench.suite and len(bench.suite) > 1:
-        raise ValueError("--suite generation runs on its own (its report differs)")
-    try:
-        device = torch.device(bench.device)
-    except RuntimeError:
-        raise ValueError(
-            f"--device {bench.device!r} is not a torch device (cpu, cuda, cuda:N)"
-        ) from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {bench.device}: torch.cuda.is_available() is False here")
+    bench.check()
     if bench.suite == ["generation"]:
         torch.set_num_threads(1)  # for the whole run, so the machine line names it
         modes = [True]

@@ -18,6 +18,9 @@ slides, every position moves, and it recomputes the cropped window as the uncach
 
 from __future__ import annotations
 
+import math
+from numbers import Integral, Real
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -132,7 +135,10 @@ class LanguageModel(nn.Module):
         whole prompt (prefill), each later one only the newest token, until the context
         exceeds max_block_size, from where each step recomputes the cropped window as the
         uncached path does. return_logits: also the logits each step sampled from (before
-        temperature and top-k), (B, max_new_tokens, vocab)."""
+        temperature and top-k), (B, max_new_tokens, vocab). Bad arguments are a ValueError
+        before any compute (`_check_generation`)."""
+        check_tokens("idx", idx, self.vocab_size, None)
+        _check_generation(idx, max_new_tokens, temperature, top_k)
         cache = self.new_cache() if use_cache and self.supports_cache() else None
         steps = []
         for _ in range(max_new_tokens):
@@ -159,3 +165,29 @@ class LanguageModel(nn.Module):
                 return idx, self.final_out.weight.new_zeros(idx.shape[0], 0, self.vocab_size)
             return idx, torch.stack(steps, dim=1)
         return idx
+
+
+def _check_generation(
+    idx: torch.Tensor, max_new_tokens: int, temperature: float, top_k: int | None
+) -> None:
+    """ValueError naming the argument, its value and the valid range, unless the prompt idx
+    (B, T) has T >= 1 tokens, max_new_tokens is an int >= 0, temperature a finite number >= 0
+    (0: greedy) and top_k None or an int >= 1 (more than the vocabulary: all of it)."""
+
+    def is_int(value: object) -> bool:
+        return isinstance(value, Integral) and not isinstance(value, bool)
+
+    if idx.shape[1] == 0:
+        raise ValueError(f"idx {tuple(idx.shape)} has no tokens: the prompt needs T >= 1 tokens")
+    if not is_int(max_new_tokens) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r}: must be an int >= 0")
+    if (
+        not isinstance(temperature, Real)
+        or isinstance(temperature, bool)
+        or not (math.isfinite(temperature) and temperature >= 0)
+    ):
+        raise ValueError(
+            f"temperature={temperature!r}: must be a finite number > 0, or 0 for greedy decoding"
+        )
+    if top_k is not None and (not is_int(top_k) or top_k < 1):
+        raise ValueError(f"top_k={top_k!r}: must be None (every token) or an int >= 1")

@@ -99,10 +99,18 @@ def shift_queries(mod: Callable | None, offset: int, score: bool) -> Callable | 
     return shifted_mask
 
 
+# Positions are int64 tensors: an int setting compared with them must fit one
+_INT64_MAX = torch.iinfo(torch.int64).max
+
+
 def _positive(name: str, value: object, kind: type = int) -> None:
     ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
     if not ok or (kind is int and not isinstance(value, int)) or not math.isfinite(value):
         raise ValueError(f"{name}={value!r}: must be a positive {kind.__name__}")
+    if kind is int and value > _INT64_MAX:
+        raise ValueError(
+            f"{name}={value!r}: must be a positive int <= 2**63 - 1 (positions are int64)"
+        )
 
 
 @MODS.register("causal")
@@ -155,6 +163,8 @@ def document(lengths: list[int]) -> MaskMod:
     for i, length in enumerate(lengths):
         _positive(f"lengths[{i}]", length)
     ends = list(itertools.accumulate(lengths))
+    if ends[-1] > _INT64_MAX:
+        raise ValueError(f"lengths={lengths!r}: their sum must be at most 2**63 - 1 (int64)")
 
     def document_id(position: torch.Tensor) -> torch.Tensor:  # how many documents end <= it
         return sum((position >= end).long() for end in ends)  # no captured tensor: flex-safe
