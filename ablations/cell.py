@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from ablations.store import config_key
+from ablations.tasks import Task, build_task
+from ablations.tasks.registry import locate_files
 
 # What places a cell in its grid, beside its swept keys: the task, size and mechanism labels
 # and the seed (what grid.include and grid.exclude rules name).
@@ -78,7 +80,9 @@ def resolve_training(given: dict) -> dict:
 @dataclass(frozen=True)
 class Cell:
     """One training run of the grid, fully resolved. `swept`: the swept keys the cell has
-    beyond its labels and seed (no part of its config or key: their resolved values are)."""
+    beyond its labels and seed (no part of its config or key: their resolved values are);
+    `folder`: the grid file's, where a relative data file of its task is looked up first (no
+    part of its config or key either; "": the task's own data folder only)."""
 
     grid: str
     task: str  # its label
@@ -91,10 +95,19 @@ class Cell:
     training: dict
     seed: int
     swept: tuple[str, ...] = ()
+    folder: str = ""
 
     def config(self) -> dict:
         """The resolved config that keys the cell in the results store."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "swept"}
+        return {
+            f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("swept", "folder")
+        }
+
+    def build_task(self) -> Task:
+        """Its task, a relative data file looked up beside the grid file first (`locate_files`)."""
+        return build_task(
+            self.task_name, **locate_files(self.task_name, self.task_kwargs, self.folder)
+        )
 
     @property
     def key(self) -> str:

@@ -9,10 +9,13 @@ modules imported before any name is resolved, in the driver and in every worker.
 A module registers what it defines when imported (``@attn_zoo.register_mechanism("mine")``,
 ``@register_task("mine")``, ...). `import_plugins` imports each named module once per process:
 a name with a path separator or ending in ".py" is a file, resolved against the grid file's
-folder; any other name is a module, looked up on sys.path and then in that folder. A module that
-cannot be imported is one `PluginError` naming it, raised before any cell runs. The resolved
-names (`GridSpec.imports`) travel with the cells to the executors' worker processes and Ray
-tasks, which import them before training. Installed packages need none of this: their
+folder; any other name is a module, looked up on sys.path and then in that folder. A file is
+imported once however it is named (``imports = ["mine.py"]`` and ``--import mine``): one that a
+module of this process was loaded from is not imported again. A module that cannot be imported
+is one `PluginError` naming it, raised before any cell runs. The resolved names
+(`GridSpec.imports`) travel with the cells to the executors' worker processes and Ray tasks,
+which import them before training; each cell records them with their files' SHA-256
+(ablations.provenance). Installed packages need none of this: their
 entry points (group "attn_zoo.plugins") are loaded by every registry (attn_zoo/registry.py).
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,15 +76,30 @@ def _find(name: str) -> object:
         return None
 
 
+def _loaded(path: str) -> bool:
+    """Whether a module of this process was loaded from the file at `path`."""
+    real = os.path.realpath(path)
+    files = (getattr(module, "__file__", None) for module in list(sys.modules.values()))
+    return any(
+        isinstance(file, str)
+        and os.path.basename(file) == os.path.basename(real)  # cheap first
+        and os.path.realpath(file) == real
+        for file in files
+    )
+
+
 def _import(name: str) -> None:
-    """Import module `name`, or the file at path `name` as a module named after its path."""
+    """Import module `name`, or the file at path `name` as a module named after its path;
+    nothing when its file is already loaded, under any module name."""
     if not is_file(name):
-        importlib.import_module(name)
+        spec = None if name in sys.modules else _find(name)
+        if spec is None or not spec.origin or not _loaded(spec.origin):
+            importlib.import_module(name)
         return
     path = Path(name)
     digest = hashlib.sha256(str(path).encode()).hexdigest()[:8]
     module_name = f"attn_zoo_plugin_{path.stem}_{digest}"
-    if module_name in sys.modules:
+    if module_name in sys.modules or _loaded(name):
         return
     if not path.is_file():
         raise FileNotFoundError(f"no plugin file {path}")

@@ -99,6 +99,7 @@ from ablations.selection import (
 from ablations.steps import Steps
 from ablations.store import ResultsStore, _pid_alive, cells_table, error_summary
 from ablations.tasks import build_task
+from ablations.tasks.registry import TASKS
 
 SUMMARY_COLUMNS = [
     "task",
@@ -466,9 +467,9 @@ def _loss_floor(configs: list[dict]) -> dict[str, float] | None:
     }
     floors: dict[str, list[float]] = {"validation": [], "test": []}
     for name, kwargs, seed in sorted(settings):
-        task = build_task(name, **json.loads(kwargs))
-        if not hasattr(task, "best_losses"):
+        if not hasattr(TASKS[name], "best_losses"):  # built only then: no file of it is read
             return None
+        task = build_task(name, **json.loads(kwargs))
         splits = task.splits(seed)
         for split, values in floors.items():
             values.append(float(task.best_losses(*splits[split][:]).mean()))

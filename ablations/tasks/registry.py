@@ -20,6 +20,11 @@ same seed gives the same tensors on every machine and run.
 A task may give more test splits, named "test_<what>" (relational_games: "test_id" and
 "test_ood"); training evaluates each into metrics "test_<what>_acc", "test_<what>_loss".
 
+A task that reads files names the kwargs holding their paths in `data_kwargs` and returns the
+files it reads from `data_files()` (each cell records their SHA-256: ablations.provenance). A
+relative path is looked up beside the grid file first (`locate_files`: the spec knows that
+folder), then in the task's own data folder; never in the working directory.
+
 Targets: classification tasks give one class id per example, shape ``(n,)``; language-model
 tasks give one next-token target per input position, shape ``(n, seq_len)``, with
 `IGNORE_INDEX` (-1) where a position is not scored (use ``cross_entropy(ignore_index=-1)``).
@@ -39,8 +44,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import ClassVar, TypeVar
 
 import torch
@@ -110,6 +116,7 @@ class Task:
 
     kind: ClassVar[str]
     num_classes: ClassVar[int | None] = None
+    data_kwargs: ClassVar[tuple[str, ...]] = ()  # the kwargs naming the files it reads
     n_train: int = 2000
     n_validation: int = 500
     n_test: int = 500
@@ -132,6 +139,10 @@ class Task:
             value = getattr(self, f.name)
             if f.name not in SPLIT_SIZES and type(value) is int and value > MAX_SETTING:
                 raise ValueError(f"{f.name}={value} must be <= {MAX_SETTING}")
+
+    def data_files(self) -> list[Path]:
+        """The files its data is read from, resolved; none for a generated task."""
+        return []
 
     @property
     def total_examples(self) -> int:
@@ -213,3 +224,19 @@ def task_arguments(name: str) -> list[str]:
 def build_task(name: str, **kwargs: object) -> Task:
     """The task `name` with `kwargs` overriding its defaults; ValueError on a bad name or kwarg."""
     return TASKS.build(name, **kwargs)
+
+
+def locate_files(name: str, kwargs: Mapping[str, object], folder: str | Path | None) -> dict:
+    """`kwargs` of task `name` with each relative path of its `data_kwargs` that names a file
+    in `folder` (a grid file's; None or "": none) replaced by that file's absolute path; the
+    task looks the other relative paths up in its own data folder. A cell's key keeps the path
+    as given."""
+    data_kwargs = TASKS[name].data_kwargs if folder and name in TASKS else ()
+    located = dict(kwargs)
+    for key in data_kwargs:
+        value = kwargs.get(key)
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            beside = Path(folder) / value
+            if beside.is_file():
+                located[key] = str(beside.resolve())
+    return located

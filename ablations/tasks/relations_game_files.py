@@ -18,10 +18,16 @@ once by the seed, then cut into `n_train` training, `n_validation` validation an
 held-out test boards ("test" and "test_id": in distribution); "test_ood" is every board of
 `ood_file` (out of distribution), "" for none. A vision model with ``patch_size = 12`` sees one
 cell per patch, as in relational_games.py (our renderer of the same games).
+
+Files: an absolute path is read as is; a relative one, in a grid, beside the grid file when
+there is one there, else in the shipped folder (never the working directory). A file is
+refused by name before its arrays are read when it is no .npz archive or its arrays' headers
+claim more than `memory_limit()`.
 """
 
 from __future__ import annotations
 
+import zipfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -31,36 +37,82 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .registry import Split, Task, register_task
+from .registry import Split, Task, _gib, memory_limit, register_task
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "relations_game"
 FIELDS = ("images", "labels", "tasks")
+HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
 def resolve(path: str) -> Path:
-    """`path` as given when absolute or when it exists, else in the shipped data folder."""
+    """`path` as given when absolute, else in the shipped data folder (a grid's cells look a
+    relative path up beside the grid file first: ablations.tasks.registry.locate_files)."""
     given = Path(path).expanduser()
-    return given if given.is_absolute() or given.exists() else DATA / given
+    return given if given.is_absolute() else DATA / given
+
+
+def _array_bytes(archive: zipfile.ZipFile, field: str) -> int:
+    """The bytes array `field` of an .npz archive takes, from its .npy header alone;
+    ValueError when the archive holds fewer."""
+    member = archive.getinfo(f"{field}.npy" if f"{field}.npy" in archive.namelist() else field)
+    with archive.open(member) as file:
+        version = np.lib.format.read_magic(file)
+        if version not in HEADERS:
+            raise ValueError(f"{field}: .npy format version {version} (1.0 or 2.0 are read)")
+        shape, _, dtype = HEADERS[version](file)
+        if dtype.hasobject:
+            raise ValueError(f"{field}: {dtype} arrays hold pickled objects, which are not read")
+        need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if need > member.file_size - file.tell():
+            raise ValueError(
+                f"{field}: its header claims {shape} {dtype} ({need:,} bytes), the archive "
+                f"holds {member.file_size - file.tell():,}"
+            )
+    return need
+
+
+def load_boards(path: Path, game: int) -> tuple[Tensor, Tensor]:
+    """The boards of `path` (of game `game`; -1: all): uint8 images (n, 3, H, W) and int64
+    labels (n,), read once per state of the file (its size and modification time); ValueError
+    naming the file and what is wrong with it, before reading its arrays when it is no .npz
+    archive or they would take more than `memory_limit()`."""
+    stat = path.stat() if path.is_file() else None
+    return _load_boards(path, game, stat and (stat.st_size, stat.st_mtime_ns))
 
 
 @cache
-def load_boards(path: Path, game: int) -> tuple[Tensor, Tensor]:
-    """The boards of `path` (of game `game`; -1: all): uint8 images (n, 3, H, W) and int64
-    labels (n,); ValueError naming the file and what is wrong with it."""
+def _load_boards(path: Path, game: int, state: tuple[int, int] | None) -> tuple[Tensor, Tensor]:
+    if state is None:
+        looked = path.is_relative_to(DATA)  # a relative path: say where it was looked up
+        raise ValueError(f"{path}: no such file" + (
+            f" (a relative path is looked up beside the grid file, then in {DATA})" if looked
+            else ""
+        ))  # fmt: skip
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"{path}: not an .npz file (a NumPy zip archive of .npy arrays)")
     try:
         with np.load(path, allow_pickle=False) as data:
             missing = [f for f in FIELDS if f not in data.files]
             if missing:
                 raise ValueError(f"lacks the fields {missing} (it has {data.files})")
-            images, labels, games = (np.asarray(data[f]) for f in FIELDS)
-    except (OSError, EOFError, ValueError) as err:
+            need = sum(_array_bytes(data.zip, f) for f in FIELDS)
+            arrays = [np.asarray(data[f]) for f in FIELDS] if need <= memory_limit() else None
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
         raise ValueError(f"{path}: not a relations-game .npz file: {err}") from None
+    if arrays is None:
+        raise ValueError(
+            f"{path}: its arrays would take {_gib(need)} (as their headers say); the limit is "
+            f"{_gib(memory_limit())} (half of this machine's memory)"
+        )
+    images, labels, games = arrays
     n = len(images)
     if images.ndim != 4 or images.shape[3] != 3 or labels.shape != (n, 1) or games.shape != (n, 1):
         raise ValueError(
             f"{path}: images {images.shape}, labels {labels.shape}, tasks {games.shape}; want "
             "images (n, H, W, 3), labels (n, 1), tasks (n, 1)"
         )
+    if images.size == 0:
+        raise ValueError(f"{path}: holds no boards (images {images.shape})")
     if not np.issubdtype(images.dtype, np.integer) or images.min() < 0 or images.max() > 255:
         raise ValueError(f"{path}: images must be integers in [0, 255] ({images.dtype})")
     if not np.isin(labels, (0, 1)).all():
@@ -80,6 +132,7 @@ class RelationsGameFiles(Task):
     kind: ClassVar[str] = "image_classification"
     num_classes: ClassVar[int] = 2
     patch_size: ClassVar[int] = 12
+    data_kwargs: ClassVar[tuple[str, ...]] = ("train_file", "ood_file")
     train_file: str = "mini_between_hexos.npz"
     ood_file: str = "mini_between_stripes.npz"
     game: int = -1
@@ -100,6 +153,10 @@ class RelationsGameFiles(Task):
             )
         if self.ood_file:
             load_boards(resolve(self.ood_file), self.game)
+
+    def data_files(self) -> list[Path]:
+        """The train file, and the ood file where there is one."""
+        return [resolve(f) for f in (self.train_file, self.ood_file) if f]
 
     @property
     def image_shape(self) -> tuple[int, int, int]:

