@@ -128,11 +128,20 @@ def local_placement(index: int, n_gpus: int, device: str) -> str | None:
     return None
 
 
-def default_local_workers(device: str) -> int:
-    """The local executor's workers for cells on `device`: one per GPU where they train on
-    this machine's GPUs ("auto", "cuda"), else one per core this process may use."""
+def cell_threads(resources: dict | None = None) -> int:
+    """The torch threads every cell of a grid trains with, whatever the executor and its number
+    of workers: its `[resources]` num_cpus (default 1), whole, at least 1. Held fixed, so that
+    a grid's results do not depend on how many workers ran it (another thread count changes
+    the order of floating-point sums: ablations/variance.py measures by how much)."""
+    return max(1, int({**RESOURCE_DEFAULTS, **(resources or {})}["num_cpus"]))
+
+
+def default_local_workers(device: str, threads: int = 1) -> int:
+    """The local executor's workers for cells on `device` that train with `threads` torch
+    threads each: one per GPU where they train on this machine's GPUs ("auto", "cuda"), else
+    as many as the cores this process may use hold (at least one)."""
     on_gpus = gpu_count() if device in ("auto", "cuda") else 0
-    return on_gpus or usable_cpus()
+    return on_gpus or max(1, usable_cpus() // threads)
 
 
 def attempted_device(setting: str, placed: str | None) -> str:

@@ -15,8 +15,9 @@ waits at each evaluation after which it would train on for the driver's answer: 
 `pool.answer(key, prune)` says.
 
 `EXECUTORS`:
-  local  `workers` spawned processes, the machine's cores split between them as torch threads;
-         `workers=1` trains in a thread of the driver's own process. Where this machine has
+  local  `workers` spawned processes (default: as many as the usable cores hold), each cell
+         with the grid's torch threads (`[resources]` num_cpus, default 1: held fixed, however
+         many workers run); `workers=1` trains in a thread of the driver's own process. Where this machine has
          GPUs and the grid's device is "auto" or "cuda", worker i trains on cuda:i (more
          workers than GPUs share them round-robin: ablations.devices), and the default is one
          worker per GPU; otherwise every worker trains on the grid's device (CPU for "auto").
@@ -58,6 +59,7 @@ from ablations.cell import Cell, training_settings
 from ablations.devices import (
     RESOURCE_DEFAULTS,
     attempted_device,
+    cell_threads,
     default_local_workers,
     gpu_count,
     local_placement,
@@ -412,16 +414,19 @@ class _ResumePoints:
 
 
 class LocalExecutor(_ResumePoints):
-    """`workers` spawned processes with usable_cpus() // workers torch threads each (one worker:
-    a thread of this process, which keeps the driver free to show progress), worker i on
+    """`workers` spawned processes with `threads` torch threads each (the grid's, held fixed:
+    ablations.devices.cell_threads; one worker: a thread of this process, which keeps the
+    driver free to show progress), worker i on
     `placement(i, gpus, the cell's device)`. Handles are the workers themselves; progress and
     outcomes come up one pipe per worker."""
 
-    def __init__(self, workers: int, gpus: int | None = None, imports: Sequence[str] = ()):
+    def __init__(
+        self, workers: int, gpus: int | None = None, imports: Sequence[str] = (), threads: int = 1
+    ):
         self.slots = workers
         self.imports = list(imports)
         self.gpus = gpu_count() if gpus is None else gpus
-        self.threads = max(1, usable_cpus() // workers)
+        self.threads = threads
         self.processes = workers > 1
         self.workers: list[_Worker] = []
         self.events: list[tuple[str, int, float]] = []
@@ -692,13 +697,17 @@ def make_executor(
     `device`, whose `[resources]` are `resources` (Ray) and whose plugins `imports` (every
     worker imports them); ValueError naming the valid ones.
     The local executor's default `workers`: one per GPU where the cells train on this
-    machine's GPUs, else one per core it may use (ablations.devices.default_local_workers)."""
+    machine's GPUs, else as many as the cores it may use hold (ablations.devices.
+    default_local_workers); each trains with the grid's torch threads (`[resources]`
+    num_cpus, default 1: ablations.devices.cell_threads), whatever the number of workers."""
     if workers is not None and workers < 1:
         raise ValueError(f"workers={workers}: must be >= 1")
     if name == "local":
         if address is not None:
             raise ValueError(f"address={address!r} is for executor='ray', not 'local'")
-        return LocalExecutor(workers or default_local_workers(device), imports=imports)
+        threads = cell_threads(resources)
+        workers = workers or default_local_workers(device, threads)
+        return LocalExecutor(workers, imports=imports, threads=threads)
     if name == "ray":
         return RayExecutor(workers, address, resources=resources, device=device, imports=imports)
     raise ValueError(f"executor={name!r} is not valid; valid: {', '.join(EXECUTORS)}")

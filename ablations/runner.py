@@ -55,7 +55,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ablations.cell import Cell, training_settings
-from ablations.devices import default_local_workers
+from ablations.devices import cell_threads, default_local_workers
 from ablations.executors import Evaluation, make_executor
 from ablations.progress import COUNTED, Progress, cell_label, make_progress
 from ablations.provenance import mixed_provenance, plugin_record
@@ -248,7 +248,8 @@ def drive(
     commit = source_commit()
     stop = _StopSignals()  # before ray.init, which sets its own SIGTERM handler
     device = training_settings(spec.training)["device"]  # where the local workers go
-    if executor == "ray" or (workers or default_local_workers(device)) > 1:
+    threads = cell_threads(spec.resources)
+    if executor == "ray" or (workers or default_local_workers(device, threads)) > 1:
         _check_importable(spec, named)  # before any worker starts
     pool = make_executor(executor, workers, address, spec.resources, device, spec.imports)
     stop.install(pool)

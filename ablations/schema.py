@@ -241,7 +241,8 @@ class MechanismEntry(TaskEntry):
 
 
 class Resources(Table):
-    """[resources]: what each Ray task of a cell asks for (no part of any cell)."""
+    """[resources]: what each Ray task of a cell asks for, num_cpus also every cell's torch
+    threads under any executor (no part of any cell)."""
 
     num_cpus: resource("> 0", lambda v: v > 0) = RESOURCE_DEFAULTS["num_cpus"]
     num_gpus: resource(">= 0", lambda v: v >= 0) = RESOURCE_DEFAULTS["num_gpus"]

@@ -112,9 +112,10 @@ Training settings resolve into each cell's `training` (which keys it in the stor
   worker when it trains. `precision = "bf16"` (bfloat16 autocast; the weights and optimizer
   stay float32) runs on CUDA and on CPU (torch's CPU autocast), and is refused with "mps".
 - `[resources]` is not part of any cell: it says what each cell's Ray task asks for
-  (`num_cpus`, default 1, also its torch threads; `num_gpus`, default 0); a fraction below 1
-  shares a device, above 1 it must be whole. The local executor places its own workers
-  (one per GPU, ablations.devices.placements).
+  (`num_cpus`, default 1, also its torch threads under any executor: the local one trains
+  every cell with that many threads whatever its number of workers; `num_gpus`, default 0); a
+  fraction below 1 shares a device, above 1 it must be whole. The local executor places its
+  own workers (one per GPU, ablations.devices.placements).
 - `[resume]` is not part of any cell either: a cell takes a resume checkpoint every
   `every_minutes` of training and every `every_steps` steps (0 turns either off; by default
   every 5 minutes, so a shorter cell takes none), kept beside the store until it finishes; an

@@ -137,14 +137,17 @@ def test_the_local_executor_places_each_worker_by_its_index(monkeypatch):
     assert make_executor("local", workers=5).slots == 5
 
 
-def test_local_workers_and_threads_follow_the_cores_this_process_may_use(monkeypatch):
+def test_local_workers_follow_the_cores_and_threads_the_grid(monkeypatch):
     monkeypatch.setattr(devices, "gpu_count", lambda: 0)
     monkeypatch.setattr(devices, "usable_cpus", lambda: 3)
     monkeypatch.setattr(executors, "usable_cpus", lambda: 3)
     default = make_executor("local")
     assert (default.slots, default.threads) == (3, 1)  # one worker per usable core
     one = make_executor("local", workers=1)
-    assert (one.slots, one.threads) == (1, 3)  # one worker: every usable core's threads
+    assert (one.slots, one.threads) == (1, 1)  # the threads are the grid's, not the cores'
+    wide = make_executor("local", resources={"num_cpus": 3})
+    assert (wide.slots, wide.threads) == (1, 3)  # as many workers as the cores hold
+    assert make_executor("local", resources={"num_cpus": 2}).slots == 1
 
 
 def test_the_local_executor_sends_each_worker_its_placement(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ from grids import STD, tiny_grid
 
 from ablations.runner import run_grid
 from ablations.spec import load_grid
-from ablations.variance import main
+from ablations.variance import compare, main
 
 
 def test_two_runs_compared_cell_by_cell(tmp_path):
@@ -30,3 +30,15 @@ def test_two_runs_compared_cell_by_cell(tmp_path):
     summary = pd.read_csv(tmp_path / "moved" / "summary.csv").set_index("metric")
     assert summary.loc["test_acc", "max_abs_diff"] == pytest.approx(0.25)
     assert summary.loc["test_acc", "identical"] == 0 and summary.loc["val_acc", "identical"] == 1
+
+
+def test_the_thread_count_is_the_grids_whatever_the_workers(tmp_path):
+    """One worker (a thread of the driver) and two worker processes train every cell with the
+    grid's one torch thread, so the two runs agree to the bit."""
+    path = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0, 1])
+    a, b = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
+    run_grid(load_grid(path, [f"store={a}"]), workers=1)
+    run_grid(load_grid(path, [f"store={b}"]), workers=2)
+    cells, summary = compare(a, b)
+    assert len(cells) == 2 and (cells.threads_a == 1).all() and (cells.threads_b == 1).all()
+    assert (summary.identical == summary.cells).all()
