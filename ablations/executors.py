@@ -17,8 +17,9 @@ waits at each evaluation after which it would train on for the driver's answer: 
 `EXECUTORS`:
   local  `workers` spawned processes (default: as many as the usable cores hold), each cell
          with the grid's torch threads (`[resources]` num_cpus, default 1: held fixed, however
-         many workers run); `workers=1` trains in a thread of the driver's own process. Where this machine has
-         GPUs and the grid's device is "auto" or "cuda", worker i trains on cuda:i (more
+         many workers run); `workers=1` trains in a thread of the driver's own process. Where
+         this machine has GPUs and the grid's device is "auto" or "cuda", worker i trains on
+         cuda:i (more
          workers than GPUs share them round-robin: ablations.devices), and the default is one
          worker per GPU; otherwise every worker trains on the grid's device (CPU for "auto").
   ray    one `ray.remote` task per cell on the cluster at `address` (a local instance when
