@@ -19,9 +19,9 @@ waits at each evaluation after which it would train on for the driver's answer: 
          with the grid's torch threads (`[resources]` num_cpus, default 1: held fixed, however
          many workers run); `workers=1` trains in a thread of the driver's own process. Where
          this machine has GPUs and the grid's device is "auto" or "cuda", worker i trains on
-         cuda:i (more
-         workers than GPUs share them round-robin: ablations.devices), and the default is one
-         worker per GPU; otherwise every worker trains on the grid's device (CPU for "auto").
+         cuda:i (more workers than GPUs share them round-robin: ablations.devices), and the
+         default is one worker per GPU; otherwise every worker trains on the grid's device (CPU
+         for "auto").
   ray    one `ray.remote` task per cell on the cluster at `address` (a local instance when
          None), asking for the grid's `[resources]` (`ray_options`: num_cpus, default 1, also
          its torch threads; num_gpus, default 0, fractions sharing a GPU), retried when its
