@@ -140,7 +140,7 @@ class CellRun:
 
     name: str  # the cell's label
     key: str
-    status: str  # done, diverged, failed
+    status: str  # done, diverged, failed, pruned
     error: str | None  # a failed cell's: the traceback's last line
     params: dict  # its config, flat
     curve: list[tuple[int, dict[str, float]]]  # (step, {"train_loss": ..., "val_loss": ...})
@@ -250,7 +250,8 @@ class MLflow:
             with suppress(Exception):  # a store that failed may fail this too: the first error
                 self.client.set_terminated(run_id, "FAILED")
             raise
-        self.client.set_terminated(run_id, "FINISHED" if run.status == "done" else "FAILED")
+        ended = {"done": "FINISHED", "pruned": "KILLED"}  # pruned: stopped by the search
+        self.client.set_terminated(run_id, ended.get(run.status, "FAILED"))
 
     def log_files(self, name: str, folder: Path) -> None:
         """A run `name` holding the files of `folder` as its artifacts."""

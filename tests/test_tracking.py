@@ -379,3 +379,13 @@ def test_wandb_offline_runs_hold_each_cells_config_curve_and_metrics(tmp_path, m
         points = [point for point in history if "val_loss" in point]  # not W&B's own rows
         got = [[point["_step"], *(point[name] for name in CURVES)] for point in points]
         assert got == curves[key][["step", *CURVES]].to_numpy().tolist()
+
+
+def test_a_pruned_trials_mlflow_run_is_killed_not_failed(tmp_path):
+    pytest.importorskip("mlflow")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = tracking.MLflow(uri, tmp_path, "grid")
+    curve = [(5, {"train_loss": 1.0, "val_loss": 1.1, "val_metric": 0.5})]
+    tracker.log(tracking.CellRun("cell", "k" * 16, "pruned", None, {"seed": 0}, curve, {}))
+    (run,) = tracker.client.search_runs([tracker.experiment])
+    assert run.info.status == "KILLED"  # a search's pruned trial was stopped, it did not fail
