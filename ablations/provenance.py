@@ -76,17 +76,13 @@ def _short(record: dict) -> str:
     return "{" + ", ".join(items) + "}"
 
 
-def mixed_provenance(cells: Iterable[Cell], store: Path, plugins: dict) -> str | None:
-    """The line saying which finished cell of `cells` in `store` was made from other data files
+def mixed_provenance(cells: Iterable[Cell], results: ResultsStore, plugins: dict) -> str | None:
+    """The line saying which finished cell of `cells` in the store `results` (the run's own
+    handle: a store another run is creating this instant is one) was made from other data files
     or other plugins than `plugins` (this run's `plugin_record`) and this run's data files;
-    None when none was (or the store does not exist yet)."""
-    if not store.exists():
-        return None
-    results = ResultsStore(store, readonly=True)
-    try:
-        rows = {row["key"]: row for row in results.rows()}
-    finally:
-        results.close()
+    None when none was."""
+    store = results.path
+    rows = {row["key"]: row for row in results.rows()}
     data: dict[tuple, dict] = {}  # (task name, kwargs, folder) -> this run's data record
     for cell in cells:
         row = rows.get(cell.key)

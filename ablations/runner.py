@@ -226,10 +226,11 @@ def drive(
     says so. The counts of this run's outcomes by status (with pruned where there is a
     judge)."""
     plugins = plugin_record(spec.imports)
-    mixed = mixed_provenance(spec.cells, spec.store, plugins)
-    if mixed is not None:
-        raise SpecError(f"{spec.path}: {mixed}")
     store = ResultsStore(spec.store)
+    mixed = mixed_provenance(spec.cells, store, plugins)
+    if mixed is not None:
+        store.close()
+        raise SpecError(f"{spec.path}: {mixed}")
     store.remove_dead_partials()
 
     def say(line: str) -> None:

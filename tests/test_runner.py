@@ -1,6 +1,7 @@
 """The grid runner: every cell recorded once, failures and divergence recorded and passed over,
 resume after SIGKILL, the same metrics from every executor, and the CLI around it."""
 
+import contextlib
 import io
 import os
 import signal
@@ -129,8 +130,8 @@ def test_sigkill_midway_then_resume_loses_and_duplicates_nothing(tmp_path):
     while time.monotonic() < deadline and not done_before:
         time.sleep(0.2)
         if spec.store.exists():
-            with sqlite3.connect(spec.store) as db:
-                done_before = dict(
+            with sqlite3.connect(spec.store) as db, contextlib.suppress(sqlite3.OperationalError):
+                done_before = dict(  # (no cells table yet: the run is creating the store)
                     db.execute("SELECT key, finished FROM cells WHERE status='done'").fetchall()
                 )
     os.kill(run.pid, signal.SIGKILL)
