@@ -3,7 +3,7 @@ torch threads), compared cell by cell.
 
     python -m ablations.variance A.sqlite B.sqlite --out reports/thread_variance
 
-Writes `cells.csv`: one row per cell done in both stores (its key, task, size, mechanism, seed,
+Writes `by_cell.csv`: one row per cell done in both stores (its key, task, size, mechanism, seed,
 each run's torch threads, and every final metric of both runs: `<metric>_a`, `<metric>_b`,
 `<metric>_diff` = b - a), and `summary.csv`: per metric, the cells compared, how many are
 bitwise identical, and the median and largest |b - a|. On the CPU the same seed and the same
@@ -62,12 +62,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m ablations.variance", description=__doc__)
     parser.add_argument("a", help="the first run's store (.sqlite)")
     parser.add_argument("b", help="the second run's store, the same grid")
-    parser.add_argument("--out", required=True, help="folder for cells.csv and summary.csv")
+    parser.add_argument("--out", required=True, help="folder for by_cell.csv and summary.csv")
     args = parser.parse_args(argv)
     cells, summary = compare(args.a, args.b)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cells.to_csv(out / "cells.csv", index=False)
+    cells.to_csv(out / "by_cell.csv", index=False)
     summary.to_csv(out / "summary.csv", index=False)
     print(summary.to_string(index=False))
 

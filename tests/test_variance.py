@@ -19,7 +19,7 @@ def test_two_runs_compared_cell_by_cell(tmp_path):
     run_grid(load_grid(path, [f"store={a}"]), workers=1)
     run_grid(load_grid(path, [f"store={b}", "seeds=[1]"]), workers=1)  # seed 0 only in a
     main([str(a), str(b), "--out", str(tmp_path / "same")])
-    cells = pd.read_csv(tmp_path / "same" / "cells.csv")
+    cells = pd.read_csv(tmp_path / "same" / "by_cell.csv")
     assert list(cells.seed) == [1] and (cells.threads_a == cells.threads_b).all()
     assert (cells.filter(like="_diff") == 0).all().all()  # the same seed and threads: same bits
     with sqlite3.connect(b) as db:  # a result of run b that moved by 0.25
