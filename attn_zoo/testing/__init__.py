@@ -18,6 +18,7 @@ from attn_zoo.testing.agreement import (
 )
 from attn_zoo.testing.mechanisms import assert_mechanism_backends_agree, mechanism_lengths
 from attn_zoo.testing.problems import (
+    LAYOUTS,
     MASK_KINDS,
     MASK_MODS,
     SCORE_MODS,
@@ -39,6 +40,7 @@ __all__ = [
     "ALL_MASK_MODS",
     "ALL_SCORE_MODS",
     "GRAD_TOLERANCE",
+    "LAYOUTS",
     "MASK_KINDS",
     "MASK_MODS",
     "OUTPUT_TOLERANCE",

@@ -1,8 +1,14 @@
 """Compare kernel backends against the float64 naive reference, outputs and gradients.
 
-The reference runs in float64 on the very values the backend sees (inputs drawn in float64,
-cast to the backend's dtype, cast back up for the reference); gradients are taken for one
-random cotangent. Tolerances per dtype fit the measured error of correct kernels:
+The reference runs in float64 on the very values the backend sees (the problem's inputs in the
+backend's dtype, cast up for the reference); gradients are taken for one random cotangent.
+Each backend runs twice on new inputs laid out as the problem says (maybe not contiguous): once
+under torch.no_grad() with inputs not requiring grad (the inference path), once with autograd
+(output and gradients), and both outputs are compared. Each run must also keep the kernel
+contract: an output of the reference's shape in q's dtype on q's device, and every tensor the
+kernel was given (q, k, v, the mask, ...) unchanged after the call (same dtype, shape and
+values; in-place damage to a caller's tensor is a failure, even where the result is right).
+Tolerances per dtype fit the measured error of correct kernels:
 
     float64  atol 1e-10 rtol 1e-8     float32   atol 1e-5 rtol 1e-4 (grads atol 5e-5)
     float16  atol 1e-2  rtol 5e-3     bfloat16  atol 5e-2 rtol 2e-2
@@ -70,14 +76,15 @@ def compare(name: str, got: torch.Tensor, want: torch.Tensor, atol: float, rtol:
 def disagreements(
     want: Mapping, got: Mapping, dtype: torch.dtype, floor: Mapping | None = None
 ) -> list[str]:
-    """One message per tensor of `got` outside the `dtype` tolerance of `want` (see module).
-    `floor`: the same tensors by the naive backend run in `dtype`; each tensor's atol then
-    grows by that run's own worst error on it (what `dtype` arithmetic costs on the problem)."""
+    """One message per tensor of `got` outside the `dtype` tolerance of `want` (see module;
+    an "output .." key takes the output tolerance). `floor`: the same tensors by the naive
+    backend run in `dtype`; each tensor's atol then grows by twice that run's own worst error
+    on it (what `dtype` arithmetic costs on the problem, see `attn_zoo.testing.mechanisms`)."""
     messages = []
     for key, ref in want.items():
-        atol, rtol = (OUTPUT_TOLERANCE if key == "output" else GRAD_TOLERANCE)[dtype]
+        atol, rtol = (OUTPUT_TOLERANCE if key.startswith("output") else GRAD_TOLERANCE)[dtype]
         spent = 0.0 if floor is None else compare(key, floor[key], ref, 0.0, 0.0).max_abs
-        atol += spent if math.isfinite(spent) else 0.0  # a naive run that overflowed: none
+        atol += 2 * spent if math.isfinite(spent) else 0.0  # a naive run that overflowed: none
         c = compare(key, got[key], ref, atol, rtol)
         if not c.ok:
             messages.append(c.message(atol, rtol))
@@ -85,8 +92,8 @@ def disagreements(
 
 
 def cast_inputs(inputs: Mapping, dtype: torch.dtype, grads: bool) -> dict:
-    """Fresh leaf copies of the float tensors in `inputs`, cast to `dtype` (a float mask is a
-    constant: no gradient)."""
+    """The float tensors of `inputs` detached and cast to `dtype` (one already in `dtype` keeps
+    its memory layout), requiring grad if `grads` (a float mask is a constant: no gradient)."""
     return {
         k: v.detach().to(dtype).requires_grad_(grads and k != "attn_mask")
         if torch.is_tensor(v) and v.is_floating_point()
@@ -95,16 +102,56 @@ def cast_inputs(inputs: Mapping, dtype: torch.dtype, grads: bool) -> dict:
     }
 
 
-def outputs_and_grads(fn: Callable, inputs: Mapping, cotangent: torch.Tensor | None) -> dict:
-    """{"output": fn(**inputs)} plus {"grad <name>": ...} of the inputs requiring grad."""
+Cotangent = Callable[[torch.Size], torch.Tensor]
+
+
+def cotangent_from(gen: torch.Generator, device: str | torch.device = "cpu") -> Cotangent:
+    """shape -> the float64 standard normal tensor of that shape `gen` would draw next (the
+    same at every call; `gen` itself is not advanced), on `device`: the vector the gradients
+    are taken against."""
+    state = gen.get_state()
+    return lambda shape: torch.randn(
+        shape, generator=torch.Generator().set_state(state), dtype=torch.float64
+    ).to(device)
+
+
+def outputs_and_grads(fn: Callable, inputs: Mapping, cotangent: Cotangent | None) -> dict:
+    """{"output": fn(**inputs)} plus {"grad <name>": ...} of the inputs requiring grad, for
+    the output's `cotangent`; with no `cotangent`, `fn` runs under torch.no_grad()."""
     leaves = {k: v for k, v in inputs.items() if torch.is_tensor(v) and v.requires_grad}
     with torch.set_grad_enabled(cotangent is not None):
         out = fn(**inputs)
     result = {"output": out}
     if cotangent is not None and leaves:
-        got = torch.autograd.grad(out, list(leaves.values()), cotangent.to(out.dtype))
+        vector = cotangent(out.shape).to(out.dtype)
+        got = torch.autograd.grad(out, list(leaves.values()), vector)
         result.update({f"grad {k}": g for k, g in zip(leaves, got, strict=True)})
     return result
+
+
+def changed_in_place(before: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> list[str]:
+    """One message per tensor of `before` ({name: (tensor, its copy when the call began)})
+    whose dtype, shape or values are no longer its copy's."""
+    messages = []
+    for name, (now, was) in before.items():
+        if now.dtype != was.dtype or now.shape != was.shape:
+            messages.append(
+                f"{name} changed in place: {was.dtype} {tuple(was.shape)} became "
+                f"{now.dtype} {tuple(now.shape)}"
+            )
+        elif not torch.equal(now.detach(), was):
+            messages.append(f"{name} changed in place: its values differ after the call")
+    return messages
+
+
+def broken_contract(out: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, device) -> list:
+    """A message if `out` is not of `want`'s shape, in `dtype` on `device`."""
+    if (out.shape, out.dtype, out.device) == (want.shape, dtype, device):
+        return []
+    return [
+        f"output is {out.dtype} {tuple(out.shape)} on {out.device}; the contract is {dtype} "
+        f"{tuple(want.shape)} on {device} (q's dtype and device, the reference's shape)"
+    ]
 
 
 def assert_backends_agree(
@@ -118,9 +165,9 @@ def assert_backends_agree(
 ) -> dict[str, str]:
     """Check backends of kernel family `family_name` against its float64 ``naive`` backend.
 
-    problem:  anything with ``.dtype`` and ``.inputs(dtype)`` -> the kernel's kwargs
-              (e.g. `attn_zoo.testing.AttentionProblem`); its ``threads`` (optional) sets
-              torch's thread count for the whole check.
+    problem:  anything with ``.dtype`` and ``.inputs(dtype)`` -> the kernel's kwargs, new
+              tensors each call (e.g. `attn_zoo.testing.AttentionProblem`); its ``threads``
+              (optional) sets torch's thread count for the whole check.
     backends: names to check; each must serve the problem (else UnsupportedCallError), but
               for a drawn score mod, which one that does not declare ``score_mod`` cannot
               run: reported skipped (a mask mod reaches it as a mask). Default: every
@@ -130,13 +177,16 @@ def assert_backends_agree(
               as the family passes them to a backend declaring `kernel_features`: checked,
               the mask 4-D (boolean or additive float), causality top-left (a bottom-right
               call arrives as a mask, unless ``bottom_right`` is declared).
-    grads:    also compare the gradients of every tensor input.
+    grads:    also run with autograd and compare that output and the gradients of every tensor
+              input; the run without grad (torch.no_grad(), inputs not requiring grad) is
+              checked either way.
     kernel_features: the features the `kernels` declare (registered backends: their own);
               a problem with a score mod skips the kernels unless it holds ``score_mod``.
     device:   where every kernel and the reference run (e.g. "cuda": the problem's
               ``inputs(dtype, device)`` builds the tensors there).
 
-    Returns {name: "ok" or "skipped: <reason>"}; raises AssertionError on a disagreement.
+    Returns {name: "ok" or "skipped: <reason>"}; raises AssertionError on a disagreement, an
+    output of another dtype, shape or device, or an input changed in place (see module).
     """
     with torch_threads(getattr(problem, "threads", None)):
         return _agree(problem, family_name, backends, kernels, grads, kernel_features, device)
@@ -147,36 +197,47 @@ def _agree(
 ) -> dict[str, str]:
     fam = family(family_name)
     dtype = problem.dtype
-    drawn = (
-        problem.inputs(torch.float64, device) if device != "cpu" else problem.inputs(torch.float64)
-    )
-    ref_inputs = cast_inputs(cast_inputs(drawn, dtype, False), torch.float64, grads)
+    on = torch.empty(0, device=device).device  # "cuda" -> cuda:0, as tensors report it
 
-    def checked(kernel: Callable, features: Collection[str]) -> Callable:
-        """`kernel` on the inputs as the family passes them to a backend with `features`."""
+    def fresh(requires_grad: bool) -> dict:
+        """New inputs of the problem in `dtype`, laid out as it says."""
+        drawn = problem.inputs(dtype, device) if device != "cpu" else problem.inputs(dtype)
+        return cast_inputs(drawn, dtype, requires_grad)
+
+    def checked(kernel: Callable, features: Collection[str], given: list | None = None):
+        """`kernel` on the inputs as the family passes them to a backend with `features`;
+        each call appends {name: (tensor, its copy)} of what the kernel got to `given`."""
         features = frozenset(features)
-        return lambda **inputs: kernel(**fam.backend_inputs(fam.check(**inputs), features))
+
+        def call(**inputs):
+            lowered = fam.backend_inputs(fam.check(**inputs), features)
+            if given is not None:
+                given.append(
+                    {k: (t, t.detach().clone()) for k, t in lowered.items() if torch.is_tensor(t)}
+                )
+            return kernel(**lowered)
+
+        return call
 
     naive = fam.backends["naive"]
     reference = checked(naive.fn, naive.capabilities.features)
-    cotangent = None
-    if grads:
-        with torch.no_grad():
-            shape = reference(**ref_inputs).shape
-        gen = torch.Generator().manual_seed(problem.seed if hasattr(problem, "seed") else 0)
-        cotangent = torch.randn(shape, generator=gen, dtype=torch.float64).to(device)
+    ref_inputs = cast_inputs(fresh(False), torch.float64, grads)
+    seed = getattr(problem, "seed", 0)
+    cotangent = cotangent_from(torch.Generator().manual_seed(seed), device) if grads else None
     want = outputs_and_grads(reference, ref_inputs, cotangent)
+    # the output without grad against the same reference; with grads, the autograd run's too
+    expected = {"output (no grad)": want["output"], **(want if grads else {})}
 
     with torch.set_grad_enabled(grads):
-        call = fam.describe(**fam.check(**cast_inputs(drawn, dtype, grads)))
+        call = fam.describe(**fam.check(**fresh(grads)))
     modded = "score_mod" in call.features  # only a backend declaring it can run the call
     report: dict[str, str] = {}
-    to_check: dict[str, Callable] = {}
+    to_check: dict[str, tuple[Callable, Collection[str]]] = {}
     for name, fn in (kernels or {}).items():
         if modded and "score_mod" not in kernel_features:
             report[name] = f"skipped: {NO_SCORE_MOD}"
         else:
-            to_check[name] = checked(fn, kernel_features)
+            to_check[name] = (fn, kernel_features)
     for name in backends if backends is not None else list(fam.backends):
         registered = fam.backends.get(name)
         lacks_mod = registered is not None and "score_mod" not in registered.capabilities.features
@@ -186,14 +247,25 @@ def _agree(
             report[name] = f"skipped: {NO_SCORE_MOD}"
         else:
             chosen = fam.select(name, call) if backends is not None else registered
-            to_check[name] = checked(chosen.fn, chosen.capabilities.features)
+            to_check[name] = (chosen.fn, chosen.capabilities.features)
 
-    for name, fn in to_check.items():
-        got = outputs_and_grads(fn, cast_inputs(drawn, dtype, grads), cotangent)
-        if failures := disagreements(want, got, dtype):
-            raise AssertionError(
-                f"{family_name} backend {name!r} disagrees with the float64 naive reference "
-                f"({dtype}):\n  " + "\n  ".join(failures) + f"\nProblem: {problem!r}"
-            )
+    def fail(name: str, what: str, failures: list[str]):
+        raise AssertionError(
+            f"{family_name} backend {name!r} {what} ({dtype}):\n  " + "\n  ".join(failures)
+            + f"\nProblem: {problem!r}"
+        )  # fmt: skip
+
+    for name, (fn, features) in to_check.items():
+        got = {}
+        for cot in (None, cotangent) if grads else (None,):  # no grad, then autograd
+            given: list[dict] = []
+            result = outputs_and_grads(checked(fn, features, given), fresh(cot is not None), cot)
+            if broken := broken_contract(result["output"], want["output"], dtype, on):
+                fail(name, "breaks the kernel contract", broken)
+            if changed := [m for seen in given for m in changed_in_place(seen)]:
+                fail(name, "changes its inputs in place", changed)
+            got.update(result if cot is not None else {"output (no grad)": result["output"]})
+        if failures := disagreements(expected, got, dtype):
+            fail(name, "disagrees with the float64 naive reference", failures)
         report[name] = "ok"
     return report

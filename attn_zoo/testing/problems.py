@@ -1,7 +1,8 @@
 """Attention problems: a frozen description of one kernel call, turned into tensors on demand.
 
 A problem is drawn by Hypothesis (`strategies.attention_problems`) and shrinks to a readable
-repr; `inputs(dtype)` rebuilds the same tensors from its seed every time.
+repr; `inputs(dtype)` rebuilds the same tensors from its seed every time, new ones each call,
+laid out in memory as its ``layout`` says (`LAYOUTS`; the values do not depend on it).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from attn_zoo.kernels.softmax.mods import MODS
 
 MASK_KINDS = ("none", "random", "key_padding", "empty_rows", "additive")
 CAUSAL = (False, True, "top_left", "bottom_right")
+LAYOUTS = ("contiguous", "transposed", "strided")  # see `lay_out`
 # The kit's own mods (mods.py), by name, with arguments small enough to matter at short
 # lengths: a problem names one of these, or holds a user's function (a mod as mods.py says)
 SCORE_MODS: dict[str, Callable[[AttentionProblem, str], Callable]] = {
@@ -92,8 +94,15 @@ def torch_threads(threads: int | None) -> Iterator[None]:
 
 
 def check_fields(
-    mask: str, heads: int, kv_heads: int, is_causal: bool | str = False, threads: int | None = None
+    mask: str,
+    heads: int,
+    kv_heads: int,
+    is_causal: bool | str = False,
+    threads: int | None = None,
+    layout: str = "contiguous",
 ) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r}: valid layouts are {LAYOUTS}")
     bad_threads = isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
     if threads is not None and bad_threads:
         raise ValueError(f"threads={threads!r}: must be None or an integer >= 1")
@@ -105,9 +114,26 @@ def check_fields(
         raise ValueError(f"heads={heads} must be a multiple of kv_heads={kv_heads}")
 
 
-def leaves(tensors: dict, dtype: torch.dtype, device: str) -> dict:
-    """Cast float64 tensors to `dtype` on `device`, as leaves requiring grad."""
-    return {k: t.to(dtype).to(device).requires_grad_(True) for k, t in tensors.items()}
+def lay_out(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """`t` (.., X, Y, d) with the same values, laid out in memory as `layout` says:
+    "contiguous"; "transposed", a view of a contiguous (.., Y, X, d) tensor (for q (B, H, N, d):
+    heads split off a (B, N, H d) projection, as models make them); "strided", every other
+    element of a buffer twice as wide (stride 2 along d; the elements between are NaN)."""
+    if layout == "transposed":
+        return t.transpose(-3, -2).contiguous().transpose(-3, -2)
+    if layout == "strided":
+        wide = t.new_full((*t.shape[:-1], 2 * t.shape[-1]), float("nan"))
+        wide[..., ::2] = t
+        return wide[..., ::2]
+    return t
+
+
+def leaves(tensors: dict, dtype: torch.dtype, device: str, layout: str = "contiguous") -> dict:
+    """Cast float64 tensors to `dtype` on `device`, laid out as `layout` (`lay_out`), as leaves
+    requiring grad."""
+    return {
+        k: lay_out(t.to(dtype).to(device), layout).requires_grad_(True) for k, t in tensors.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -134,9 +160,12 @@ class AttentionProblem:
     threads: int | None = None
     score_mod: str | Callable | None = None
     mask_mod: str | Callable | None = None
+    layout: str = "contiguous"
 
     def __post_init__(self):
-        check_fields(self.mask, self.heads, self.kv_heads, self.is_causal, self.threads)
+        check_fields(
+            self.mask, self.heads, self.kv_heads, self.is_causal, self.threads, self.layout
+        )
         resolve_mod(self.score_mod, SCORE_MODS, self)
         resolve_mod(self.mask_mod, MASK_MODS, self)
 
@@ -144,8 +173,8 @@ class AttentionProblem:
         return make_mask(self.mask, self.batch, self.heads, self.q_len, self.k_len, gen)
 
     def inputs(self, dtype: torch.dtype | None = None, device: str = "cpu") -> dict:
-        """Kernel kwargs: q, k, v (leaf tensors requiring grad), attn_mask, is_causal, scale,
-        and score_mod and mask_mod where the problem has them."""
+        """Kernel kwargs: q, k, v (new leaf tensors requiring grad, laid out as `layout`),
+        attn_mask, is_causal, scale, and score_mod and mask_mod where the problem has them."""
         gen = torch.Generator().manual_seed(self.seed)
         shapes = {
             "q": (self.batch, self.heads, self.q_len, self.key_dim),
@@ -156,8 +185,7 @@ class AttentionProblem:
             name: torch.randn(s, generator=gen, dtype=torch.float64) for name, s in shapes.items()
         }
         mask = self.attn_mask(gen)
-        dtype = self.dtype if dtype is None else dtype
-        inputs = {name: t.to(dtype).to(device).requires_grad_(True) for name, t in tensors.items()}
+        inputs = leaves(tensors, self.dtype if dtype is None else dtype, device, self.layout)
         inputs["attn_mask"] = None if mask is None else mask.to(device)
         inputs["is_causal"] = self.is_causal
         inputs["scale"] = self.scale
@@ -172,7 +200,8 @@ class RelationalProblem:
     """Inputs of the relational kernel: attention q, k as in `AttentionProblem`, relations
     qr (batch, n_relations, q_len, rel_dim), kr (.., k_len, rel_dim), and symbol values v
     (batch, kv_heads, k_len, head_dim) or, if `max_rel_pos` is set, relative symbol values
-    v_rel (kv_heads, 2 max_rel_pos + 1, head_dim); `threads` as in `AttentionProblem`."""
+    v_rel (kv_heads, 2 max_rel_pos + 1, head_dim); `threads` and `layout` (of every tensor but
+    the mask) as in `AttentionProblem`."""
 
     batch: int = 1
     heads: int = 2
@@ -192,9 +221,12 @@ class RelationalProblem:
     dtype: torch.dtype = torch.float32
     seed: int = 0
     threads: int | None = None
+    layout: str = "contiguous"
 
     def __post_init__(self):
-        check_fields(self.mask, self.heads, self.kv_heads, self.is_causal, self.threads)
+        check_fields(
+            self.mask, self.heads, self.kv_heads, self.is_causal, self.threads, self.layout
+        )
 
     def inputs(self, dtype: torch.dtype | None = None, device: str = "cpu") -> dict:
         gen = torch.Generator().manual_seed(self.seed)
@@ -213,7 +245,7 @@ class RelationalProblem:
             name: torch.randn(s, generator=gen, dtype=torch.float64) for name, s in shapes.items()
         }
         mask = make_mask(self.mask, b, self.heads, self.q_len, self.k_len, gen)
-        inputs = leaves(tensors, self.dtype if dtype is None else dtype, device)
+        inputs = leaves(tensors, self.dtype if dtype is None else dtype, device, self.layout)
         inputs["attn_mask"] = None if mask is None else mask.to(device)
         inputs.update(
             is_causal=self.is_causal,

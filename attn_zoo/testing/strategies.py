@@ -3,9 +3,14 @@
 Lengths include 1 and non-powers of two, and, given a kernel's block sizes, the lengths around
 each block b (`block_edges`: b - 1, b, b + 1, 2b + 1); masks are boolean or additive float and
 include rows that see no key; causal alignment top-left or bottom-right; kv heads divide the
-query heads (grouped-query attention); value width may differ from key width; torch runs with
-1 or 2 threads (a problem's ``threads``). Score and mask mods are drawn where asked for: the
-kit's (``score_mods=ALL_SCORE_MODS``, ``mask_mods=ALL_MASK_MODS``) and a user's functions.
+query heads (grouped-query attention); value width may differ from key width; batches of 1 to 3
+(a kernel can be wrong past the second sequence only) with batch x heads at most 6 (a problem
+costs B H N M: a batch of 3 comes with 1 or 2 heads, 4 or 6 heads with a batch of 1, and the
+mean cost stays that of the former batches of 1 or 2); q, k and v contiguous or not (a
+problem's ``layout``: transposed views as models make them, or strided along the width);
+torch runs with 1 or 2 threads (a problem's ``threads``). Score and mask mods are drawn where
+asked for: the kit's (``score_mods=ALL_SCORE_MODS``, ``mask_mods=ALL_MASK_MODS``) and a
+user's functions.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from hypothesis import strategies as st
 
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
 from attn_zoo.testing.problems import (
+    LAYOUTS,
     MASK_KINDS,
     MASK_MODS,
     SCORE_MODS,
@@ -38,6 +44,11 @@ def block_edges(block: int) -> tuple[int, ...]:
     return tuple(n for n in (block - 1, block, block + 1, 2 * block + 1) if n >= 1)
 
 
+def batches(max_batch: int, heads: int, max_batch_heads: int) -> st.SearchStrategy[int]:
+    """Batch sizes from 1 to `max_batch`, at most `max_batch_heads` // `heads` (at least 1)."""
+    return st.integers(1, max(1, min(max_batch, max_batch_heads // heads)))
+
+
 def lengths(max_len: int = 100, block_sizes: Sequence[int] = ()) -> st.SearchStrategy[int]:
     """Sequence lengths: edge values first (those of LENGTHS up to `max_len`, and the
     `block_edges` of every block size, even above `max_len`), then any integer up to
@@ -52,7 +63,8 @@ def attention_problems(
     draw,
     dtypes: tuple[torch.dtype, ...] = (torch.float32,),
     max_len: int = 100,
-    max_batch: int = 2,
+    max_batch: int = 3,
+    max_batch_heads: int = 6,
     max_kv_heads: int = 2,
     max_groups: int = 3,
     max_width: int = 16,
@@ -65,19 +77,23 @@ def attention_problems(
     threads: tuple[int | None, ...] = THREADS,
     score_mods: Mods = (None,),
     mask_mods: Mods = (None,),
+    layouts: tuple[str, ...] = LAYOUTS,
 ) -> AttentionProblem:
     """Draw an `AttentionProblem`; narrow it with the arguments (e.g. ``masks=("none",)``;
-    ``scales=st.none()`` keeps the default scale 1/sqrt(key_dim)); `block_sizes`: the tile
+    ``scales=st.none()`` keeps the default scale 1/sqrt(key_dim)); `max_batch_heads`: the
+    largest batch x heads drawn (`batches`); `block_sizes`: the tile
     sizes of the kernels under test (their `block_edges` are drawn as lengths); `threads`:
-    torch thread counts to run with; `score_mods`, `mask_mods`: the mods to draw from (kit
-    names, a user's functions, None for none; default none), e.g.
+    torch thread counts to run with; `layouts`: how q, k, v may lie in memory
+    (`problems.LAYOUTS`, e.g. ``("contiguous",)``); `score_mods`, `mask_mods`: the mods to
+    draw from (kit names, a user's functions, None for none; default none), e.g.
     ``score_mods=(*ALL_SCORE_MODS, my_score_mod)``."""
     kv_heads = draw(st.integers(1, max_kv_heads))
+    heads = kv_heads * draw(st.integers(1, max_groups))
     q_len = draw(lengths(max_len, block_sizes))
     key_dim = draw(st.integers(1, max_width))
     return AttentionProblem(
-        batch=draw(st.integers(1, max_batch)),
-        heads=kv_heads * draw(st.integers(1, max_groups)),
+        batch=draw(batches(max_batch, heads, max_batch_heads)),
+        heads=heads,
         kv_heads=kv_heads,
         q_len=q_len,
         k_len=q_len if same_lengths else draw(lengths(max_len, block_sizes)),
@@ -91,6 +107,7 @@ def attention_problems(
         threads=draw(st.sampled_from(threads)),
         score_mod=draw(st.sampled_from(score_mods)),
         mask_mod=draw(st.sampled_from(mask_mods)),
+        layout=draw(st.sampled_from(layouts)),
     )
 
 
@@ -99,6 +116,8 @@ def relational_problems(
     draw,
     dtypes: tuple[torch.dtype, ...] = (torch.float32,),
     max_len: int = 64,
+    max_batch: int = 3,
+    max_batch_heads: int = 6,
     max_width: int = 8,
     rel_activations: tuple[str, ...] = tuple(REL_ACTIVATIONS),
     masks: tuple[str, ...] = MASK_KINDS,
@@ -107,15 +126,17 @@ def relational_problems(
     scales: st.SearchStrategy[float | None] = SCALES,
     block_sizes: Sequence[int] = (),
     threads: tuple[int | None, ...] = THREADS,
+    layouts: tuple[str, ...] = LAYOUTS,
 ) -> RelationalProblem:
     """Draw a `RelationalProblem`; narrow it with the arguments (`scales` draws both the
-    attention and the relation scale; None is the default 1/sqrt(width); `block_sizes` and
-    `threads` as in `attention_problems`)."""
+    attention and the relation scale; None is the default 1/sqrt(width); `max_batch`,
+    `max_batch_heads`, `block_sizes`, `threads` and `layouts` as in `attention_problems`)."""
     kv_heads = draw(st.integers(1, 2))
+    heads = kv_heads * draw(st.integers(1, 2))
     q_len = draw(lengths(max_len, block_sizes))
     return RelationalProblem(
-        batch=draw(st.integers(1, 2)),
-        heads=kv_heads * draw(st.integers(1, 2)),
+        batch=draw(batches(max_batch, heads, max_batch_heads)),
+        heads=heads,
         kv_heads=kv_heads,
         n_relations=draw(st.integers(1, 3)),
         q_len=q_len,
@@ -132,4 +153,5 @@ def relational_problems(
         dtype=draw(st.sampled_from(dtypes)),
         seed=draw(st.integers(0, 2**31 - 1)),
         threads=draw(st.sampled_from(threads)),
+        layout=draw(st.sampled_from(layouts)),
     )
