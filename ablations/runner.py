@@ -184,6 +184,7 @@ def run_grid(
     tracking = spec.tracking if tracking is None else tracking
     check_backends(tracking)  # a missing package: TrackingError before anything runs
     check_cells(spec)
+    ResultsStore(spec.store).close()  # created first: another run may be creating it now
     todo = cells_to_train(spec, retry_failed)
     batches = [todo]  # one batch: every cell to train
 

@@ -333,6 +333,7 @@ def run_search(
     check_backends(tracking)  # a missing package: TrackingError before anything runs
     probes = [trial_cell(spec, group, search_probe(plan)) for group in plan.groups]
     check_cells(replace(spec, cells=probes))  # one smoke test per model, not per round
+    ResultsStore(spec.store).close()  # created first: another run may be creating it now
     rows = _stored_rows(spec)
     stored = [row for group in plan.groups for _, row in trials_of(spec, group, rows)]
     finished = sum(row["status"] in FINISHED for row in stored)

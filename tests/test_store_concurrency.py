@@ -249,3 +249,16 @@ def test_two_runs_of_one_grid_on_one_store_train_each_cell_once(tmp_path):
     rows = list(ResultsStore(spec.store, readonly=True).rows())
     assert len(rows) == cells and {row["status"] for row in rows} == {"done"}
     assert len({row["owner"] for row in rows}) <= 2
+
+
+def test_a_run_meeting_the_store_file_another_run_is_creating_trains(tmp_path, monkeypatch):
+    """SQLite creates an empty file before the schema: a run that reads the grid's status at
+    that instant (it was refused as 'not a results store: an empty file') creates the schema
+    itself first."""
+    spec = grid_spec(tmp_path)
+    monkeypatch.setattr(runner, "check_cells", lambda spec: None)
+    monkeypatch.setattr(executors, "run_cell", fake_outcome)
+    spec.store.parent.mkdir(parents=True, exist_ok=True)
+    spec.store.touch()  # the other run's sqlite3.connect, before its first write
+    counts = runner.run_grid(spec, workers=1, out=io.StringIO())
+    assert counts["done"] == len(spec.cells)
