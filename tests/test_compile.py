@@ -22,10 +22,12 @@ attention's backward for a reason outside attn_zoo: the meta kernel of aten.elu_
 other strides than the CPU kernel, and a traced view of it fails at run time; inductor and the
 decomposed graph are right.)
 
-A compile costs 2-8 s here, so the default run takes, per model and mechanism, `auto` (what a
-grid runs), and for the language model every backend that runs a kernel no earlier default case
-runs: about 2 minutes on this 2-core CPU. For the mechanisms added later (LANGUAGE_MODEL_FIRST:
-10-40 s a compile measured on the shared CPU) only the language model's cases are default.
+A compile costs 2-8 s here, so the default run takes `auto` (what a grid runs) for the language
+model and seq2seq (its encoder runs the non-causal kernels, its decoder cross attention) and
+every mechanism, for the two classifiers only `dual` (softmax and relational at once), and for
+the language model every backend that runs a kernel no earlier default case runs: about 1.5
+minutes on this 2-core CPU. For the mechanisms added later (LANGUAGE_MODEL_FIRST: 10-40 s a
+compile measured on the shared CPU) only the language model's cases are default.
 The rest of the grid (aliases such as `fused` -> sdpa,
 kernels already covered, the other models' named backends), inductor itself on the standard
 and relational language models, and dynamic lengths are `@pytest.mark.slow`: about 8.5 minutes
@@ -180,8 +182,9 @@ NOT_TRACEABLE: dict[tuple[str, str, str], str] = {
 
 
 def grid():
-    """Every (model, mechanism, backend). Slow unless `auto`, or a language model case that runs
-    a kernel (family, backend) no default language model case before it runs."""
+    """Every (model, mechanism, backend). Slow unless `auto` (for the classifiers: of dual only),
+    or a language model case that runs a kernel (family, backend) no default language model case
+    before it runs."""
     for model in MODELS:
         seen = set()
         for mechanism in MECHANISMS:
@@ -199,9 +202,10 @@ def grid():
                             "refuses it (tests/test_models.py)"
                         )
                     )
-                elif (backend != "auto" or mechanism in LANGUAGE_MODEL_FIRST) and (
-                    model != "language_model" or (backend != "auto" and resolved <= seen)
-                ):
+                elif (
+                    (backend != "auto" or mechanism in LANGUAGE_MODEL_FIRST)
+                    and (model != "language_model" or (backend != "auto" and resolved <= seen))
+                ) or (model in NON_CAUSAL_MODELS and mechanism != "dual"):
                     marks.append(pytest.mark.slow)
                 else:
                     seen.update(resolved)

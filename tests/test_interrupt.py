@@ -122,10 +122,10 @@ def done_rows(store: Path) -> dict[str, float]:
     return {r["key"]: r["finished"] for r in rows(store) if r["status"] == "done"}
 
 
-RUNS = [
+RUNS = [  # the default run: each signal once, on each local executor (the others: slow)
     pytest.param("local", 1, signal.SIGINT, id="thread-ctrl-c"),
-    pytest.param("local", 1, signal.SIGTERM, id="thread-sigterm"),
-    pytest.param("local", 2, signal.SIGINT, id="processes-ctrl-c"),
+    pytest.param("local", 1, signal.SIGTERM, id="thread-sigterm", marks=pytest.mark.slow),
+    pytest.param("local", 2, signal.SIGINT, id="processes-ctrl-c", marks=pytest.mark.slow),
     pytest.param("local", 2, signal.SIGTERM, id="processes-sigterm"),
     pytest.param("ray", 2, signal.SIGINT, id="ray-ctrl-c", marks=pytest.mark.slow),  # 30 s
 ]
