@@ -238,10 +238,10 @@ def _cells_source(args: argparse.Namespace, source: Path):
     already; refused: no --out (the folder is replaced whole: name it), trackers (a rebuild
     is no run of the grid), --set without --grid. A note where --grid's SHA-256 differs from
     the one the provenance.json beside `source` records."""
-    import hashlib
     import json
 
     from ablations.cells_file import CellsFile
+    from ablations.provenance import file_sha256
 
     if args.out is None:
         raise SystemExit(f"error: a report from {source} needs --out DIR (replaced whole)")
@@ -259,7 +259,7 @@ def _cells_source(args: argparse.Namespace, source: Path):
             recorded = json.loads(provenance.read_text(encoding="utf-8"))["grid_sha256"]
         except (ValueError, TypeError, KeyError) as err:
             raise SystemExit(f"error: {provenance} is not a report's provenance: {err!r}") from None
-        digest = hashlib.sha256(Path(args.grid).read_bytes()).hexdigest()
+        digest = file_sha256(args.grid)
         if recorded not in (None, digest):
             print(f"note: {args.grid} has changed since the report of {source} was built "
                   f"from it (SHA-256 now {digest[:12]}..., then {recorded[:12]}...)")  # fmt: skip

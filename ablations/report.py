@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import hashlib
 import json
 import math
 import os
@@ -63,6 +62,7 @@ from matplotlib.figure import Figure
 
 from ablations.attention_figures import attention_blocks
 from ablations.cells_file import CellsFile
+from ablations.provenance import file_sha256
 from ablations.report_pages import (
     TITLE_LABEL,
     Bullets,
@@ -672,7 +672,7 @@ def _provenance(
     cells.csv's path), `curves` (whether it had learning curves), `grid_file` and
     `grid_sha256` (the grid file's SHA-256; None without a grid), `overrides` (its --set
     values), `environment` (`_environments`) and `generated` (the date)."""
-    digest = None if grid is None else hashlib.sha256(Path(grid).read_bytes()).hexdigest()
+    digest = None if grid is None else file_sha256(grid)
     return {
         "source": str(store.path),
         "curves": curves is not None,
