@@ -498,3 +498,37 @@ def test_a_wrong_backend_still_fails_in_bfloat16(restore_registries, kernel):
         assert_mechanism_backends_agree("standard", dict(d_model=16, n_heads=2), length=33,
                                         is_causal=True, dtype=torch.bfloat16,
                                         backends=[name])  # fmt: skip
+
+
+def wrong_without_grad(q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0):
+    """Right where autograd records, a quarter too sharp under torch.no_grad (an inference
+    path of its own)."""
+    if torch.is_grad_enabled():
+        return naive(q, k, v, attn_mask, is_causal, scale, dropout_p)
+    return scale_a_quarter_high(q, k, v, attn_mask, is_causal, scale, dropout_p)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "features"),
+    [(wrong_without_grad, None), (scale_a_quarter_high, "forward only")],
+)
+def test_the_mechanism_check_runs_each_backend_without_grad_too(
+    restore_registries, kernel, features
+):
+    """The mechanism check ran every backend with autograd only: a backend wrong only under
+    torch.no_grad passed, and one that serves no gradient (forward-only) was skipped unseen.
+    Both now fail on the output without grad; a right forward-only backend is checked."""
+    from attn_zoo.kernels.dispatch import Capabilities, register_backend
+    from attn_zoo.kernels.softmax.family import FEATURES
+
+    served = FEATURES - {"grad"} if features else FEATURES
+    register_backend("softmax", "planted", tier="fused", priority=-100,
+                     capabilities=Capabilities(served))(kernel)  # fmt: skip
+    register_backend("softmax", "right_forward_only", tier="fused", priority=-100,
+                     capabilities=Capabilities(FEATURES - {"grad"}))(naive)  # fmt: skip
+    kwargs = dict(d_model=16, n_heads=2)
+    with pytest.raises(AssertionError, match="backend 'planted' disagrees(.|\n)*without grad"):
+        assert_mechanism_backends_agree("standard", kwargs, length=33, backends=["planted"])
+    report = assert_mechanism_backends_agree("standard", kwargs, length=33,
+                                             backends=["right_forward_only"])  # fmt: skip
+    assert report["right_forward_only"].startswith("ok (refused with grad:")

@@ -42,6 +42,9 @@ def mechanism_lengths(module: torch.nn.Module) -> list[int]:
     return sorted({1, 9, *(n for b in blocks for n in block_edges(b))})
 
 
+PLAIN = "output without grad"  # the output of the call under torch.no_grad
+
+
 def _outputs_and_grads(module, x, cotangent: Cotangent, **call) -> dict:
     x = x.detach().clone().requires_grad_(True)
     out = module(x, **call)
@@ -77,9 +80,14 @@ def assert_mechanism_backends_agree(
     has another rank or layout (axial attention, MSA attention); `batch` and `length` are then
     unused.
 
-    backends: names to check, each must serve the call (else UnsupportedCallError); default:
-    every name `list_backends(mechanism)` gives, those that cannot serve reported as skipped.
-    Returns {backend: "ok" or "skipped: <reason>"}; raises AssertionError on a disagreement.
+    Each backend runs twice: with autograd (output and gradients checked) and under
+    torch.no_grad (output checked: a backend may serve it by other, forward-only kernels).
+
+    backends: names to check, each must serve at least one of the two calls (else
+    UnsupportedCallError); default: every name `list_backends(mechanism)` gives, those that
+    serve neither reported as skipped. Returns {backend: "ok", "ok (refused with grad:
+    <reason>)" where only the call without grad is served, or "skipped: <reason>"}; raises
+    AssertionError on a disagreement.
     """
     torch.manual_seed(seed)
     module = build(mechanism, backend="naive", **kwargs).eval().to(dtype)
@@ -103,22 +111,32 @@ def assert_mechanism_backends_agree(
     module.backend = "naive"  # the error of `dtype` itself on this problem: atol grows by 2x it
     floor = _outputs_and_grads(module, x, cotangent, **call)
 
+    want[PLAIN], floor[PLAIN] = want["output"], floor["output"]
     report = {}
     for name in backends if backends is not None else list_backends(mechanism):
         module.backend = name
-        try:
-            got = floor if name == "naive" else _outputs_and_grads(module, x, cotangent, **call)
+        got, refused = {}, {}
+        try:  # with autograd: outputs and every gradient
+            got |= floor if name == "naive" else _outputs_and_grads(module, x, cotangent, **call)
         except UnsupportedCallError as err:
+            refused["with grad"] = err
+        try:  # without: a backend may pick other kernels (forward-only ones) for it
+            with torch.no_grad():
+                got[PLAIN] = module(x, **call)
+        except UnsupportedCallError as err:
+            refused["without grad"] = err
+        if len(refused) == 2:
             if backends is not None:
-                raise
-            report[name] = f"skipped: {err}"
+                raise refused["with grad"]
+            report[name] = f"skipped: {refused['with grad']}"
             continue
-        if failures := disagreements(want, got, dtype, floor):
+        checked = {key: tensor for key, tensor in want.items() if key in got}
+        if failures := disagreements(checked, got, dtype, floor):
             raise AssertionError(
                 f"mechanism {mechanism!r} backend {name!r} disagrees with the float64 naive "
                 f"reference ({dtype}):\n  " + "\n  ".join(failures) + f"\nkwargs: {dict(kwargs)}, "
                 f"input {tuple(x.shape)}, causal {is_causal}, "
                 f"mask {None if attn_mask is None else tuple(attn_mask.shape)}, seed {seed}"
             )
-        report[name] = "ok"
+        report[name] = "ok" + "".join(f" (refused {how}: {err})" for how, err in refused.items())
     return report
