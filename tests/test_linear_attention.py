@@ -117,6 +117,23 @@ def test_row_with_no_key_gives_zeros_and_finite_grads(backend):
     assert all(g.isfinite().all() for g in grads)
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_an_expanded_padding_mask_is_a_key_mask(is_causal):
+    """A padding mask (B, 1, 1, M) expanded to (B, H, N, M) with stride 0, as models pass it,
+    is the same for every query: the chunked kernel serves it (it was refused as a per-query
+    mask) and agrees with the naive one; a mask that differs between queries is still refused."""
+    x = LinearProblem(
+        batch=2, q_len=CHUNK + 3, k_len=CHUNK + 3, mask="key_padding", seed=2
+    ).inputs()
+    padding = x["attn_mask"]
+    x["attn_mask"] = padding.expand(2, x["q"].shape[1], CHUNK + 3, CHUNK + 3)
+    got = linear_attention(**{**x, "is_causal": is_causal}, backend="chunked")
+    want = linear_attention(**{**x, "attn_mask": padding, "is_causal": is_causal}, backend="naive")
+    torch.testing.assert_close(got, want)
+    with pytest.raises(UnsupportedCallError, match="do not depend on the query"):
+        linear_attention(**{**x, "attn_mask": x["attn_mask"].clone()}, backend="chunked")
+
+
 @given(
     st.integers(1, 3).flatmap(lambda h: st.tuples(st.just(h), st.sampled_from([1, h]))),
     st.sampled_from([None, 3]),

@@ -99,6 +99,11 @@ LAID_OUT = {  # how each layout lies in memory (problems.lay_out)
     "transposed": lambda t: t.transpose(1, 2).is_contiguous(),  # a view of (B, N, H, d)
     "strided": lambda t: t.stride(-1) == 2,
 }
+MASK_LAID_OUT = {  # and the mask (problems.lay_out_mask)
+    "contiguous": lambda m, p: m.is_contiguous(),
+    "transposed": lambda m, p: m.transpose(-2, -1).is_contiguous(),  # a view of (.., M, N)
+    "strided": lambda m, p: m.stride(-1) == 2 and m.shape == (p.batch, p.heads, p.q_len, p.k_len),
+}
 
 
 @settings(max_examples=60)
@@ -112,6 +117,10 @@ def test_problems_are_valid_and_reproducible(problem):
         assert torch.equal(a[name], b[name]) and a[name].data_ptr() != b[name].data_ptr()
         assert torch.equal(a[name], contiguous[name]) and a[name].is_leaf
         assert LAID_OUT[problem.layout](a[name])
+    if problem.mask != "none":
+        assert torch.equal(a["attn_mask"].expand_as(b["attn_mask"]),
+                           contiguous["attn_mask"].expand_as(b["attn_mask"]))  # fmt: skip
+        assert MASK_LAID_OUT[problem.layout](a["attn_mask"], problem)
     assert a["q"].shape == (problem.batch, problem.heads, problem.q_len, problem.key_dim)
     assert a["v"].shape[-1] == problem.value_dim
     assert problem.heads % problem.kv_heads == 0 and 1 <= problem.batch <= 3
@@ -380,9 +389,20 @@ def reads_q_as_contiguous(q, k, v, attn_mask=None, is_causal=False, scale=None, 
     return naive(q, k, v, attn_mask, is_causal, scale, dropout_p)
 
 
+def reads_mask_rows_as_contiguous(
+    q, k, v, attn_mask=None, is_causal=False, scale=None, dropout_p=0.0
+):
+    """Reads each row of the mask as if its keys lay side by side in memory (stride 1 along
+    M, as a kernel loading a mask row by its pointer would)."""
+    if attn_mask is not None:
+        attn_mask = attn_mask.as_strided(attn_mask.shape, (*attn_mask.stride()[:-1], 1))
+    return naive(q, k, v, attn_mask, is_causal, scale, dropout_p)
+
+
 def test_the_strategy_draws_batches_of_three_and_non_contiguous_inputs():
-    """Hypothesis finds a kernel wrong past the second sequence, and one that assumes q is
-    contiguous, and shrinks each to a problem that shows it."""
+    """Hypothesis finds a kernel wrong past the second sequence, one that assumes q is
+    contiguous, and one that assumes the mask's rows are, and shrinks each to a problem that
+    shows it."""
 
     def fails(kernel):
         def check(problem):
@@ -398,6 +418,8 @@ def test_the_strategy_draws_batches_of_three_and_non_contiguous_inputs():
     assert find(attention_problems(), fails(wrong_past_two_sequences), settings=search).batch == 3
     found = find(attention_problems(), fails(reads_q_as_contiguous), settings=search)
     assert found.layout != "contiguous" and not found.inputs()["q"].is_contiguous()
+    found = find(attention_problems(), fails(reads_mask_rows_as_contiguous), settings=search)
+    assert found.layout != "contiguous" and found.inputs()["attn_mask"].stride(-1) != 1
     with pytest.raises(ValueError, match="layout='rows': valid layouts are"):
         AttentionProblem(layout="rows")
 

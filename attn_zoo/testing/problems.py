@@ -2,7 +2,8 @@
 
 A problem is drawn by Hypothesis (`strategies.attention_problems`) and shrinks to a readable
 repr; `inputs(dtype)` rebuilds the same tensors from its seed every time, new ones each call,
-laid out in memory as its ``layout`` says (`LAYOUTS`; the values do not depend on it).
+laid out in memory as its ``layout`` says (`LAYOUTS`: q, k, v and the mask alike; the values do
+not depend on it).
 """
 
 from __future__ import annotations
@@ -128,6 +129,28 @@ def lay_out(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t
 
 
+def lay_out_mask(
+    mask: torch.Tensor | None, layout: str, shape: tuple[int, ...], dtype: torch.dtype, device: str
+) -> torch.Tensor | None:
+    """A problem's mask (.., N, M) as a kernel gets it: a float mask in `dtype`, on `device`,
+    with the same values laid out as `layout` says (as `lay_out` lays out q, k, v):
+    "contiguous"; "transposed", a view of a contiguous (.., M, N) tensor; "strided", every other
+    element of a buffer twice as wide along M (the elements between: True, or NaN in a float
+    mask), its size-1 dimensions expanded to `shape` (B, H, N, M) with stride 0, as models
+    pass a padding mask."""
+    if mask is None:
+        return None
+    mask = (mask.to(dtype) if mask.is_floating_point() else mask).to(device)
+    if layout == "transposed":
+        return mask.transpose(-2, -1).contiguous().transpose(-2, -1)
+    if layout == "strided":
+        between = float("nan") if mask.is_floating_point() else True
+        wide = mask.new_full((*mask.shape[:-1], 2 * mask.shape[-1]), between)
+        wide[..., ::2] = mask
+        return wide[..., ::2].expand(shape)
+    return mask
+
+
 def leaves(tensors: dict, dtype: torch.dtype, device: str, layout: str = "contiguous") -> dict:
     """Cast float64 tensors to `dtype` on `device`, laid out as `layout` (`lay_out`), as leaves
     requiring grad."""
@@ -185,8 +208,10 @@ class AttentionProblem:
             name: torch.randn(s, generator=gen, dtype=torch.float64) for name, s in shapes.items()
         }
         mask = self.attn_mask(gen)
-        inputs = leaves(tensors, self.dtype if dtype is None else dtype, device, self.layout)
-        inputs["attn_mask"] = None if mask is None else mask.to(device)
+        dtype = self.dtype if dtype is None else dtype
+        inputs = leaves(tensors, dtype, device, self.layout)
+        shape = (self.batch, self.heads, self.q_len, self.k_len)
+        inputs["attn_mask"] = lay_out_mask(mask, self.layout, shape, dtype, device)
         inputs["is_causal"] = self.is_causal
         inputs["scale"] = self.scale
         for name, kit in (("score_mod", SCORE_MODS), ("mask_mod", MASK_MODS)):
@@ -200,8 +225,8 @@ class RelationalProblem:
     """Inputs of the relational kernel: attention q, k as in `AttentionProblem`, relations
     qr (batch, n_relations, q_len, rel_dim), kr (.., k_len, rel_dim), and symbol values v
     (batch, kv_heads, k_len, head_dim) or, if `max_rel_pos` is set, relative symbol values
-    v_rel (kv_heads, 2 max_rel_pos + 1, head_dim); `threads` and `layout` (of every tensor but
-    the mask) as in `AttentionProblem`."""
+    v_rel (kv_heads, 2 max_rel_pos + 1, head_dim); `threads` and `layout` (of every tensor, the
+    mask included) as in `AttentionProblem`."""
 
     batch: int = 1
     heads: int = 2
@@ -245,8 +270,10 @@ class RelationalProblem:
             name: torch.randn(s, generator=gen, dtype=torch.float64) for name, s in shapes.items()
         }
         mask = make_mask(self.mask, b, self.heads, self.q_len, self.k_len, gen)
-        inputs = leaves(tensors, self.dtype if dtype is None else dtype, device, self.layout)
-        inputs["attn_mask"] = None if mask is None else mask.to(device)
+        dtype = self.dtype if dtype is None else dtype
+        inputs = leaves(tensors, dtype, device, self.layout)
+        shape = (b, self.heads, self.q_len, self.k_len)
+        inputs["attn_mask"] = lay_out_mask(mask, self.layout, shape, dtype, device)
         inputs.update(
             is_causal=self.is_causal,
             scale=self.scale,

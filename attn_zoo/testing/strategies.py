@@ -6,8 +6,9 @@ include rows that see no key; causal alignment top-left or bottom-right; kv head
 query heads (grouped-query attention); value width may differ from key width; batches of 1 to 3
 (a kernel can be wrong past the second sequence only) with batch x heads at most 6 (a problem
 costs B H N M: a batch of 3 comes with 1 or 2 heads, 4 or 6 heads with a batch of 1, and the
-mean cost stays that of the former batches of 1 or 2); q, k and v contiguous or not (a
-problem's ``layout``: transposed views as models make them, or strided along the width);
+mean cost stays that of the former batches of 1 or 2); q, k, v and the mask contiguous or not
+(a problem's ``layout``: transposed views as models make them, or strided along the width, a
+mask's broadcast dimensions then expanded with stride 0);
 torch runs with 1 or 2 threads (a problem's ``threads``). Score and mask mods are drawn where
 asked for: the kit's (``score_mods=ALL_SCORE_MODS``, ``mask_mods=ALL_MASK_MODS``) and a
 user's functions.

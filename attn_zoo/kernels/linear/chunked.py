@@ -45,7 +45,7 @@ def chunked(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)
     v: torch.Tensor,  # (B, Hkv, M, dv)
-    attn_mask: torch.Tensor | None = None,  # broadcastable to (B, H, 1, M): keys only
+    attn_mask: torch.Tensor | None = None,  # (B|1, H|1, 1 or N, M), the same for every query
     is_causal: bool = False,
     chunk: int = CHUNK,
 ) -> torch.Tensor:  # (B, H, N, dv)
@@ -54,8 +54,8 @@ def chunked(
     k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
     n, m = q.shape[2], k.shape[2]
     phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)
-    if attn_mask is not None:  # (B|1, H|1, 1, M) -> zero the masked keys' features
-        phi_k = phi_k * attn_mask.transpose(-1, -2).to(phi_k.dtype)
+    if attn_mask is not None:  # (B|1, H|1, 1, M), one row for all -> zero the masked keys
+        phi_k = phi_k * attn_mask[..., :1, :].transpose(-1, -2).to(phi_k.dtype)
     if not is_causal:
         state = einsum(phi_k, v, "b h m d, b h m e -> b h d e")
         numerator = einsum(phi_q, state, "b h n d, b h d e -> b h n e")

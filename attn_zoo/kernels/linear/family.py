@@ -5,7 +5,8 @@
     mask, the rest allow) broadcastable to (B, H, N, M); causal alignment as in masks.py.
 
 Features (`describe_call`): ``grad``, ``causal``, ``dv_ne_dk``, ``gqa``, ``key_mask`` (a mask
-that is the same for every query, shape (B, H, 1, M), e.g. padding) and ``mask`` (any other).
+that is the same for every query, shape (B, H, 1, M) or expanded from it with stride 0, e.g.
+padding) and ``mask`` (any other).
 """
 
 import torch
@@ -18,8 +19,11 @@ FEATURES = frozenset({"grad", "mask", "key_mask", "causal", "dv_ne_dk", "gqa"})
 
 
 def mask_features(attn_mask: torch.Tensor | None) -> dict[str, bool]:
-    """``key_mask`` for a 4-D mask that is the same for every query, ``mask`` for any other."""
-    per_key = attn_mask is not None and (attn_mask.dim() < 2 or attn_mask.shape[-2] == 1)
+    """``key_mask`` for a mask that is the same for every query: its query dimension of size
+    1, or expanded with stride 0 (a padding mask as models pass it); ``mask`` for any other."""
+    per_key = attn_mask is not None and (
+        attn_mask.dim() < 2 or attn_mask.shape[-2] == 1 or attn_mask.stride(-2) == 0
+    )
     return {"key_mask": per_key, "mask": attn_mask is not None and not per_key}
 
 
