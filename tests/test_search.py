@@ -91,6 +91,17 @@ def test_a_proposal_already_tried_is_the_same_cell_and_every_choice_is_tried_onc
     ]  # fmt: skip
 
 
+def test_a_search_meeting_the_store_file_another_run_is_creating_runs(tmp_path):
+    """SQLite creates an empty file before the schema: a search that reads the store at that
+    instant (it was refused as 'not an attn_zoo results store: an empty file') creates the
+    schema itself first."""
+    path = search_grid(tmp_path, "trials = 2", 'space."training.lr" = { choices = [1e-3, 3e-3] }')
+    spec = load_grid(path)
+    spec.store.parent.mkdir(parents=True, exist_ok=True)
+    spec.store.touch()  # the other run's sqlite3.connect, before its first write
+    assert run_search(spec, workers=1, out=io.StringIO())["done"] == 2
+
+
 def test_a_search_without_optuna_is_one_line_naming_the_extra(tmp_path, monkeypatch):
     monkeypatch.setattr("ablations.search.find_spec", lambda name: None)
     spec = load_grid(search_grid(tmp_path))
