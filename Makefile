@@ -60,7 +60,7 @@ demo: install
 	$(BIN)/attn-zoo report ablations/grids/demo.toml --out reports/demo --target 0.9
 
 # The demo's conclusions under a wider sweep: learning rates 3e-4 to 3e-2 (the demo: 1e-3 and
-# 3e-3) and 6 seeds (the demo: 3), the same cells otherwise (270 cells, about 20 min on 2 CPU
+# 3e-3) and 6 seeds (the demo: 3), the same cells otherwise (270 cells, 23 min on 2 CPU
 # cores; resumable); the conclusion is ablations/grids/demo_lr_check.conclusion.md.
 DEMO_LR_CHECK = --set store=../../results/demo_lr_check.sqlite \
 	--set 'sweep.training.lr=[3e-4,1e-3,3e-3,1e-2,3e-2]' --set 'seeds=[0,1,2,3,4,5]'
