@@ -115,48 +115,59 @@ def check_fields(
         raise ValueError(f"heads={heads} must be a multiple of kv_heads={kv_heads}")
 
 
+def every_other(t: torch.Tensor, between: float | bool) -> torch.Tensor:
+    """`t` with the same values at every other element of a buffer twice as wide along its
+    last dimension (stride 2 there; the elements between hold `between`)."""
+    wide = t.new_full((*t.shape[:-1], 2 * t.shape[-1]), between)
+    wide[..., ::2] = t
+    return wide[..., ::2]
+
+
 def lay_out(t: torch.Tensor, layout: str) -> torch.Tensor:
     """`t` (.., X, Y, d) with the same values, laid out in memory as `layout` says:
     "contiguous"; "transposed", a view of a contiguous (.., Y, X, d) tensor (for q (B, H, N, d):
-    heads split off a (B, N, H d) projection, as models make them); "strided", every other
-    element of a buffer twice as wide (stride 2 along d; the elements between are NaN)."""
+    heads split off a (B, N, H d) projection, as models make them); "strided", `every_other`
+    element along d (the elements between are NaN)."""
     if layout == "transposed":
         return t.transpose(-3, -2).contiguous().transpose(-3, -2)
     if layout == "strided":
-        wide = t.new_full((*t.shape[:-1], 2 * t.shape[-1]), float("nan"))
-        wide[..., ::2] = t
-        return wide[..., ::2]
+        return every_other(t, float("nan"))
     return t
 
 
-def lay_out_mask(
-    mask: torch.Tensor | None, layout: str, shape: tuple[int, ...], dtype: torch.dtype, device: str
-) -> torch.Tensor | None:
-    """A problem's mask (.., N, M) as a kernel gets it: a float mask in `dtype`, on `device`,
-    with the same values laid out as `layout` says (as `lay_out` lays out q, k, v):
-    "contiguous"; "transposed", a view of a contiguous (.., M, N) tensor; "strided", every other
-    element of a buffer twice as wide along M (the elements between: True, or NaN in a float
-    mask), its size-1 dimensions expanded to `shape` (B, H, N, M) with stride 0, as models
-    pass a padding mask."""
-    if mask is None:
-        return None
-    mask = (mask.to(dtype) if mask.is_floating_point() else mask).to(device)
+def lay_out_mask(mask: torch.Tensor, layout: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """A mask (.., N, M) with the same values laid out as `layout` says (as `lay_out` lays out
+    q, k, v): "contiguous"; "transposed", a view of a contiguous (.., M, N) tensor; "strided",
+    `every_other` element along M (the elements between: True, or NaN in a float mask), its
+    size-1 dimensions expanded to `shape` (B, H, N, M) with stride 0, as models pass a padding
+    mask."""
     if layout == "transposed":
         return mask.transpose(-2, -1).contiguous().transpose(-2, -1)
     if layout == "strided":
-        between = float("nan") if mask.is_floating_point() else True
-        wide = mask.new_full((*mask.shape[:-1], 2 * mask.shape[-1]), between)
-        wide[..., ::2] = mask
-        return wide[..., ::2].expand(shape)
+        return every_other(mask, float("nan") if mask.is_floating_point() else True).expand(shape)
     return mask
 
 
-def leaves(tensors: dict, dtype: torch.dtype, device: str, layout: str = "contiguous") -> dict:
-    """Cast float64 tensors to `dtype` on `device`, laid out as `layout` (`lay_out`), as leaves
-    requiring grad."""
-    return {
+def kernel_tensors(
+    tensors: dict,
+    mask: torch.Tensor | None,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: str,
+    layout: str = "contiguous",
+) -> dict:
+    """A problem's float64 `tensors` cast to `dtype` on `device`, laid out as `layout`
+    (`lay_out`), as leaves requiring grad; and its `mask` as ``attn_mask``: a float mask in
+    `dtype`, on `device`, laid out as `layout` for a call of `shape` (B, H, N, M)
+    (`lay_out_mask`), or None."""
+    inputs = {
         k: lay_out(t.to(dtype).to(device), layout).requires_grad_(True) for k, t in tensors.items()
     }
+    if mask is not None:
+        mask = mask.to(device, dtype if mask.is_floating_point() else mask.dtype)
+        mask = lay_out_mask(mask, layout, shape)
+    inputs["attn_mask"] = mask
+    return inputs
 
 
 @dataclass(frozen=True)
@@ -207,11 +218,9 @@ class AttentionProblem:
         tensors = {
             name: torch.randn(s, generator=gen, dtype=torch.float64) for name, s in shapes.items()
         }
-        mask = self.attn_mask(gen)
-        dtype = self.dtype if dtype is None else dtype
-        inputs = leaves(tensors, dtype, device, self.layout)
         shape = (self.batch, self.heads, self.q_len, self.k_len)
-        inputs["attn_mask"] = lay_out_mask(mask, self.layout, shape, dtype, device)
+        dtype = self.dtype if dtype is None else dtype
+        inputs = kernel_tensors(tensors, self.attn_mask(gen), shape, dtype, device, self.layout)
         inputs["is_causal"] = self.is_causal
         inputs["scale"] = self.scale
         for name, kit in (("score_mod", SCORE_MODS), ("mask_mod", MASK_MODS)):
@@ -269,11 +278,10 @@ class RelationalProblem:
         tensors = {
             name: torch.randn(s, generator=gen, dtype=torch.float64) for name, s in shapes.items()
         }
-        mask = make_mask(self.mask, b, self.heads, self.q_len, self.k_len, gen)
-        dtype = self.dtype if dtype is None else dtype
-        inputs = leaves(tensors, dtype, device, self.layout)
         shape = (b, self.heads, self.q_len, self.k_len)
-        inputs["attn_mask"] = lay_out_mask(mask, self.layout, shape, dtype, device)
+        mask = make_mask(self.mask, *shape, gen)
+        dtype = self.dtype if dtype is None else dtype
+        inputs = kernel_tensors(tensors, mask, shape, dtype, device, self.layout)
         inputs.update(
             is_causal=self.is_causal,
             scale=self.scale,

@@ -8,10 +8,9 @@ query heads (grouped-query attention); value width may differ from key width; ba
 costs B H N M: a batch of 3 comes with 1 or 2 heads, 4 or 6 heads with a batch of 1, and the
 mean cost stays that of the former batches of 1 or 2); q, k, v and the mask contiguous or not
 (a problem's ``layout``: transposed views as models make them, or strided along the width, a
-mask's broadcast dimensions then expanded with stride 0);
-torch runs with 1 or 2 threads (a problem's ``threads``). Score and mask mods are drawn where
-asked for: the kit's (``score_mods=ALL_SCORE_MODS``, ``mask_mods=ALL_MASK_MODS``) and a
-user's functions.
+mask's broadcast dimensions then expanded with stride 0); torch runs with 1 or 2 threads (a
+problem's ``threads``). Score and mask mods are drawn where asked for: the kit's
+(``score_mods=ALL_SCORE_MODS``, ``mask_mods=ALL_MASK_MODS``) and a user's functions.
 """
 
 from __future__ import annotations
