@@ -22,13 +22,12 @@ attention's backward for a reason outside attn_zoo: the meta kernel of aten.elu_
 other strides than the CPU kernel, and a traced view of it fails at run time; inductor and the
 decomposed graph are right.)
 
-A compile costs 2-8 s here, so the default run takes `auto` (what a grid runs) for the language
-model and seq2seq (its encoder runs the non-causal kernels, its decoder cross attention) and
-every mechanism, for the two classifiers only `dual` (softmax and relational at once), and for
-the language model every backend that runs a kernel no earlier default case runs: about 1.5
-minutes on this 2-core CPU. For the mechanisms added later (LANGUAGE_MODEL_FIRST: 10-40 s a
-compile measured on the shared CPU) only the language model's cases are default.
-The rest of the grid (aliases such as `fused` -> sdpa,
+A compile costs 2-12 s here, so the default run takes `auto` (what a grid runs) for the
+language model and every mechanism, and every backend that runs a kernel no earlier default
+language model case runs; the other models on `auto` as OTHER_MODELS_AUTO says: the sequence
+classifier (the cheapest non-causal model) with each non-causal kernel family (dual: softmax
+and relational at once), the vision classifier and seq2seq (encoder, decoder and
+cross-attention) with dual. The rest of the grid (aliases such as `fused` -> sdpa,
 kernels already covered, the other models' named backends), inductor itself on the standard
 and relational language models, and dynamic lengths are `@pytest.mark.slow`: about 8.5 minutes
 more (`-m "not slow"` leaves them out).
@@ -66,7 +65,11 @@ MECHANISMS = {  # name -> (attention kwargs, model kwargs, language model positi
 }
 CAUSAL_ONLY = {"gla"}  # refused in non-causal blocks: Seq2Seq gets a standard encoder for it
 NON_CAUSAL_MODELS = {"sequence_classifier", "vision_classifier"}
-LANGUAGE_MODEL_FIRST = {"differential", "sigmoid", "softcapped", "gla"}  # other models: slow
+OTHER_MODELS_AUTO = {  # model -> the mechanisms of its default cases (on `auto`)
+    "sequence_classifier": {"dual", "additive", "linear", "axial"},
+    "vision_classifier": {"dual"},
+    "seq2seq": {"dual"},
+}
 NOT_SEQUENCE = {"msa_row", "msa_column"}  # (B, rows, cols, D) inputs: no sequence model takes them
 KERNEL_FAMILIES = {"dual": ("softmax", "relational")}  # composite mechanisms: their branches
 MODELS = ("language_model", "sequence_classifier", "vision_classifier", "seq2seq")
@@ -182,9 +185,9 @@ NOT_TRACEABLE: dict[tuple[str, str, str], str] = {
 
 
 def grid():
-    """Every (model, mechanism, backend). Slow unless `auto` (for the classifiers: of dual only),
-    or a language model case that runs a kernel (family, backend) no default language model case
-    before it runs."""
+    """Every (model, mechanism, backend). Slow unless a language model case on `auto` or one
+    that runs a kernel (family, backend) no default language model case before it runs, or an
+    `auto` case of OTHER_MODELS_AUTO."""
     for model in MODELS:
         seen = set()
         for mechanism in MECHANISMS:
@@ -203,9 +206,10 @@ def grid():
                         )
                     )
                 elif (
-                    (backend != "auto" or mechanism in LANGUAGE_MODEL_FIRST)
-                    and (model != "language_model" or (backend != "auto" and resolved <= seen))
-                ) or (model in NON_CAUSAL_MODELS and mechanism != "dual"):
+                    backend != "auto" and resolved <= seen
+                    if model == "language_model"
+                    else backend != "auto" or mechanism not in OTHER_MODELS_AUTO[model]
+                ):
                     marks.append(pytest.mark.slow)
                 else:
                     seen.update(resolved)
@@ -318,3 +322,33 @@ def test_token_check_under_inductor():
     torch.testing.assert_close(compiled(torch.tensor([[1, 2]])), torch.tensor([[2, 4]]))
     with pytest.raises(RuntimeError, match="idx has token ids outside 0..10"):
         compiled(torch.tensor([[1, VOCAB]]))
+
+
+def test_constant_when_compiled_is_torchs_assume_constant_result():
+    """Our marker (set without importing torch._dynamo) is the one torch's decorator sets, and
+    Dynamo honours it: a marked function runs once, while tracing, and its result is a constant
+    of the graph (unmarked, its side effect would be replayed on every call)."""
+    from attn_zoo.kernels.dispatch import constant_when_compiled
+
+    def ours():
+        pass
+
+    def theirs():
+        pass
+
+    constant_when_compiled(ours)
+    torch.compiler.assume_constant_result(theirs)
+    assert vars(ours) == vars(theirs) != {}
+
+    calls = []
+
+    @constant_when_compiled
+    def scale() -> float:
+        calls.append(1)
+        return 3.0
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x * scale(), fullgraph=True, backend="eager")
+    for _ in range(3):
+        torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 3.0))
+    assert len(calls) == 1

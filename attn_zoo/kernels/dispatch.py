@@ -242,10 +242,20 @@ class KernelFamily:
         return True, f"available on {device}{picked}"
 
 
+def constant_when_compiled(fn: Callable) -> Callable:
+    """`torch.compiler.assume_constant_result(fn)` without importing torch._dynamo: the traced
+    code takes `fn`'s result as a constant (Dynamo calls it while tracing). torch's decorator
+    imports Dynamo to set one marker, which took 1.9 s of every process's start here (the CLI,
+    each grid worker); this sets the same marker (tests/test_compile.py checks that it is the
+    one torch's decorator sets)."""
+    fn._dynamo_marked_constant = True  # what torch._dynamo.decorators.assume_constant_result sets
+    return fn
+
+
 # A logging call inside torch.compile is a graph break (an error with fullgraph=True). Marked
 # as a constant, the compiler calls it while tracing instead: logged once, when the choice is
 # made, as in eager mode.
-@torch.compiler.assume_constant_result
+@constant_when_compiled
 def _log_skip(family_name: str, backend: str, reason: str) -> None:
     log.info("%s backend %r skipped: %s", family_name, backend, reason)
 

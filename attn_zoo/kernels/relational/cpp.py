@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from attn_zoo.kernels.dispatch import Capabilities, register_backend
+from attn_zoo.kernels.dispatch import Capabilities, constant_when_compiled, register_backend
 from attn_zoo.kernels.relational.naive import default_scales
 
 SOURCE = Path(__file__).with_name("cpp_kernel.cpp")
@@ -84,7 +84,7 @@ def _build() -> None:
     _state["ops"] = torch.ops.attn_zoo_relational_cpu
 
 
-@torch.compiler.assume_constant_result  # traced code takes the answer as a constant
+@constant_when_compiled  # traced code takes the answer as a constant
 def cpp_missing() -> str | None:
     """None once the C++ kernel is built and loaded (building it on the first call), else why
     it cannot be."""
