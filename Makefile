@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-slow lint install docs docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long shakespeare-data fastformer-shakespeare fastformer-shakespeare-small thread-variance benchmarks bench \
+.PHONY: test test-slow lint install docs docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check demo-mqar-probes relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long shakespeare-data fastformer-shakespeare fastformer-shakespeare-small thread-variance benchmarks bench \
 	clean
 
 $(BIN)/python:
@@ -69,6 +69,14 @@ demo-lr-check: install
 	$(BIN)/attn-zoo report ablations/grids/demo.toml $(DEMO_LR_CHECK) --out reports/demo_lr_check \
 		--target 0.9 --title "Ablation report: demo, learning rates 3e-4 to 3e-2, 6 seeds" \
 		--note "$$(cat ablations/grids/demo_lr_check.conclusion.md)"
+
+# The design probes behind the demo's mqar settings: learned positions, d_model 32, a cosine
+# schedule (26 cells, about 20 minutes on one core); the conclusion is
+# ablations/grids/demo_mqar_probes.conclusion.md.
+demo-mqar-probes: install
+	$(BIN)/attn-zoo ablate run ablations/grids/demo_mqar_probes.toml
+	$(BIN)/attn-zoo report ablations/grids/demo_mqar_probes.toml --out reports/demo_mqar_probes \
+		--target 0.9 --note "$$(cat ablations/grids/demo_mqar_probes.conclusion.md)"
 
 # The example reports in reports/, one command each. The relational games under the paper's
 # protocol, ours and the paper's own models (498 cells, about 3 hours on 2 CPU cores); the
@@ -184,7 +192,7 @@ reports-from-cells: install
 		$(REBUILD) reports/$$grid/cells.csv --grid ablations/grids/$$grid.toml \
 			--out reports/$$grid --note "$$(cat ablations/grids/$$grid.conclusion.md)" || exit 1; \
 	done
-	for grid in match_pattern match_pattern_dual; do \
+	for grid in match_pattern match_pattern_dual demo_mqar_probes; do \
 		$(REBUILD) reports/$$grid/cells.csv --grid ablations/grids/$$grid.toml \
 			--out reports/$$grid --target 0.9 \
 			--note "$$(cat ablations/grids/$$grid.conclusion.md)" || exit 1; \
