@@ -71,7 +71,7 @@ demo-lr-check: install
 		--note "$$(cat ablations/grids/demo_lr_check.conclusion.md)"
 
 # The design probes behind the demo's mqar settings: learned positions, d_model 32, a cosine
-# schedule (26 cells, about 20 minutes on one core); the conclusion is
+# schedule (26 cells, about 12 minutes on one core); the conclusion is
 # ablations/grids/demo_mqar_probes.conclusion.md.
 demo-mqar-probes: install
 	$(BIN)/attn-zoo ablate run ablations/grids/demo_mqar_probes.toml
