@@ -105,8 +105,8 @@ match-pattern: install
 	$(BIN)/attn-zoo report ablations/grids/match_pattern.toml --out reports/match_pattern \
 		--target 0.9 --note "$$(cat ablations/grids/match_pattern.conclusion.md)"
 
-# Dual attention's ceiling on match_pattern (lr 3e-3 and 1e-2, 16,000 steps; 6 cells, 5 min
-# on 2 cores); its conclusion is ablations/grids/match_pattern_dual.conclusion.md.
+# Dual attention's ceiling on match_pattern (lr 3e-3 and 1e-2, 16,000 steps, 5 seeds; 10 cells,
+# about 10 min on 2 idle cores); its conclusion is ablations/grids/match_pattern_dual.conclusion.md.
 match-pattern-dual: install
 	$(BIN)/attn-zoo ablate run ablations/grids/match_pattern_dual.toml
 	$(BIN)/attn-zoo report ablations/grids/match_pattern_dual.toml --out reports/match_pattern_dual \
