@@ -191,19 +191,30 @@ def test_every_committed_cells_csv_reads_back_configs_that_hash_to_their_keys(ce
     assert reader.recorded_environment or all(row["environment"] for row in rows)
 
 
-def test_a_rebuild_of_a_rebuild_is_the_same(tmp_path):
+@pytest.mark.parametrize("recorded", [False, True], ids=["per row", "recorded environment"])
+def test_a_rebuild_of_a_rebuild_is_the_same(tmp_path, recorded):
+    """The smallest committed report with an environment per cell, rebuilt in place twice from
+    its cells.csv; `recorded`: with the environment columns taken out first (a cells.csv of the
+    earlier format), so the rebuild takes the report.md's Environment line and says so."""
+    per_row = [cells for cells in REPO.glob("reports/*/cells.csv")
+               if not CellsFile(cells).recorded_environment]  # fmt: skip
+    smallest = min(per_row, key=lambda cells: len(CellsFile(cells).rows()))
     folder = tmp_path / "report"
-    shutil.copytree(REPO / "reports" / "match_pattern_dual", folder)
-    committed = [line.split(" (as the report.md")[0]
-                 for line in (folder / "report.md").read_text().splitlines()
+    shutil.copytree(smallest.parent, folder)
+    if recorded:
+        table = pd.read_csv(folder / "cells.csv", dtype=str, keep_default_na=False)
+        table = table.drop(columns=[c for c in table.columns if c.startswith("environment.")])
+        table.to_csv(folder / "cells.csv", index=False)
+    committed = [line for line in (folder / "report.md").read_text().splitlines()
                  if line.startswith("- Environment: ")]  # fmt: skip
-    texts = []
+    texts, environments = [], []
     for _ in range(2):  # in place: the cells.csv and report.md it reads are replaced
         main(["report", str(folder / "cells.csv"), "--out", str(folder)])
         texts.append({p.name: p.read_bytes() for p in folder.iterdir() if p.suffix == ".csv"})
         lines = (folder / "report.md").read_text().splitlines()
-        (environment,) = [line for line in lines if line.startswith("- Environment: ")]
-        assert environment.startswith(committed[0]) and environment.endswith("recorded it)")
+        environments += [line for line in lines if line.startswith("- Environment: ")]
+    assert environments[0] == environments[1] and environments[0].startswith(committed[0])
+    assert environments[0].endswith("recorded it)") == recorded
     assert texts[0] == texts[1]
 
 
