@@ -23,8 +23,8 @@ lint: install
 
 # Two test processes (pytest-xdist): the suite's subprocess, signal and Ray tests wait more than
 # they compute, so two workers on two cores finish it in well under 10 minutes. worksteal: a
-# worker that runs out of tests takes the other's queued ones (with the default scheduling one
-# worker sat idle behind the other's long tests: 572 s against 481 s on an idle 2-core machine).
+# worker that runs out of tests takes the other's queued ones (the default scheduling, which
+# leaves a worker idle when its share runs out first, took 572 s against 481 s, same clone, idle).
 test: lint
 	$(BIN)/python -m pytest -n 2 --dist worksteal -m "not slow"
 
