@@ -196,11 +196,10 @@ def test_a_rebuild_of_a_rebuild_is_the_same(tmp_path, recorded):
     """The smallest committed report with an environment per cell, rebuilt in place twice from
     its cells.csv; `recorded`: with the environment columns taken out first (a cells.csv of the
     earlier format), so the rebuild takes the report.md's Environment line and says so."""
-    per_row = [cells for cells in REPO.glob("reports/*/cells.csv")
-               if not CellsFile(cells).recorded_environment]  # fmt: skip
-    smallest = min(per_row, key=lambda cells: len(CellsFile(cells).rows()))
+    read = [CellsFile(cells) for cells in REPO.glob("reports/*/cells.csv")]
+    smallest = min((f for f in read if not f.recorded_environment), key=lambda f: len(f.rows()))
     folder = tmp_path / "report"
-    shutil.copytree(smallest.parent, folder)
+    shutil.copytree(smallest.path.parent, folder)
     if recorded:
         table = pd.read_csv(folder / "cells.csv", dtype=str, keep_default_na=False)
         table = table.drop(columns=[c for c in table.columns if c.startswith("environment.")])
@@ -212,7 +211,8 @@ def test_a_rebuild_of_a_rebuild_is_the_same(tmp_path, recorded):
         main(["report", str(folder / "cells.csv"), "--out", str(folder)])
         texts.append({p.name: p.read_bytes() for p in folder.iterdir() if p.suffix == ".csv"})
         lines = (folder / "report.md").read_text().splitlines()
-        environments += [line for line in lines if line.startswith("- Environment: ")]
+        (environment,) = [line for line in lines if line.startswith("- Environment: ")]
+        environments.append(environment)
     assert environments[0] == environments[1] and environments[0].startswith(committed[0])
     assert environments[0].endswith("recorded it)") == recorded
     assert texts[0] == texts[1]
