@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-slow lint install docs docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check demo-mqar-probes relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long shakespeare-data fastformer-shakespeare fastformer-shakespeare-small thread-variance benchmarks bench \
+.PHONY: test test-slow lint install docs docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check demo-mqar-probes demo-compile relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long shakespeare-data fastformer-shakespeare fastformer-shakespeare-small thread-variance engine-overhead benchmarks bench \
 	clean
 
 $(BIN)/python:
@@ -79,6 +79,12 @@ demo-mqar-probes: install
 	$(BIN)/attn-zoo ablate run ablations/grids/demo_mqar_probes.toml
 	$(BIN)/attn-zoo report ablations/grids/demo_mqar_probes.toml --out reports/demo_mqar_probes \
 		--target 0.9 --note "$$(cat ablations/grids/demo_mqar_probes.conclusion.md)"
+
+# torch.compile against eager on the demo's cells, one seed (18 cells, 6 min on 2 idle cores:
+# wall times compare only on an otherwise idle machine; the README's compile numbers).
+demo-compile: install
+	$(BIN)/attn-zoo ablate run ablations/grids/demo_compile.toml
+	$(BIN)/attn-zoo report ablations/grids/demo_compile.toml --out reports/demo_compile
 
 # The example reports in reports/, one command each. The relational games under the paper's
 # protocol, ours and the paper's own models (498 cells, about 3 hours on 2 CPU cores); the
@@ -194,11 +200,20 @@ reports-from-cells: install
 		$(REBUILD) reports/$$grid/cells.csv --grid ablations/grids/$$grid.toml \
 			--out reports/$$grid --note "$$(cat ablations/grids/$$grid.conclusion.md)" || exit 1; \
 	done
+	$(REBUILD) reports/demo_compile/cells.csv --grid ablations/grids/demo_compile.toml \
+		--out reports/demo_compile
 	for grid in match_pattern match_pattern_dual demo_mqar_probes; do \
 		$(REBUILD) reports/$$grid/cells.csv --grid ablations/grids/$$grid.toml \
 			--out reports/$$grid --target 0.9 \
 			--note "$$(cat ablations/grids/$$grid.conclusion.md)" || exit 1; \
 	done
+
+# What the grid driver costs per cell (ablations/engine_overhead.py): grids of 100 and 500
+# one-step cells with the local executor and with Ray (a local instance), and the results store
+# alone, into reports/engine_overhead/ (the README's numbers; 1 min on 2 idle cores).
+engine-overhead: install
+	$(BIN)/python -m ablations.engine_overhead --cells 100 500 --executors local ray \
+		--report reports/engine_overhead
 
 benchmarks: install
 	$(BIN)/attn-zoo bench --suite softmax relational dual --repeats 3 --report reports/benchmarks

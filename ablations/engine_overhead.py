@@ -19,6 +19,10 @@ told to.) Prints markdown tables:
 - `run_cell` in this process on the first cells, one torch thread: everything a worker does
   for a cell, without any executor.
 - the store alone: `claim` then `finish` of N cells (one SQLite transaction each), per cell.
+
+With `--report FOLDER` it also writes what it printed there: runs.csv, run_cell.csv, store.csv,
+and report.md and index.html naming the machine, the date and the command (`make
+engine-overhead` writes reports/engine_overhead/, which the README's numbers cite).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import math
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -188,14 +193,15 @@ def measure_store(grid: Path, folder: Path) -> dict[str, float]:
     }
 
 
+def text(value: object) -> str:
+    """A table cell's text: floats to two decimals."""
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
 def markdown(rows: list[dict], columns: dict[str, str]) -> str:
     """`rows` as a markdown table: `columns` maps a row key to its header."""
-
-    def cell(value) -> str:
-        return f"{value:.2f}" if isinstance(value, float) else str(value)
-
     lines = ["| " + " | ".join(columns.values()) + " |", "|" + "---:|" * len(columns)]
-    lines += ["| " + " | ".join(cell(row[k]) for k in columns) + " |" for row in rows]
+    lines += ["| " + " | ".join(text(row[k]) for k in columns) + " |" for row in rows]
     return "\n".join(lines)
 
 
@@ -211,6 +217,20 @@ RUN_COLUMNS = {
     "overhead_ms": "overhead ms/cell",
     "driver_cpu_ms": "driver CPU ms/cell",
 }
+INTRO = (
+    "Grids of tiny cells (same_pair on 16 examples, d_model 8, one layer, one training step) run "
+    "through run_grid in one process. Steady part: from the first cell finished to the last. "
+    "Overhead per cell: the steady wall time per cell minus the cells' own training time "
+    "(metrics.wall_s) over the slots: scheduling, store writes, the worker's task and model "
+    "building and test evaluation, process and IPC overhead. Driver CPU: this process's CPU "
+    "time (all its threads) over the steady part, per cell. The store alone: claim, then "
+    "finish, of every cell in a fresh store (one SQLite transaction each), then reading every "
+    "row back."
+)
+RUN_CELL_TEXT = (
+    "run_cell in this process, 1 torch thread: {median_ms:.1f} ms per cell (median of {cells}): a "
+    "worker's whole work for a cell"
+)
 STORE_COLUMNS = {
     "cells": "cells",
     "claim_ms": "claim ms/cell",
@@ -246,13 +266,67 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--folder", default=None,
                    help="where the grids and stores go (without it: a temporary folder, "
                    "removed afterwards)")  # fmt: skip
+    p.add_argument("--report", default=None,
+                   help="folder to write the tables to as CSVs, report.md and index.html "
+                   "(created if missing; checked before anything is measured)")  # fmt: skip
     return p
 
 
+def write_report(
+    folder: Path,
+    command: str,
+    runs: list[dict],
+    run_cell: dict | None,
+    stores: list[dict],
+    workers: int,
+) -> None:
+    """The measured tables in `folder`: runs.csv, run_cell.csv (when measured), store.csv, and
+    report.md and index.html (the machine, the date, `command` and each table)."""
+    from datetime import datetime
+
+    import pandas as pd
+
+    from ablations.bench.measure import machine
+    from ablations.report_pages import Page, Paragraph, Section, Table, write_csv, write_pages
+
+    def shown(rows: list[dict], columns: dict[str, str]) -> Table:
+        return Table(pd.DataFrame(rows)[list(columns)].map(text).rename(columns=columns))
+
+    facts = [
+        f"Machine: {machine()}",
+        f"Generated: {datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+        f"Command: {command}",
+    ]
+    page = Page("Grid driver overhead", facts, INTRO)
+    runs_section = Section(f"Grid runs (run_grid in this process, {workers} slots)")
+    runs_section.parts.append(shown(runs, RUN_COLUMNS))
+    page.sections.append(runs_section)
+    write_csv(pd.DataFrame(runs)[list(RUN_COLUMNS)], folder / "runs.csv")
+    if run_cell is not None:
+        section = Section("A cell without an executor")
+        section.parts += [Paragraph(RUN_CELL_TEXT.format(**run_cell))]
+        page.sections.append(section)
+        write_csv(pd.DataFrame([run_cell]), folder / "run_cell.csv")
+    store_section = Section("The results store alone (one SQLite transaction per claim and finish)")
+    store_section.parts.append(shown(stores, STORE_COLUMNS))
+    page.sections.append(store_section)
+    write_csv(pd.DataFrame(stores)[list(STORE_COLUMNS)], folder / "store.csv")
+    write_pages(page, folder)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the measurements of `argv` (see `parser`) and print their tables."""
+    """Run the measurements of `argv` (see `parser`), print their tables and write them to
+    --report's folder."""
     args = parser().parse_args(argv)
     executors = args.executors or (["local", "ray"] if args.address else ["local"])
+    report = None
+    if args.report is not None:
+        from ablations.report_pages import writable_folder
+
+        try:
+            report = writable_folder("--report", args.report)
+        except ValueError as err:
+            parser().error(str(err))
     with tempfile.TemporaryDirectory(prefix="engine_overhead_") as scratch:
         folder = Path(args.folder or scratch)
         folder.mkdir(parents=True, exist_ok=True)
@@ -270,11 +344,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"ran {executor} x {cells} cells", flush=True)
         print(f"\n## Grid runs (run_grid in this process, {args.workers} slots)\n")
         print(markdown(runs, RUN_COLUMNS))
+        run_cell = None
         if args.run_cell:
             grid = write_grid(folder, args.run_cell + 1, "overhead_run_cell")
-            ms = 1e3 * measure_run_cell(grid, args.run_cell)
-            print(f"\nrun_cell in this process, 1 torch thread: {ms:.1f} ms per cell (median "
-                  f"of {args.run_cell}): a worker's whole work for a cell")  # fmt: skip
+            run_cell = {
+                "cells": args.run_cell,
+                "median_ms": 1e3 * measure_run_cell(grid, args.run_cell),
+            }
+            print("\n" + RUN_CELL_TEXT.format(**run_cell))
         stores = []
         for cells in args.store_cells or args.cells:
             sub = folder / f"store_{cells}"
@@ -284,6 +361,10 @@ def main(argv: list[str] | None = None) -> int:
             stores.append(measure_store(write_grid(sub, cells), sub))
         print("\n## The results store alone (one SQLite transaction per claim and finish)\n")
         print(markdown(stores, STORE_COLUMNS))
+    if report is not None:
+        command = " ".join(["python -m ablations.engine_overhead", *(argv or sys.argv[1:])])
+        write_report(report, command, runs, run_cell, stores, args.workers)
+        print(f"\nwrote {report}/report.md, index.html and the CSVs")
     return 0
 
 

@@ -28,6 +28,7 @@ import base64
 import hashlib
 import json
 import re
+import tempfile
 import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -141,6 +142,20 @@ def path_in(folder: Path, name: str) -> Path:
     path = (root / name).resolve()
     if name in ("", ".", "..") or Path(name).name != name or path.parent != root:
         raise ValueError(f"refusing to write {name!r}: not a file name inside {root}")
+    return path
+
+
+def writable_folder(option: str, folder: str | Path) -> Path:
+    """`folder`, created if missing, once a file could be made in it; ValueError naming the
+    option and the folder otherwise: a report's folder is checked before anything is measured."""
+    path = Path(folder)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as err:
+        raise ValueError(
+            f"{option} {folder}: cannot write files there ({err.strerror or err})"
+        ) from None
     return path
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -331,16 +330,11 @@ class BenchRun:
             raise ValueError(f"--device {self.device}: {problem} here")
         if self.lengths is not None:
             check_lengths(self.lengths, "--lengths")
+        from ablations.report_pages import writable_folder
+
         for option, folder in (("--csv-dir", self.csv_dir), ("--report", self.report)):
-            if folder is None:
-                continue
-            try:
-                Path(folder).mkdir(parents=True, exist_ok=True)
-                tempfile.TemporaryFile(dir=folder).close()
-            except OSError as err:
-                raise ValueError(
-                    f"{option} {folder}: cannot write files there ({err.strerror or err})"
-                ) from None
+            if folder is not None:
+                writable_folder(option, folder)
 
     def suite_lengths(self, suite: str) -> list[int]:
         return self.lengths or DEFAULT_LENGTHS.get(suite, DEFAULT_LENGTHS["relational"])
