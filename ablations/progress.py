@@ -37,6 +37,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import TextIO
 
 from ablations.cell import Cell
 from ablations.labels import terminal_text
@@ -109,9 +110,12 @@ class Progress:
     failed, diverged; pruned once a cell is). `expect` adds cells to come (a search's next
     trials)."""
 
-    def __init__(self, todo: list[Cell], total: int, slots: int, interval: float, out=sys.stdout):
+    def __init__(
+        self, todo: list[Cell], total: int, slots: int, interval: float, out: TextIO | None = None
+    ):
         self.total, self.already = total, total - len(todo)
-        self.slots, self.interval, self.out = slots, interval, out
+        self.slots, self.interval = slots, interval
+        self.out = sys.stdout if out is None else out  # (sys.stdout as it is now)
         self.pending = Counter(cell_kind(cell) for cell in todo)
         self.counts = dict.fromkeys(COUNTED, 0)
         self.running: dict[str, Running] = {}
@@ -232,12 +236,12 @@ class LiveProgress(Progress):
     steps, step, loss and time) redrawn in place at each `tick`, at most every `REDRAW` s;
     `interval` is not used. `close` takes the view away; the lines printed stay."""
 
-    def __init__(self, todo, total, slots, interval, out=sys.stdout, console=None):
+    def __init__(self, todo, total, slots, interval, out=None, console=None):
         from rich.console import Console
         from rich.live import Live
 
         super().__init__(todo, total, slots, interval, out)
-        self.console = console or Console(file=out)
+        self.console = console or Console(file=self.out)
         self.live = Live(console=self.console, auto_refresh=False, transient=True)
         self.live.start()
         self.drawn = 0.0
@@ -300,10 +304,16 @@ class LiveProgress(Progress):
 
 
 def make_progress(
-    todo: list[Cell], total: int, slots: int, interval: float, out=sys.stdout, live=None
+    todo: list[Cell],
+    total: int,
+    slots: int,
+    interval: float,
+    out: TextIO | None = None,
+    live=None,
 ) -> Progress:
-    """A `LiveProgress` when `out` is a terminal rich can draw on (`live=None`) or `live` is
-    true, else plain `Progress` lines."""
+    """A `LiveProgress` when `out` (default: sys.stdout) is a terminal rich can draw on
+    (`live=None`) or `live` is true, else plain `Progress` lines."""
+    out = sys.stdout if out is None else out
     if live is None:
         live = is_terminal(out)
     if live:

@@ -53,6 +53,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from ablations.cell import Cell, training_settings
 from ablations.devices import cell_threads, default_local_workers
@@ -172,15 +173,17 @@ def run_grid(
     address: str | None = None,
     retry_failed: bool = False,
     interval: float = 10.0,
-    out=sys.stdout,
+    out: TextIO | None = None,
     tracking: TrackingPlan | None = None,
 ) -> dict[str, int]:
     """Check, then train every unfinished cell of `spec` (and the failed ones again with
     `retry_failed`) and record it; the counts of this run's outcomes by status. `interval`:
-    seconds between status lines when `out` is not a terminal. `tracking`: the trackers each
-    recorded cell is then copied to (default: the grid's [tracking]; ablations.tracking)."""
+    seconds between status lines when `out` (default: sys.stdout as it is at the call) is not a
+    terminal. `tracking`: the trackers each recorded cell is then copied to (default: the
+    grid's [tracking]; ablations.tracking)."""
     if spec.search is not None:
         raise SpecError(f"{spec.path}: a grid with [search] runs with ablations.search.run_search")
+    out = sys.stdout if out is None else out  # not bound at import: pytest swaps sys.stdout
     tracking = spec.tracking if tracking is None else tracking
     check_backends(tracking)  # a missing package: TrackingError before anything runs
     check_cells(spec)

@@ -49,6 +49,7 @@ import math
 import sys
 from dataclasses import replace
 from importlib.util import find_spec
+from typing import TextIO
 
 from ablations.cell import Cell, training_settings
 from ablations.executors import Evaluation
@@ -307,7 +308,7 @@ def run_search(
     spec: GridSpec,
     workers: int | None = None,
     retry_failed: bool = False,
-    out=sys.stdout,
+    out: TextIO | None = None,
     executor: str = "local",
     address: str | None = None,
     interval: float = 10.0,
@@ -323,6 +324,7 @@ def run_search(
     outcomes by status (with pruned where the search prunes)."""
     if find_spec("optuna") is None:  # before any cell
         raise SpecError(f"{spec.path}: [search] needs optuna: pip install 'attn_zoo[search]'")
+    out = sys.stdout if out is None else out  # (default: sys.stdout as it is at the call)
     plan = spec.search
     if plan.table.pruner != "none" and executor != "local":
         raise SpecError(

@@ -277,3 +277,15 @@ def test_the_live_table_keeps_swept_values_and_the_seed_readable_at_80_columns(t
     assert "/std/lr=0.003/seed0" in screen.getvalue()
     assert fit_label("same_pair/xs/std/lr=0.003/seed0", 19) == "…/lr=0.003/seed0"
     assert fit_label("short", 19) == "short" and len(fit_label("x" * 50, 10)) == 10
+
+
+def test_a_run_prints_to_sys_stdout_as_it_is_at_the_call(tmp_path, monkeypatch):
+    """Found when a test closed the stdout another test's import had bound: `out` defaulted to
+    the sys.stdout of the moment ablations.runner was imported, and a later run printed into
+    that closed file ("I/O operation on closed file"). It is looked up at each call now."""
+    spec = load_grid(tiny_grid(tmp_path, seeds=[0], mechanisms=[STD]))
+    assert run_grid(spec, workers=1, out=io.StringIO())["done"] == 1
+    now = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", now)
+    assert run_grid(spec, workers=1) == dict.fromkeys(("done", "failed", "diverged"), 0)
+    assert "1 cells, 1 already finished, 0 to run" in now.getvalue()
