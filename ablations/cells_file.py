@@ -40,7 +40,9 @@ TABLES = ("task_kwargs", "size", "mechanism_kwargs", "training")  # a Cell's dic
 WHOLE = re.compile(r"[-+]?\d+")
 NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?inf|nan")
 ENVIRONMENT_LINE = re.compile(  # as report.md shows it; a rebuild's note on where it came from
-    r"^- Environment: (.+?)(?: \(as the report\.md beside .+ recorded it\))?$", re.MULTILINE
+    r"^- Environment: (?:.*?for the \d+ cells without one in cells\.csv: )?(.+?)"
+    r"(?: \(as the report\.md beside .+ recorded it\))?$",
+    re.MULTILINE,
 )
 
 
@@ -108,7 +110,7 @@ class CellsFile:
         self._rows = self._read_rows(table)
         self.recorded_environment = None
         report = self.path.with_name("report.md")
-        if not any(c.startswith("environment.") for c in table.columns) and report.is_file():
+        if any(row["environment"] is None for row in self._rows) and report.is_file():
             found = ENVIRONMENT_LINE.search(report.read_text(encoding="utf-8"))
             if found:  # markdown's escapes and entities off
                 self.recorded_environment = html.unescape(re.sub(r"\\(.)", r"\1", found[1]))

@@ -561,18 +561,21 @@ def _plot_vs_train_size(
 
 
 def _environments(store: ResultsStore | CellsFile) -> list[str]:
-    """The distinct (torch, machine, threads, commit) the cells ran with, as texts; from a
-    cells.csv without them, the line of the report.md beside it (`recorded_environment`)."""
-    seen = []
+    """The distinct (torch, machine, threads, commit) the cells ran with, as texts; for the
+    rows of a cells.csv without them, the line of the report.md beside it
+    (`recorded_environment`), said to be theirs when other rows have their own."""
+    seen, missing = [], 0
     for row in store.rows():
         env = row["environment"] or {}
         keys = ("torch", "machine", "threads", "commit")
         text = ", ".join(f"{k} {env[k]}" for k in keys if k in env)
+        missing += not text
         if text and text not in seen:
             seen.append(text)
     recorded = getattr(store, "recorded_environment", None)
-    if not seen and recorded:
-        return [f"{recorded} (as the report.md beside {store.path} recorded it)"]
+    if missing and recorded:
+        whose = f"for the {missing} cells without one in cells.csv: " if seen else ""
+        seen.append(f"{whose}{recorded} (as the report.md beside {store.path} recorded it)")
     return seen
 
 
@@ -598,6 +601,7 @@ def _cells_csv(frame: pd.DataFrame, records: list[dict]) -> pd.DataFrame:
     environment = pd.DataFrame(
         [{f"environment.{k}": v for k, v in (r.get("environment") or {}).items()} for r in records],
         index=frame.index,
+        dtype=object,  # threads 1 stays 1 beside a cell without an environment (not 1.0)
     )
     frame = pd.concat([frame, environment.reindex(columns=sorted(environment.columns))], axis=1)
     first = [c for c in ("key", "status") if c in frame]

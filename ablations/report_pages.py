@@ -187,8 +187,9 @@ def write_csv(frame: pd.DataFrame, path: Path) -> None:
     `csv_text`: a label like '=HYPERLINK(...)' is shown as text, never run."""
     texts = frame.rename(columns=csv_text)
     for column in texts.columns:
-        if not pd.api.types.is_numeric_dtype(texts[column]):
-            texts[column] = texts[column].map(csv_text)
+        if not pd.api.types.is_numeric_dtype(texts[column]):  # kept as objects: 1 stays 1
+            values = [csv_text(value) for value in texts[column]]  # (map makes 1 and NaN 1.0)
+            texts[column] = pd.Series(values, index=texts.index, dtype=object)
     texts.to_csv(path, index=False)
 
 

@@ -191,19 +191,20 @@ def test_every_committed_cells_csv_reads_back_configs_that_hash_to_their_keys(ce
     assert reader.recorded_environment or all(row["environment"] for row in rows)
 
 
-@pytest.mark.parametrize("recorded", [False, True], ids=["per row", "recorded environment"])
-def test_a_rebuild_of_a_rebuild_is_the_same(tmp_path, recorded):
+@pytest.mark.parametrize("without", ["none", "all", "half"])
+def test_a_rebuild_of_a_rebuild_is_the_same(tmp_path, without):
     """The smallest committed report with an environment per cell, rebuilt in place twice from
-    its cells.csv; `recorded`: with the environment columns taken out first (a cells.csv of the
-    earlier format), so the rebuild takes the report.md's Environment line and says so."""
+    its cells.csv; `without`: the rows whose environment columns are emptied first ("all": a
+    cells.csv of the earlier format, so the rebuild takes the report.md's Environment line and
+    says so; "half": cells of two runs merged, the line said to be the older rows')."""
     read = [CellsFile(cells) for cells in REPO.glob("reports/*/cells.csv")]
     smallest = min((f for f in read if not f.recorded_environment), key=lambda f: len(f.rows()))
     folder = tmp_path / "report"
     shutil.copytree(smallest.path.parent, folder)
-    if recorded:
-        table = pd.read_csv(folder / "cells.csv", dtype=str, keep_default_na=False)
-        table = table.drop(columns=[c for c in table.columns if c.startswith("environment.")])
-        table.to_csv(folder / "cells.csv", index=False)
+    table = pd.read_csv(folder / "cells.csv", dtype=str, keep_default_na=False)
+    emptied = {"none": 0, "all": len(table), "half": len(table) // 2}[without]
+    table.loc[: emptied - 1, [c for c in table.columns if c.startswith("environment.")]] = ""
+    table.to_csv(folder / "cells.csv", index=False)
     committed = [line for line in (folder / "report.md").read_text().splitlines()
                  if line.startswith("- Environment: ")]  # fmt: skip
     texts, environments = [], []
@@ -214,7 +215,9 @@ def test_a_rebuild_of_a_rebuild_is_the_same(tmp_path, recorded):
         (environment,) = [line for line in lines if line.startswith("- Environment: ")]
         environments.append(environment)
     assert environments[0] == environments[1] and environments[0].startswith(committed[0])
-    assert environments[0].endswith("recorded it)") == recorded
+    assert environments[0].endswith("recorded it)") == bool(emptied)
+    merged = f"; for the {emptied} cells without one in cells.csv: {committed[0][15:]} (as"
+    assert (merged in environments[0]) == (without == "half")
     assert texts[0] == texts[1]
 
 
