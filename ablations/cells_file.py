@@ -19,7 +19,8 @@ Columns: key, status, error, started, finished, non_finite, "metrics.<name>",
 "model.d_model", ...). Files written before that (every column of the config behind
 "config.", the size as "config.size.label", no environment) are read too: there pandas wrote
 whole numbers of a column with gaps as floats ("4.0"), read back as ints, and the environment
-is the one the report.md beside the file shows (`recorded_environment`).
+is the one the report.md beside the file shows (`recorded_environment`); so is the environment
+of finished cells without one in a file that merges such rows with newer ones.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ablations.store import CURVE_COLUMNS, CURVE_FIELDS, FRAME_COLUMNS
+from ablations.store import CURVE_COLUMNS, CURVE_FIELDS, FINISHED, FRAME_COLUMNS
 
 OLD_PREFIX = "config."  # the config columns of files written before flat_config's names
 TEXTS = {("grid",), ("task",), ("task_name",), ("size", "label"), ("mechanism",),
@@ -44,6 +45,12 @@ ENVIRONMENT_LINE = re.compile(  # as report.md shows it; a rebuild's note on whe
     r"(?: \(as the report\.md beside .+ recorded it\))?$",
     re.MULTILINE,
 )
+
+
+def lacks_environment(row: dict) -> bool:
+    """Whether `row` (a store row) is a finished cell without the environment it ran in (cells
+    that never ran have none to lack)."""
+    return row["status"] in FINISHED and not row["environment"]
 
 
 def _path(column: str, old: bool) -> tuple[str, ...]:
@@ -110,10 +117,10 @@ class CellsFile:
         self._rows = self._read_rows(table)
         self.recorded_environment = None
         report = self.path.with_name("report.md")
-        if any(row["environment"] is None for row in self._rows) and report.is_file():
+        if any(lacks_environment(row) for row in self._rows) and report.is_file():
             found = ENVIRONMENT_LINE.search(report.read_text(encoding="utf-8"))
-            if found:  # markdown's escapes and entities off
-                self.recorded_environment = html.unescape(re.sub(r"\\(.)", r"\1", found[1]))
+            recorded = found and html.unescape(re.sub(r"\\(.)", r"\1", found[1]))  # markdown off
+            self.recorded_environment = None if recorded == "not recorded" else recorded or None
 
     def _read_rows(self, table: pd.DataFrame) -> list[dict]:
         old = any(column.startswith(OLD_PREFIX) for column in table.columns)

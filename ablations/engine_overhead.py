@@ -32,6 +32,7 @@ import bisect
 import math
 import os
 import platform
+import shlex
 import statistics
 import sys
 import tempfile
@@ -290,7 +291,7 @@ def write_report(
     from ablations.report_pages import Page, Paragraph, Section, Table, write_csv, write_pages
 
     def shown(rows: list[dict], columns: dict[str, str]) -> Table:
-        return Table(pd.DataFrame(rows)[list(columns)].map(text).rename(columns=columns))
+        return Table(pd.DataFrame([{h: text(r[k]) for k, h in columns.items()} for r in rows]))
 
     facts = [
         f"Machine: {machine()}",
@@ -307,6 +308,8 @@ def write_report(
         section.parts += [Paragraph(RUN_CELL_TEXT.format(**run_cell))]
         page.sections.append(section)
         write_csv(pd.DataFrame([run_cell]), folder / "run_cell.csv")
+    else:  # an earlier run's, not this one's
+        (folder / "run_cell.csv").unlink(missing_ok=True)
     store_section = Section("The results store alone (one SQLite transaction per claim and finish)")
     store_section.parts.append(shown(stores, STORE_COLUMNS))
     page.sections.append(store_section)
@@ -327,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
             report = writable_folder("--report", args.report)
         except ValueError as err:
             parser().error(str(err))
+        if any(report.iterdir()) and not (report / "runs.csv").is_file():
+            parser().error(f"--report {args.report}: not empty and not an earlier report "
+                           "of this measurement (no runs.csv): use a new folder")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="engine_overhead_") as scratch:
         folder = Path(args.folder or scratch)
         folder.mkdir(parents=True, exist_ok=True)
@@ -362,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n## The results store alone (one SQLite transaction per claim and finish)\n")
         print(markdown(stores, STORE_COLUMNS))
     if report is not None:
-        command = " ".join(["python -m ablations.engine_overhead", *(argv or sys.argv[1:])])
+        words = sys.argv[1:] if argv is None else argv
+        command = shlex.join(["python", "-m", "ablations.engine_overhead", *words])
         write_report(report, command, runs, run_cell, stores, args.workers)
         print(f"\nwrote {report}/report.md, index.html and the CSVs")
     return 0

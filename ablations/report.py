@@ -61,7 +61,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ablations.attention_figures import attention_blocks
-from ablations.cells_file import CellsFile
+from ablations.cells_file import CellsFile, lacks_environment
 from ablations.provenance import file_sha256
 from ablations.report_pages import (
     TITLE_LABEL,
@@ -569,7 +569,7 @@ def _environments(store: ResultsStore | CellsFile) -> list[str]:
         env = row["environment"] or {}
         keys = ("torch", "machine", "threads", "commit")
         text = ", ".join(f"{k} {env[k]}" for k in keys if k in env)
-        missing += not text
+        missing += lacks_environment(row)
         if text and text not in seen:
             seen.append(text)
     recorded = getattr(store, "recorded_environment", None)

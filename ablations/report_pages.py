@@ -187,9 +187,11 @@ def write_csv(frame: pd.DataFrame, path: Path) -> None:
     `csv_text`: a label like '=HYPERLINK(...)' is shown as text, never run."""
     texts = frame.rename(columns=csv_text)
     for column in texts.columns:
-        if not pd.api.types.is_numeric_dtype(texts[column]):  # kept as objects: 1 stays 1
-            values = [csv_text(value) for value in texts[column]]  # (map makes 1 and NaN 1.0)
+        if pd.api.types.is_object_dtype(texts[column]):  # kept as objects: map would make 1 1.0
+            values = [csv_text(value) for value in texts[column]]  # beside a missing value
             texts[column] = pd.Series(values, index=texts.index, dtype=object)
+        elif not pd.api.types.is_numeric_dtype(texts[column]):
+            texts[column] = texts[column].map(csv_text)
     texts.to_csv(path, index=False)
 
 

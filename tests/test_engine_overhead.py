@@ -39,3 +39,19 @@ def test_an_unwritable_report_folder_is_refused_before_measuring(tmp_path, monke
         engine_overhead.main(["--cells", "2", "--report", str(blocker / "report")])
     assert exit_.value.code == 2
     assert f"--report {blocker / 'report'}: cannot write files there" in capsys.readouterr().err
+
+
+def test_a_folder_that_is_not_an_earlier_report_of_it_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(engine_overhead, "measure_run", None)  # never reached
+    (tmp_path / "report.md").write_text("a grid's report")
+    with pytest.raises(SystemExit) as exit_:
+        engine_overhead.main(["--cells", "2", "--report", str(tmp_path)])
+    assert exit_.value.code == 2 and "not an earlier report" in capsys.readouterr().err
+    assert (tmp_path / "report.md").read_text() == "a grid's report"
+
+
+def test_a_report_without_run_cell_leaves_no_earlier_run_cell_csv(tmp_path):
+    (tmp_path / "run_cell.csv").write_text("cells,median_ms\n20,14.25\n")
+    engine_overhead.write_report(tmp_path, "python -m ablations.engine_overhead", RUNS, None,
+                                 STORES, 2)  # fmt: skip
+    assert not (tmp_path / "run_cell.csv").exists() and (tmp_path / "runs.csv").is_file()

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from grids import tiny_grid
 from test_hostile_reports import old_done_with_nan
-from test_report_safety import config
+from test_report_safety import add_done, config
 
 from ablations.cells_file import CellsFile
 from ablations.cli import main
@@ -219,6 +219,23 @@ def test_a_rebuild_of_a_rebuild_is_the_same(tmp_path, without):
     merged = f"; for the {emptied} cells without one in cells.csv: {committed[0][15:]} (as"
     assert (merged in environments[0]) == (without == "half")
     assert texts[0] == texts[1]
+
+
+def test_cells_that_never_ran_lack_no_environment(tmp_path):
+    """A report of a partly run store (a running cell, a cell of the grid not run) rebuilt from
+    its cells.csv names the one environment the finished cell ran in: cells without one that
+    never finished are not said to have run in the report.md's recorded line."""
+    store = ResultsStore(tmp_path / "store.sqlite")
+    add_done(store, config(seed=0), 0.9)
+    store.claim(config(seed=1))  # running
+    grid = {config_key(c): c for c in (config(seed=0), config(seed=1), config(seed=2))}
+    write_report(store, tmp_path / "report", keys=grid)
+    line = [x for x in (tmp_path / "report" / "report.md").read_text().splitlines()
+            if x.startswith("- Environment: ")]  # fmt: skip
+    main(["report", str(tmp_path / "report" / "cells.csv"), "--out", str(tmp_path / "again")])
+    again = (tmp_path / "again" / "report.md").read_text().splitlines()
+    assert [x for x in again if x.startswith("- Environment: ")] == line
+    assert "cells without one" not in line[0] and "recorded it" not in line[0]
 
 
 def test_a_cells_csv_of_the_earlier_format_reads_back(tmp_path):
