@@ -37,13 +37,16 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ablations.cell import Cell
 from ablations.labels import terminal_text
 from ablations.steps import duration, is_terminal
 from ablations.store import error_summary
 from ablations.train import CellOutcome
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 STYLES = {  # the first word of a printed line -> its style on a terminal
     "done": "green",
@@ -112,7 +115,7 @@ class Progress:
 
     def __init__(
         self, todo: list[Cell], total: int, slots: int, interval: float, out: TextIO | None = None
-    ):
+    ) -> None:
         self.total, self.already = total, total - len(todo)
         self.slots, self.interval = slots, interval
         self.out = sys.stdout if out is None else out  # (sys.stdout as it is now)
@@ -236,7 +239,15 @@ class LiveProgress(Progress):
     steps, step, loss and time) redrawn in place at each `tick`, at most every `REDRAW` s;
     `interval` is not used. `close` takes the view away; the lines printed stay."""
 
-    def __init__(self, todo, total, slots, interval, out=None, console=None):
+    def __init__(
+        self,
+        todo: list[Cell],
+        total: int,
+        slots: int,
+        interval: float,
+        out: TextIO | None = None,
+        console: Console | None = None,
+    ) -> None:
         from rich.console import Console
         from rich.live import Live
 
@@ -309,7 +320,7 @@ def make_progress(
     slots: int,
     interval: float,
     out: TextIO | None = None,
-    live=None,
+    live: bool | None = None,
 ) -> Progress:
     """A `LiveProgress` when `out` (default: sys.stdout) is a terminal rich can draw on
     (`live=None`) or `live` is true, else plain `Progress` lines."""
