@@ -283,19 +283,25 @@ def write_report(
 ) -> None:
     """The measured tables in `folder`: runs.csv, run_cell.csv (when measured), store.csv, and
     report.md and index.html (the machine, the date, `command` and each table)."""
-    from datetime import datetime
-
     import pandas as pd
 
     from ablations.bench.measure import machine
-    from ablations.report_pages import Page, Paragraph, Section, Table, write_csv, write_pages
+    from ablations.report_pages import (
+        Page,
+        Paragraph,
+        Section,
+        Table,
+        generated_now,
+        write_csv,
+        write_pages,
+    )
 
     def shown(rows: list[dict], columns: dict[str, str]) -> Table:
         return Table(pd.DataFrame([{h: text(r[k]) for k, h in columns.items()} for r in rows]))
 
     facts = [
         f"Machine: {machine()}",
-        f"Generated: {datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+        f"Generated: {generated_now()}",
         f"Command: {command}",
     ]
     page = Page("Grid driver overhead", facts, INTRO)

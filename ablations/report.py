@@ -53,7 +53,6 @@ import shutil
 import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
 from functools import partial
 from pathlib import Path
 
@@ -71,6 +70,7 @@ from ablations.report_pages import (
     Paragraph,
     Section,
     Table,
+    generated_now,
     label_colours,
     label_file_name,
     legend,
@@ -684,7 +684,7 @@ def _provenance(
         "grid_sha256": digest,
         "overrides": list(overrides),
         "environment": _environments(store),
-        "generated": f"{datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+        "generated": generated_now(),
     }
 
 

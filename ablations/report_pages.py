@@ -32,6 +32,7 @@ import tempfile
 import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import cache
 from html import escape
 from pathlib import Path
@@ -143,6 +144,11 @@ def path_in(folder: Path, name: str) -> Path:
     if name in ("", ".", "..") or Path(name).name != name or path.parent != root:
         raise ValueError(f"refusing to write {name!r}: not a file name inside {root}")
     return path
+
+
+def generated_now() -> str:
+    """The local date and time a page is written, as its "Generated" line shows it."""
+    return f"{datetime.now().astimezone():%Y-%m-%d %H:%M %Z}"
 
 
 def writable_folder(option: str, folder: str | Path) -> Path:

@@ -13,7 +13,6 @@ only when writing: the process that measures memory imports ablations.bench.meas
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -169,6 +168,7 @@ def write_bench_report(
         Section,
         Table,
         file_name,
+        generated_now,
         label_colours,
         new_figure,
         write_csv,
@@ -179,7 +179,7 @@ def write_bench_report(
     folder.mkdir(parents=True, exist_ok=True)
     facts = [
         f"Machine: {machine()}",
-        f"Generated: {datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+        f"Generated: {generated_now()}",
         f"Command: {command}",
     ]
     generation = all(_is_generation(table) for table in tables.values())
