@@ -119,8 +119,8 @@ class CellsFile:
         report = self.path.with_name("report.md")
         if any(lacks_environment(row) for row in self._rows) and report.is_file():
             found = ENVIRONMENT_LINE.search(report.read_text(encoding="utf-8"))
-            recorded = found and html.unescape(re.sub(r"\\(.)", r"\1", found[1]))  # markdown off
-            self.recorded_environment = None if recorded == "not recorded" else recorded or None
+            if found and found[1] != "not recorded":  # markdown's escapes and entities off
+                self.recorded_environment = html.unescape(re.sub(r"\\(.)", r"\1", found[1]))
 
     def _read_rows(self, table: pd.DataFrame) -> list[dict]:
         old = any(column.startswith(OLD_PREFIX) for column in table.columns)

@@ -183,7 +183,6 @@ def run_grid(
     grid's [tracking]; ablations.tracking)."""
     if spec.search is not None:
         raise SpecError(f"{spec.path}: a grid with [search] runs with ablations.search.run_search")
-    out = sys.stdout if out is None else out  # not bound at import: pytest swaps sys.stdout
     tracking = spec.tracking if tracking is None else tracking
     check_backends(tracking)  # a missing package: TrackingError before anything runs
     check_cells(spec)
@@ -212,7 +211,7 @@ def drive(
     named: list[Cell],
     finished: int,
     interval: float,
-    out,
+    out: TextIO | None,
     tracking: TrackingPlan,
     executor: str = "local",
     workers: int | None = None,
@@ -228,7 +227,8 @@ def drive(
     the run (the progress counts them). With `judge`, each cell asks at its evaluations
     whether to stop (`Evaluation`, ablations.executors) and stops as `pruned` where `judge`
     says so. The counts of this run's outcomes by status (with pruned where there is a
-    judge)."""
+    judge). `out`: where lines go (None: sys.stdout as it is at the call, not at import)."""
+    out = sys.stdout if out is None else out
     plugins = plugin_record(spec.imports)
     store = ResultsStore(spec.store)
     mixed = mixed_provenance(spec.cells, store, plugins)

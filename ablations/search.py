@@ -46,7 +46,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import sys
 from dataclasses import replace
 from importlib.util import find_spec
 from typing import TextIO
@@ -324,7 +323,6 @@ def run_search(
     outcomes by status (with pruned where the search prunes)."""
     if find_spec("optuna") is None:  # before any cell
         raise SpecError(f"{spec.path}: [search] needs optuna: pip install 'attn_zoo[search]'")
-    out = sys.stdout if out is None else out  # (default: sys.stdout as it is at the call)
     plan = spec.search
     if plan.table.pruner != "none" and executor != "local":
         raise SpecError(
