@@ -162,7 +162,7 @@ shakespeare-data: install
 		-d $(ATTN_ZOO_DATA)/shakespeare
 
 # Standard vs additive (Fastformer) vs linear attention on Shakespeare, 256 characters, hidden 256,
-# 6 layers (45 cells; hours a cell on 2 CPU cores: it ran on one GPU, WORKERS=8 or more there);
+# 6 layers (55 cells; hours a cell on 2 CPU cores: it ran on one GPU, WORKERS=8 or more there);
 # conclusion in ablations/grids/fastformer_shakespeare.conclusion.md.
 WORKERS ?= 1
 fastformer-shakespeare: shakespeare-data
