@@ -106,8 +106,9 @@ relations-game-between: install
 		--out reports/relations_game_between \
 		--note "$$(cat ablations/grids/relations_game_between.conclusion.md)"
 
-# Token-level match_pattern: relational bottleneck, object vectors and pooling as axes (264
-# cells, about 4 hours on 2 CPU cores; resumable); conclusion in match_pattern.conclusion.md.
+# Token-level match_pattern: relational bottleneck, object vectors and pooling as axes (440
+# cells, 5 seeds, about 10 hours on 2 CPU cores; resumable); conclusion in
+# match_pattern.conclusion.md.
 match-pattern: install
 	$(BIN)/attn-zoo ablate run ablations/grids/match_pattern.toml
 	$(BIN)/attn-zoo report ablations/grids/match_pattern.toml --out reports/match_pattern \
