@@ -97,7 +97,13 @@ from ablations.selection import (
     verdicts,
 )
 from ablations.steps import Steps
-from ablations.store import ResultsStore, _pid_alive, cells_table, error_summary
+from ablations.store import (
+    ResultsStore,
+    _pid_alive,
+    cells_table,
+    error_summary,
+    keep_whole_numbers,
+)
 from ablations.tasks import build_task
 from ablations.tasks.registry import TASKS
 
@@ -597,7 +603,14 @@ def _cells_csv(frame: pd.DataFrame, records: list[dict]) -> pd.DataFrame:
     ...) sorted, its metrics ("metrics.test_acc", ...) sorted, the environment it ran in
     ("environment.torch", ...) sorted, then non_finite (the metrics of a done cell stored NaN
     or infinite: a CSV cell cannot tell NaN from missing), error and times: what
-    ablations.cells_file reads back."""
+    ablations.cells_file reads back. Whole-number metrics stay whole beside a cell without
+    them ("metrics.steps" 4, not 4.0, beside a cell not run)."""
+    frame = frame.copy()
+    metrics = [c for c in frame if c.startswith("metrics.")]
+    keep_whole_numbers(frame, {
+        column: [(r.get("metrics") or {}).get(column.removeprefix("metrics.")) for r in records]
+        for column in metrics
+    })  # fmt: skip
     environment = pd.DataFrame(
         [{f"environment.{k}": v for k, v in (r.get("environment") or {}).items()} for r in records],
         index=frame.index,

@@ -153,12 +153,17 @@ def cells_table(rows: Iterable[Mapping]) -> pd.DataFrame:
     if not records:
         return pd.DataFrame(columns=list(FRAME_COLUMNS))
     frame = pd.DataFrame(records)
-    for key in config_keys:  # whole numbers with gaps, which pandas makes floats
-        values = [record.get(key) for record in records]
-        whole = all(type(v) is int for v in values if v is not None)
-        if whole and frame[key].dtype.kind == "f":
-            frame[key] = pd.array(values, dtype="Int64")
+    keep_whole_numbers(frame, {key: [record.get(key) for record in records] for key in config_keys})
     return frame
+
+
+def keep_whole_numbers(frame: pd.DataFrame, values: Mapping[str, list]) -> None:
+    """Give each column of `frame` that `values` names (its cells' values in row order, None
+    where a cell has none) pandas' nullable "Int64" dtype where its values are ints with gaps,
+    which pandas makes floats (4.0)."""
+    for column, cells in values.items():
+        if frame[column].dtype.kind == "f" and all(type(v) is int for v in cells if v is not None):
+            frame[column] = pd.array(cells, dtype="Int64")
 
 
 def new_owner() -> str:

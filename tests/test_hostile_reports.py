@@ -461,6 +461,8 @@ def test_a_partly_run_grid_is_reported_as_partly_run(tmp_path):
     markdown = (out / "report.md").read_text()
     assert "4 done" in markdown and "4 todo" in markdown
     assert "not run: a cell of the grid that the store does not hold" in markdown
+    steps = pd.read_csv(out / "cells.csv", dtype=str)["metrics.steps"].dropna()
+    assert len(steps) == 4 and steps.str.isdigit().all()  # beside cells not run: 4, not 4.0
     selection = pd.read_csv(out / "selection.csv")
     assert (selection.n == 0).all()  # no setting has both seeds: none is selected
     assert selection.excluded.str.contains("1 of 2 seeds not run").all()
