@@ -1078,11 +1078,11 @@ def _selection_section(
     family = verdicts(  # one family: every difference the report shows
         pd.concat(
             [
-                paired(cells, chosen[name], a, b, name, margin).assign(reported=name)
+                paired(cells, chosen[name], a, b, name, margin)
                 for name in reported
                 for a, b in selection.compare
             ]
-            or [paired(cells, chosen[reported[0]].iloc[:0], "", "", "").assign(reported="")],
+            or [paired(cells, chosen[reported[0]].iloc[:0], "", "", "")],
             ignore_index=True,
         ),
         margin,
@@ -1200,7 +1200,8 @@ def _paired_method(family: pd.DataFrame, reported: list[str], margin: float | No
         f"metric, {size} tests; p Holm is Holm's step-down adjustment across them (the i-th "
         f"smallest p times {size} − i + 1, made non-decreasing, at most 1), which keeps the "
         "chance of any false 'ahead' in this report at most 5%. Verdict: 'a ahead' or 'b "
-        "ahead' (by the sign of d) where p Holm < 0.05, so an interval that excludes 0 can "
+        "ahead' (the better one: d > 0 favours a in an accuracy, d < 0 in a loss) where "
+        "p Holm < 0.05, so an interval that excludes 0 can "
         f"still be no clear difference. {equivalence} 'No clear difference' is not evidence "
         "of no difference. Data: paired.csv."
     )

@@ -23,7 +23,8 @@ that any store can be read, one written before sweeps existed included:
   other axes.
 - `verdicts(pairs, margin)`: over the family of every paired difference a report shows, the
   Holm-adjusted p-values (`holm`) and each difference's verdict at family-wise level `ALPHA`:
-  "a ahead", "b ahead", "equivalent within ±m" (only with a margin) or "no clear difference".
+  "a ahead", "b ahead" (the better one in the reported metric: higher accuracy, lower loss),
+  "equivalent within ±m" (only with a margin) or "no clear difference".
 
 As in zoology, the setting is chosen on validation data and the test metric of the chosen
 setting is reported; the interval covers seed-to-seed variation at that setting, not the
@@ -271,7 +272,9 @@ def setting_problems(runs: pd.DataFrame, seeds: set, metrics: list[str]) -> str:
 
 
 ALPHA = 0.05  # the family-wise error rate of a report's verdicts
-PAIRED_COLUMNS = ["task", "size", "others", "a", "b", "mean", "low", "high", "n", "p", "tost_p"]
+PAIRED_COLUMNS = [
+    "task", "size", "others", "a", "b", "mean", "low", "high", "n", "p", "tost_p", "reported"
+]  # fmt: skip
 
 
 def paired(
@@ -286,7 +289,7 @@ def paired(
     seed over the seeds both have: per task, size and other axes, the mean difference of
     `reported`, its 95% paired interval, n, the paired t test's two-sided p-value (`t_test_p`)
     and, with an equivalence `margin` (in `reported`'s units), the TOST p-value (`tost_p`;
-    NaN without)."""
+    NaN without), and `reported` (the metric: which sign of the difference is better)."""
     rows = []
     chosen = selected[selected.n > 0]
     for (task, size, others), group in chosen.groupby(["task", "size", "others"], sort=False):
@@ -301,6 +304,7 @@ def paired(
             "task": task, "size": size, "others": others, "a": a, "b": b, "mean": mean,
             "low": low, "high": high, "n": n, "p": t_test_p(differences),
             "tost_p": math.nan if margin is None else tost_p(differences, margin),
+            "reported": reported,
         })  # fmt: skip
     return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
 
@@ -308,8 +312,9 @@ def paired(
 def verdicts(pairs: pd.DataFrame, margin: float | None = None) -> pd.DataFrame:
     """`pairs` (`paired`'s rows, one family: every difference a report shows, its index
     unique) with `p_holm` and `tost_p_holm` (`holm` over the family, each test apart) and a
-    `verdict` at family-wise level `ALPHA`: "<a> ahead" or "<b> ahead" where p_holm < ALPHA (by
-    the sign of the mean; ", by less than m" where the TOST also holds), else "equivalent within
+    `verdict` at family-wise level `ALPHA`: "<a> ahead" or "<b> ahead" where p_holm < ALPHA (a
+    where the mean a − b is better in the row's `reported` metric: above 0 for an accuracy,
+    below 0 for a loss; ", by less than m" where the TOST also holds), else "equivalent within
     ±m" where tost_p_holm < ALPHA (only with a `margin` m), else "no clear difference" (which
     is no evidence of no difference); "-" where n < 2 (no test)."""
     p_holm, tost_holm = holm(pairs.p), holm(pairs.tost_p)
@@ -319,7 +324,8 @@ def verdicts(pairs: pd.DataFrame, margin: float | None = None) -> pd.DataFrame:
         if pd.isna(p):
             words.append("-")
         elif p < ALPHA:
-            ahead = f"{row.a if row.mean > 0 else row.b} ahead"
+            a_better = row.mean > 0 if higher_is_better(row.reported) else row.mean < 0
+            ahead = f"{row.a if a_better else row.b} ahead"
             words.append(f"{ahead}, by less than {margin:g}" if equivalent else ahead)
         elif equivalent:
             words.append(f"equivalent within ±{margin:g}")

@@ -108,8 +108,10 @@ def test_tost_on_a_hand_worked_case():
 
 
 def family(rows, margin=None):
-    """`verdicts` of a made-up family: rows of (a, b, mean, p, tost_p)."""
-    frame = pd.DataFrame(rows, columns=["a", "b", "mean", "p", "tost_p"])
+    """`verdicts` of a made-up family: rows of (a, b, mean, p, tost_p[, reported]), reported
+    test_acc where a row leaves it out."""
+    rows = [(*row, "test_acc") if len(row) == 5 else row for row in rows]
+    frame = pd.DataFrame(rows, columns=["a", "b", "mean", "p", "tost_p", "reported"])
     return verdicts(frame, margin)
 
 
@@ -133,6 +135,28 @@ def test_verdicts_use_the_holm_adjusted_p_and_say_equivalent_only_with_a_margin(
     both = family([("x", "y", 0.01, 0.001, 0.001)], margin=0.02)
     assert both.verdict.tolist() == ["x ahead, by less than 0.02"]
     assert not family(rows).verdict.str.contains("equivalent|by less").any()  # no margin
+
+
+def test_a_verdict_on_a_loss_names_the_mechanism_with_the_lower_loss():
+    """Found in a partly run report: linear − standard +1.10 test bits per character (linear
+    the worse) read "linear ahead": the verdict took a positive difference as a's advantage
+    whatever the metric."""
+    rows = [
+        ("x", "y", 0.30, 0.001, 0.9, "test_loss"),  # x's loss higher: y ahead
+        ("x", "y", -0.30, 0.001, 0.9, "test_bits"),  # x's bits lower: x ahead
+        ("x", "y", 0.30, 0.001, 0.9, "test_acc"),  # x's accuracy higher: x ahead
+        ("x", "y", -0.30, 0.001, 0.9, "test_ood_acc"),
+    ]
+    assert family(rows).verdict.tolist() == ["y ahead", "x ahead", "x ahead", "y ahead"]
+    both = family([("x", "y", 0.01, 0.001, 0.001, "val_loss")], margin=0.02)
+    assert both.verdict.tolist() == ["y ahead, by less than 0.02"]
+
+
+def test_paired_rows_name_the_metric_they_differ_in():
+    cells = cells_frame(ROWS)
+    chosen = select(cells, ["training.lr"], "val_acc", "test_acc")
+    rows = paired(cells, chosen, "a", "b", "test_acc")
+    assert rows.reported.tolist() == ["test_acc"]
 
 
 @pytest.mark.parametrize(
