@@ -7,8 +7,10 @@ store, so that a report can be rebuilt from the files a report commits (the stor
 `CellsFile` reads like a read-only `ResultsStore`: `path`, `rows()` (key, status, config,
 metrics, environment, error, started, finished, curve) and `curves()`, None where no
 curves.csv lies beside it (the report then leaves out what needs curves: learning curves and
-steps to target). Every value comes back as the store held it: a text as written
-(ablations.report_pages.csv_text's leading "'" taken off), whole numbers as ints, other
+steps to target), and `attention`: the attention-map blocks of the report beside it and the
+PNG files they name (its attention.json: a report from a cells.csv cannot draw maps, so it
+carries these over), None without one. Every value comes back as the store held it: a text
+as written (ablations.report_pages.csv_text's leading "'" taken off), whole numbers as ints, other
 numbers as floats, True and False as bools, lists as lists, a config's keys sorted at every
 level; a done cell's metrics named in the `non_finite` column as NaN where the file leaves
 them empty (a CSV cell cannot tell NaN from missing). Labels (grid, task, task_name, size,
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import html
+import json
 import re
 from pathlib import Path
 
@@ -38,6 +41,8 @@ OLD_PREFIX = "config."  # the config columns of files written before flat_config
 TEXTS = {("grid",), ("task",), ("task_name",), ("size", "label"), ("mechanism",),
          ("mechanism_name",)}  # fmt: skip
 TABLES = ("task_kwargs", "size", "mechanism_kwargs", "training")  # a Cell's dict fields
+ATTENTION_FILE = "attention.json"  # a report's attention-map blocks (ablations.report)
+BLOCK_KINDS = ("h2", "p", "ul", "img")  # ablations.attention_figures.attention_blocks's
 WHOLE = re.compile(r"[-+]?\d+")
 NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?inf|nan")
 ENVIRONMENT_LINE = re.compile(  # as report.md shows it; a rebuild's note on where it came from
@@ -115,6 +120,7 @@ class CellsFile:
             )
         self._curves = self._read_curves(self.path.with_name("curves.csv"))
         self._rows = self._read_rows(table)
+        self.attention = read_attention(self.path.with_name(ATTENTION_FILE))
         self.recorded_environment = None
         report = self.path.with_name("report.md")
         if any(lacks_environment(row) for row in self._rows) and report.is_file():
@@ -187,3 +193,33 @@ class CellsFile:
         """The learning curves as `ResultsStore.curves()` gives them (from the curves.csv
         beside the file), or None without one."""
         return self._curves
+
+
+def read_attention(path: Path) -> tuple[list[list], dict[str, bytes]] | None:
+    """The attention-map blocks a report wrote to `path` (its attention.json: [kind, ...] lists,
+    the first ["h2", heading]) and the bytes of the PNG files beside it that its "img" blocks
+    name, read now (a report may replace their folder); None without the file, ValueError for a
+    file that is not such a list. A named file that is missing, or not a plain file name of the
+    folder, is left out of the bytes."""
+    if not path.is_file():
+        return None
+    try:
+        blocks = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not a report's attention.json: {err}") from None
+    valid = isinstance(blocks, list) and all(
+        isinstance(b, list) and len(b) >= 2 and b[0] in BLOCK_KINDS for b in blocks
+    )
+    if not valid or not blocks or blocks[0][0] != "h2":
+        raise ValueError(
+            f"{path} is not a report's attention.json: a list of blocks [kind, ...] (kind one "
+            f'of {", ".join(BLOCK_KINDS)}), the first ["h2", heading]'
+        )
+    files = {}
+    for kind, name, *_ in blocks:
+        image = (
+            path.with_name(str(name)) if kind == "img" and Path(str(name)).name == name else None
+        )
+        if image is not None and image.is_file() and not image.is_symlink():
+            files[name] = image.read_bytes()
+    return blocks, files

@@ -60,7 +60,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ablations.attention_figures import attention_blocks
-from ablations.cells_file import CellsFile, lacks_environment
+from ablations.cells_file import ATTENTION_FILE, CellsFile, lacks_environment
 from ablations.provenance import file_sha256
 from ablations.report_pages import (
     TITLE_LABEL,
@@ -659,8 +659,9 @@ def _page(
     source = provenance["source"]
     if source.endswith(".csv"):
         with_curves = " and the curves.csv beside it" if provenance["curves"] else ""
-        source = (f"rebuilt from {source}{with_curves}; attention maps, whose files lie beside "
-                  "the store, are not redrawn")  # fmt: skip
+        maps = (" carried over from the report beside it" if provenance["attention_carried"]
+                else ", whose files lie beside the store, are not redrawn")  # fmt: skip
+        source = f"rebuilt from {source}{with_curves}; attention maps{maps}"
     else:
         source = f"store {source}"
     facts = [f"Grid: {', '.join(grids) or '-'} ({source})"]
@@ -686,13 +687,15 @@ def _provenance(
     overrides: Sequence[str],
 ) -> dict:
     """What the report was built from, as provenance.json holds it: `source` (the store's or
-    cells.csv's path), `curves` (whether it had learning curves), `grid_file` and
+    cells.csv's path), `curves` (whether it had learning curves), `attention_carried` (whether
+    a cells.csv's report beside it gave it attention maps), `grid_file` and
     `grid_sha256` (the grid file's SHA-256; None without a grid), `overrides` (its --set
     values), `environment` (`_environments`) and `generated` (the date)."""
     digest = None if grid is None else file_sha256(grid)
     return {
         "source": str(store.path),
         "curves": curves is not None,
+        "attention_carried": isinstance(store, CellsFile) and store.attention is not None,
         "grid_file": None if grid is None else str(grid),
         "grid_sha256": digest,
         "overrides": list(overrides),
@@ -716,20 +719,22 @@ def write_report(
     """Write the report of `store` (a ResultsStore or the path of its SQLite file; or a
     report's cells.csv, ablations.cells_file) into the folder `out_dir`: report.md,
     index.html, summary.csv, cells.csv, curves.csv, provenance.json and the PNG plots, with
-    attention maps of the cells that kept checkpoints. `grid` (the grid file's path, and its
-    --set `overrides`) is named with its SHA-256 in the header and provenance.json. A report
-    from a cells.csv has no attention maps, and without a curves.csv beside it no learning
-    curves and no steps to target (one line of the header says so). `target` is the
-    validation accuracy for steps-to-target (default: the cells' training.early_stop_target
-    when nonzero); `note` a paragraph shown under the header (e.g. the conclusion), the one
-    text whose markdown report.md keeps (raw HTML in it is escaped, see
-    ablations.report_pages); `selection` (a grid's [selection]) adds the section comparing
-    each mechanism at its best setting (ablations.selection) and writes selection.csv and
-    paired.csv; `keys` limits the report to those cells (a grid's: the store's other cells,
-    e.g. of an earlier version of the grid, are left out and counted in the header); given as
-    {key: config}, the grid's cells the store does not hold are counted and listed as not run,
-    and no selection takes a setting that lacks one. `progress` (ablations.steps) counts the
-    steps: the tables, each plot and attention map, and the pages. Returns `out_dir`.
+    attention maps of the cells that kept checkpoints (and attention.json, their blocks).
+    `grid` (the grid file's path, and its --set `overrides`) is named with its SHA-256 in the
+    header and provenance.json. A report from a cells.csv draws no attention maps but carries
+    over those of the report beside the cells.csv (its attention.json and PNG files), and
+    without a curves.csv beside it has no learning curves and no steps to target (one line of
+    the header says so). `target` is the validation accuracy for steps-to-target (default:
+    the cells' training.early_stop_target when nonzero); `note` a paragraph shown under the
+    header (e.g. the conclusion), the one text whose markdown report.md keeps (raw HTML in it
+    is escaped, see ablations.report_pages); `selection` (a grid's [selection]) adds the
+    section comparing each mechanism at its best setting (ablations.selection) and writes
+    selection.csv and paired.csv; `keys` limits the report to those cells (a grid's: the store's
+    other cells, e.g. of an earlier version of the grid, are left out and counted in the
+    header); given as {key: config}, the grid's cells the store does not hold are counted and
+    listed as not run, and no selection takes a setting that lacks one. `progress`
+    (ablations.steps) counts the steps: the tables, each plot and attention map, and the pages.
+    Returns `out_dir`.
 
     The folder belongs to the report and is written whole or not at all: the report is written
     into a new hidden sibling folder (``.<name>.partial-<pid>-<random>``), which then replaces
@@ -1021,6 +1026,8 @@ def report_page(
 
     if isinstance(store, ResultsStore):  # the maps files lie beside the store
         page.sections.extend(_attention_sections(store, folder, keys, chosen_keys, progress))
+    elif store.attention is not None:  # a cells.csv: the maps of the report beside it
+        page.sections.extend(_carried_attention_sections(store.attention, folder))
     unfinished = cells[cells.status != "done"]
     if unfinished.empty:
         part = Paragraph("None: every cell finished.")
@@ -1219,6 +1226,35 @@ def _attention_sections(
     blocks = attention_blocks(store, folder, keys, prefer, progress)
     if not blocks:
         return []
+    _new_file(folder, ATTENTION_FILE).write_text(json.dumps(blocks), encoding="utf-8")
+    return [_blocks_section(blocks)]
+
+
+def _blocks_section(blocks: list, first: Sequence[Paragraph] = ()) -> Section:
+    """The section of attention-map `blocks` (("h2", heading), then ("p", text), ("ul", items)
+    and ("img", file, alt)), the paragraphs `first` before them."""
     (_, heading), *parts = blocks
     kinds = {"p": Paragraph, "ul": Bullets, "img": Image}
-    return [Section(heading, [kinds[kind](*content) for kind, *content in parts])]
+    return Section(heading, [*first, *(kinds[kind](*content) for kind, *content in parts)])
+
+
+def _carried_attention_sections(
+    attention: tuple[list[list], dict[str, bytes]], folder: Path
+) -> list[Section]:
+    """The attention maps of the report a cells.csv came from (`CellsFile.attention`: its blocks
+    and PNG files), written into `folder` again with their attention.json, so that rebuilding a
+    report from its cells.csv keeps them; an image whose file was not beside the cells.csv is
+    named in a note instead."""
+    blocks, files = attention
+    missing = [name for kind, name, *_ in blocks if kind == "img" and name not in files]
+    kept = [block for block in blocks if block[0] != "img" or block[1] in files]
+    for name, data in files.items():
+        _new_file(folder, name).write_bytes(data)
+    _new_file(folder, ATTENTION_FILE).write_text(json.dumps(kept), encoding="utf-8")
+    first = [Paragraph(
+        "Carried over from the report whose cells.csv this one was rebuilt from (maps are drawn "
+        "from the files beside a store, which a cells.csv does not hold)."
+        + (f" Not carried, their files missing beside the cells.csv: {', '.join(missing)}."
+           if missing else "")
+    )]  # fmt: skip
+    return [_blocks_section(kept, first)]

@@ -7,7 +7,7 @@ import io
 import matplotlib.image
 import pytest
 import torch
-from grids import SAME_PAIR, small, tiny_grid, with_heads
+from grids import SAME_PAIR, STD, small, tiny_grid, with_heads
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 import ablations.train
@@ -259,3 +259,37 @@ def test_a_cell_whose_maps_cannot_be_recorded_is_kept_and_its_report_says_why(
     assert note.endswith(
         "no attention map, recording it failed when the cell finished (RuntimeError: no maps today)"
     )
+
+
+def test_a_report_rebuilt_from_its_cells_csv_keeps_its_attention_maps(tmp_path):
+    """Found rebuilding the committed reports (`make reports-from-cells`): a report rebuilt from
+    its own cells.csv replaced its folder without the attention maps (a cells.csv cannot draw
+    them), so the demo reports lost their figures. They are carried over, again and again, and
+    a map whose file went missing is named instead of shown."""
+    spec = checkpointed_grid(tmp_path, mechanisms=[DUAL, STD])
+    run_grid(spec, workers=1, out=io.StringIO())
+    folder = write_report(ResultsStore(spec.store), tmp_path / "report")
+    drawn = (folder / "report.md").read_text()
+    images = sorted(p.name for p in folder.glob("attention_*.png"))
+    assert len(images) == 2 and all(f"({name})" in drawn for name in images)
+    originals = {name: (folder / name).read_bytes() for name in images}
+    for _ in range(2):  # into its own folder, twice
+        write_report(folder / "cells.csv", folder)
+        text = (folder / "report.md").read_text()
+        assert "## Attention maps" in text and "Carried over from the report" in text
+        assert "attention maps carried over from the report beside it" in text
+        assert {name: (folder / name).read_bytes() for name in images} == originals
+        assert all(f"({name})" in text for name in images)
+    (folder / images[0]).unlink()
+    again = write_report(folder / "cells.csv", tmp_path / "elsewhere")
+    text = (again / "report.md").read_text()
+    assert f"({images[1]})" in text and f"({images[0]})" not in text
+    assert f"their files missing beside the cells.csv: {images[0]}" in text
+    assert not (again / images[0]).exists() and (again / images[1]).is_file()
+    (folder / "attention.json").write_text('{"not": "blocks"}')
+    with pytest.raises(ValueError, match="is not a report's attention.json"):
+        write_report(folder / "cells.csv", tmp_path / "third")
+    (folder / "attention.json").unlink()
+    plain = write_report(folder / "cells.csv", tmp_path / "fourth")
+    text = (plain / "report.md").read_text()
+    assert "## Attention maps" not in text and "are not redrawn" in text
