@@ -42,7 +42,7 @@ TEXTS = {("grid",), ("task",), ("task_name",), ("size", "label"), ("mechanism",)
          ("mechanism_name",)}  # fmt: skip
 TABLES = ("task_kwargs", "size", "mechanism_kwargs", "training")  # a Cell's dict fields
 ATTENTION_FILE = "attention.json"  # a report's attention-map blocks (ablations.report)
-BLOCK_KINDS = ("h2", "p", "ul", "img")  # ablations.attention_figures.attention_blocks's
+MAP_FILE = re.compile(r"attention_[A-Za-z0-9_-]+\.png")  # report_pages.label_file_name's
 WHOLE = re.compile(r"[-+]?\d+")
 NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?inf|nan")
 ENVIRONMENT_LINE = re.compile(  # as report.md shows it; a rebuild's note on where it came from
@@ -196,30 +196,47 @@ class CellsFile:
 
 
 def read_attention(path: Path) -> tuple[list[list], dict[str, bytes]] | None:
-    """The attention-map blocks a report wrote to `path` (its attention.json: [kind, ...] lists,
-    the first ["h2", heading]) and the bytes of the PNG files beside it that its "img" blocks
-    name, read now (a report may replace their folder); None without the file, ValueError for a
-    file that is not such a list. A named file that is missing, or not a plain file name of the
-    folder, is left out of the bytes."""
+    """The attention-map blocks a report wrote to `path` (its attention.json, as
+    ablations.attention_figures.attention_blocks gives them: ["h2", heading] first, then
+    ["p", text], ["ul", [item, ...]] and ["img", file, alt], the file an attention_*.png of the
+    folder) and the bytes of the named files beside it, read now (a report may replace their
+    folder); a missing file (or a link) is left out of the bytes. None without attention.json;
+    ValueError naming the file and the block for anything else."""
     if not path.is_file():
         return None
+    if path.is_symlink():
+        raise ValueError(f"{path} is a link: a report's attention.json is a file of its folder")
     try:
         blocks = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} is not a report's attention.json: {err}") from None
-    valid = isinstance(blocks, list) and all(
-        isinstance(b, list) and len(b) >= 2 and b[0] in BLOCK_KINDS for b in blocks
-    )
-    if not valid or not blocks or blocks[0][0] != "h2":
-        raise ValueError(
-            f"{path} is not a report's attention.json: a list of blocks [kind, ...] (kind one "
-            f'of {", ".join(BLOCK_KINDS)}), the first ["h2", heading]'
-        )
+    if not isinstance(blocks, list) or not blocks:
+        raise ValueError(f"{path} is not a report's attention.json: a non-empty list of blocks")
+    for index, block in enumerate(blocks):
+        if not _valid_block(block, first=index == 0):
+            raise ValueError(
+                f"{path} is not a report's attention.json: block {index} is {block!r}; valid: "
+                f'["h2", heading] first, then ["p", text], ["ul", [text, ...]] or ["img", '
+                f'"attention_<name>.png", alt text]'
+            )
     files = {}
     for kind, name, *_ in blocks:
-        image = (
-            path.with_name(str(name)) if kind == "img" and Path(str(name)).name == name else None
-        )
+        image = path.with_name(name) if kind == "img" else None
         if image is not None and image.is_file() and not image.is_symlink():
             files[name] = image.read_bytes()
     return blocks, files
+
+
+def _valid_block(block: object, first: bool) -> bool:
+    """Whether `block` is an attention.json block (see read_attention): the heading first and
+    only there, texts as str, an image's file an attention map's name."""
+    if not isinstance(block, list) or not block or (block[0] == "h2") != first:
+        return False
+    kind, *content = block
+    texts = all(isinstance(text, str) for text in content)
+    if kind in ("h2", "p"):
+        return len(content) == 1 and texts
+    if kind == "ul":
+        items = content[0] if len(content) == 1 else None
+        return isinstance(items, list) and all(isinstance(item, str) for item in items)
+    return kind == "img" and len(content) == 2 and texts and bool(MAP_FILE.fullmatch(content[0]))

@@ -1246,7 +1246,7 @@ def _carried_attention_sections(
     report from its cells.csv keeps them; an image whose file was not beside the cells.csv is
     named in a note instead."""
     blocks, files = attention
-    missing = [name for kind, name, *_ in blocks if kind == "img" and name not in files]
+    missing = list(dict.fromkeys(n for kind, n, *_ in blocks if kind == "img" and n not in files))
     kept = [block for block in blocks if block[0] != "img" or block[1] in files]
     for name, data in files.items():
         _new_file(folder, name).write_bytes(data)

@@ -162,7 +162,8 @@ def keep_whole_numbers(frame: pd.DataFrame, values: Mapping[str, list]) -> None:
     where a cell has none) pandas' nullable "Int64" dtype where its values are ints with gaps,
     which pandas makes floats (4.0)."""
     for column, cells in values.items():
-        if frame[column].dtype.kind == "f" and all(type(v) is int for v in cells if v is not None):
+        whole = all(type(v) is int and -(2**63) <= v < 2**63 for v in cells if v is not None)
+        if frame[column].dtype.kind == "f" and whole:  # beyond int64 they stay floats
             frame[column] = pd.array(cells, dtype="Int64")
 
 

@@ -3,6 +3,7 @@ plotted, and recorded for trained cells when they finish (grids with checkpoints
 reports draw them without running a model."""
 
 import io
+import json
 
 import matplotlib.image
 import pytest
@@ -19,6 +20,7 @@ from ablations.attention_figures import (
     load_cell_maps,
     load_cell_model,
 )
+from ablations.cells_file import read_attention
 from ablations.report import write_report
 from ablations.report_pages import label_file_name
 from ablations.runner import run_grid
@@ -293,3 +295,36 @@ def test_a_report_rebuilt_from_its_cells_csv_keeps_its_attention_maps(tmp_path):
     plain = write_report(folder / "cells.csv", tmp_path / "fourth")
     text = (plain / "report.md").read_text()
     assert "## Attention maps" not in text and "are not redrawn" in text
+
+
+@pytest.mark.parametrize(
+    "blocks",
+    [{}, [], [["p", "x"]], [["h2", 3]], [["h2", "A", "x"]], [["h2", "A"], ["h2", "B"]],
+     [["h2", "A"], ["img", 5, "alt"]], [["h2", "A"], ["img", ["x"], "alt"]],
+     [["h2", "A"], ["img", "attention_a.png"]], [["h2", "A"], ["p", "t", "u"]],
+     [["h2", "A"], ["img", "", "alt"]], [["h2", "A"], ["ul", "abc"]],
+     [["h2", "A"], ["img", "notes.txt", "alt"]], [["h2", "A"], ["img", "report.md", "alt"]],
+     [["h2", "A"], ["img", "../attention_a.png", "alt"]], [["h2", "A"], ["x", "y"]]],
+)  # fmt: skip
+def test_a_hostile_attention_json_is_refused_naming_it(tmp_path, blocks):
+    """A review's finding: blocks of the wrong shape crashed the rebuilt report with tracebacks
+    that named no file, and an image block could carry any file beside the cells.csv (a .txt
+    embedded as a PNG). Only the blocks a report writes, with attention_*.png files, are read."""
+    (tmp_path / "notes.txt").write_text("secret")
+    path = tmp_path / "attention.json"
+    path.write_text(json.dumps(blocks))
+    with pytest.raises(ValueError, match=r"attention\.json"):
+        read_attention(path)
+
+
+def test_an_attention_json_that_is_a_link_or_no_json_is_refused(tmp_path):
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps([["h2", "A"]]))
+    assert read_attention(outside) == ([["h2", "A"]], {})
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "attention.json").symlink_to(outside)
+    with pytest.raises(ValueError, match="is a link"):
+        read_attention(tmp_path / "r" / "attention.json")
+    outside.write_text("not json")
+    with pytest.raises(ValueError, match="is not a report's attention.json"):
+        read_attention(outside)

@@ -15,7 +15,14 @@ import pytest
 from grids import REL, STD, tiny_grid
 
 from ablations.spec import load_grid
-from ablations.store import ClaimError, ResultsStore, StoreError, config_key, is_missing
+from ablations.store import (
+    ClaimError,
+    ResultsStore,
+    StoreError,
+    config_key,
+    is_missing,
+    keep_whole_numbers,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -302,3 +309,10 @@ def test_a_store_of_the_old_schema_is_migrated_and_still_reads(tmp_path):
     assert list(frame.status) == ["done", "running"] and frame.loc[0, "metrics.acc"] == 1.0
     assert store.claim(done) is None  # a finished row of the old schema stays as it is
     assert store.claim(running) == config_key(running)  # a running one has no live owner
+
+
+def test_whole_numbers_with_gaps_stay_whole_within_int64_and_floats_beyond():
+    frame = pd.DataFrame({"small": [4, None], "huge": [2**63, None], "mixed": [4, 0.5]})
+    keep_whole_numbers(frame, {"small": [4, None], "huge": [2**63, None], "mixed": [4, 0.5]})
+    assert str(frame.small.dtype) == "Int64" and frame.small.tolist()[0] == 4
+    assert frame.huge.dtype.kind == "f" and frame.mixed.dtype.kind == "f"  # no OverflowError
