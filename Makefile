@@ -106,7 +106,7 @@ relations-game-between: install
 		--out reports/relations_game_between \
 		--note "$$(cat ablations/grids/relations_game_between.conclusion.md)"
 
-# Token-level match_pattern: relational bottleneck, object vectors and pooling as axes (440
+# Token-level match_pattern: relational bottleneck, object vectors and pooling as axes (450
 # cells, 5 seeds, about 10 hours on 2 CPU cores; resumable); conclusion in
 # match_pattern.conclusion.md.
 match-pattern: install
