@@ -4,6 +4,7 @@ reports draw them without running a model."""
 
 import io
 import json
+from pathlib import Path
 
 import matplotlib.image
 import pytest
@@ -328,3 +329,14 @@ def test_an_attention_json_that_is_a_link_or_no_json_is_refused(tmp_path):
     outside.write_text("not json")
     with pytest.raises(ValueError, match="is not a report's attention.json"):
         read_attention(outside)
+
+
+@pytest.mark.parametrize(
+    "path", sorted(Path(__file__).parent.parent.glob("reports/*/attention.json")), ids=str
+)
+def test_every_committed_attention_json_is_read_with_all_its_maps(path):
+    """A committed report with attention maps must survive `make reports-from-cells`: its
+    attention.json reads strictly and every map it names lies beside it."""
+    blocks, files = read_attention(path)
+    named = [block[1] for block in blocks if block[0] == "img"]
+    assert named and sorted(files) == sorted(named)
