@@ -219,11 +219,12 @@ def read_attention(path: Path) -> tuple[list[list], dict[str, bytes]] | None:
                 f'["h2", heading] first, then ["p", text], ["ul", [text, ...]] or ["img", '
                 f'"attention_<name>.png", alt text]'
             )
-    files = {}
-    for kind, name, *_ in blocks:
-        image = path.with_name(name) if kind == "img" else None
-        if image is not None and image.is_file() and not image.is_symlink():
-            files[name] = image.read_bytes()
+    images = {name: path.with_name(name) for kind, name, *_ in blocks if kind == "img"}
+    files = {
+        name: image.read_bytes()
+        for name, image in images.items()
+        if image.is_file() and not image.is_symlink()
+    }
     return blocks, files
 
 
