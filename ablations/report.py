@@ -1032,7 +1032,10 @@ def report_page(
     if unfinished.empty:
         part = Paragraph("None: every cell finished.")
     else:
-        data = unfinished[["task", "size", "mechanism", "seed", "status"]].astype(str)
+        columns = ["task", "size", "mechanism", "setting", "seed", "status"]
+        if not unfinished.setting.astype(bool).any():  # one setting per mechanism: no column
+            columns.remove("setting")
+        data = unfinished[columns].astype(str)
         part = Table(data.assign(detail=unfinished.apply(_detail, axis=1)))
     page.sections.append(Section("Cells not in the tables", [part]))
     return page

@@ -400,6 +400,8 @@ def test_a_nan_result_is_never_selected_and_every_dash_says_why(tmp_path):
     assert set(nan_rows.why) == {"no seed finished: 3 diverged"}
     (unfinished,) = sections["Cells not in the tables"].parts
     details = set(unfinished.data.detail)
+    diverged = unfinished.data[unfinished.data.status == "diverged"]
+    assert "training.lr=1e+30" in set(diverged.setting)  # which setting of the mechanism
     assert "stored done with a non-finite val_loss, test_loss: counted as diverged" in details
     assert "loss diverged at step 3" in details
     pairs = pd.read_csv(tmp_path / "page" / "paired.csv")
