@@ -163,8 +163,10 @@ shakespeare-data: install
 		-d $(ATTN_ZOO_DATA)/shakespeare
 
 # Standard vs additive (Fastformer) vs linear attention on Shakespeare, 256 characters, hidden 256,
-# 6 layers (55 cells; hours a cell on 2 CPU cores: it ran on one GPU, WORKERS=8 or more there);
-# conclusion in ablations/grids/fastformer_shakespeare.conclusion.md.
+# 6 layers (55 cells; a GPU grid: on one H100 about 150 s a cell with 12 at once. On the 2-core
+# CPU machine a training step took 180 s under the grid's bf16 autocast, that CPU having no
+# bfloat16 instructions, and 8.5 s in float32, on one thread: days a cell). 38 cells ran before
+# the project's GPU time was spent; conclusion in ablations/grids/fastformer_shakespeare.conclusion.md.
 WORKERS ?= 1
 fastformer-shakespeare: shakespeare-data
 	ATTN_ZOO_DATA=$(ATTN_ZOO_DATA) $(BIN)/attn-zoo ablate run \
@@ -186,10 +188,11 @@ fastformer-shakespeare-small: shakespeare-data
 # Every example report rebuilt from the files it committed, without the stores (which are not
 # committed): its cells.csv (and curves.csv where it has one) and its grid's [selection]; a
 # report without a curves.csv comes back without learning curves and steps to target (its
-# header says so). `git diff reports/` then shows what changed (seconds each).
+# header says so). `git diff reports/` then shows what changed (seconds each). The Shakespeare
+# reports build their task to read it, so this fetches the corpus (`make shakespeare-data`).
 .PHONY: reports-from-cells
 REBUILD = $(BIN)/attn-zoo report
-reports-from-cells: install
+reports-from-cells: install shakespeare-data
 	$(REBUILD) reports/demo/cells.csv --grid ablations/grids/demo.toml --out reports/demo \
 		--target 0.9
 	$(REBUILD) reports/demo_lr_check/cells.csv --grid ablations/grids/demo.toml $(DEMO_LR_CHECK) \
@@ -206,6 +209,11 @@ reports-from-cells: install
 	for grid in match_pattern match_pattern_dual demo_mqar_probes; do \
 		$(REBUILD) reports/$$grid/cells.csv --grid ablations/grids/$$grid.toml \
 			--out reports/$$grid --target 0.9 \
+			--note "$$(cat ablations/grids/$$grid.conclusion.md)" || exit 1; \
+	done
+	for grid in fastformer_shakespeare fastformer_shakespeare_small_lr; do \
+		ATTN_ZOO_DATA=$(ATTN_ZOO_DATA) $(REBUILD) reports/$$grid/cells.csv \
+			--grid ablations/grids/$$grid.toml --out reports/$$grid \
 			--note "$$(cat ablations/grids/$$grid.conclusion.md)" || exit 1; \
 	done
 

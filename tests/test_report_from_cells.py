@@ -188,7 +188,8 @@ def test_every_committed_cells_csv_reads_back_configs_that_hash_to_their_keys(ce
     rows = CellsFile(cells).rows()
     assert rows and all(config_key(row["config"]) == row["key"] for row in rows)
     reader = CellsFile(cells)
-    assert reader.recorded_environment or all(row["environment"] for row in rows)
+    ran = [row for row in rows if row["status"] != "todo"]  # a partly run grid's todo cells
+    assert ran and (reader.recorded_environment or all(row["environment"] for row in ran))
 
 
 @pytest.mark.parametrize("without", ["none", "all", "half"])
