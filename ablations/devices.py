@@ -60,6 +60,31 @@ def precision_problem(precision: str, device: str) -> str | None:
     return None
 
 
+def slow_precision(
+    precision: str,
+    device: str,
+    cuda_devices: int | None = None,
+    native_bf16: bool | None = None,
+) -> str | None:
+    """Why cells with `precision` whose `training.device` is `device` will train slowly on
+    this machine's local workers (None: no reason known): bf16 autocast on a CPU without
+    bfloat16 instructions, which torch emulates (the Makefile's comment on
+    fastformer-shakespeare gives a step's time on the 2-core machine both ways). `cuda_devices` and `native_bf16` default to what torch sees here."""
+    if cuda_devices is None:
+        cuda_devices = gpu_count()
+    if precision != "bf16" or placement(0, cuda_devices, device) != "cpu":
+        return None
+    if native_bf16 is None:
+        native_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if native_bf16:
+        return None
+    return (
+        "training.precision = 'bf16' on this CPU, which has no bfloat16 instructions "
+        "(torch.ops.mkldnn._is_mkldnn_bf16_supported() is False): torch emulates them, so "
+        "each step takes many times as long as in 'float32'"
+    )
+
+
 def resolve_device(setting: str) -> str:
     """The device a cell whose `training.device` is `setting` trains on in this process:
     "auto" is the current CUDA device where torch sees one, else "cpu" (never MPS); "cuda" the

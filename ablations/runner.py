@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ablations.cell import Cell, training_settings
-from ablations.devices import cell_threads, default_local_workers
+from ablations.devices import cell_threads, default_local_workers, slow_precision
 from ablations.executors import Evaluation, make_executor
 from ablations.progress import COUNTED, Progress, cell_label, make_progress
 from ablations.provenance import mixed_provenance, plugin_record
@@ -245,6 +245,11 @@ def drive(
     if not todo:
         store.close()
         return counted
+    device = training_settings(spec.training)["device"]  # where the local workers go
+    if executor == "local":  # Ray's machines may differ from this one
+        precisions = dict.fromkeys(training_settings(cell.training)["precision"] for cell in todo)
+        for slow in filter(None, (slow_precision(p, device) for p in precisions)):
+            say(f"warning: {slow}")
     try:
         trackers = open_trackers(tracking, spec.name, spec.store)
     except BaseException:
@@ -252,7 +257,6 @@ def drive(
         raise
     commit = source_commit()
     stop = _StopSignals()  # before ray.init, which sets its own SIGTERM handler
-    device = training_settings(spec.training)["device"]  # where the local workers go
     threads = cell_threads(spec.resources)
     if executor == "ray" or (workers or default_local_workers(device, threads)) > 1:
         _check_importable(spec, named)  # before any worker starts

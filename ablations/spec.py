@@ -110,7 +110,8 @@ Training settings resolve into each cell's `training` (which keys it in the stor
   (ablations.devices);
   "auto" (CUDA where the worker has it, else CPU; MPS only when named) is resolved by each
   worker when it trains. `precision = "bf16"` (bfloat16 autocast; the weights and optimizer
-  stay float32) runs on CUDA and on CPU (torch's CPU autocast), and is refused with "mps".
+  stay float32) runs on CUDA and on CPU (torch's CPU autocast; a local run warns where the CPU
+  has no bfloat16 instructions: `devices.slow_precision`), and is refused with "mps".
 - `[resources]` is not part of any cell: it says what each cell's Ray task asks for
   (`num_cpus`, default 1, also its torch threads under any executor: the local one trains
   every cell with that many threads whatever its number of workers; `num_gpus`, default 0); a

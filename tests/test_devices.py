@@ -3,6 +3,7 @@
 what each Ray task asks for, and the device and dtype a cell records."""
 
 import dataclasses
+import io
 import types
 
 import pytest
@@ -18,6 +19,7 @@ from ablations.devices import (
     placements,
     precision_problem,
     resolve_device,
+    slow_precision,
 )
 from ablations.executors import (
     LocalExecutor,
@@ -27,6 +29,7 @@ from ablations.executors import (
     ray_slots,
     run_cell,
 )
+from ablations.runner import run_grid
 from ablations.spec import SpecError, load_grid
 from ablations.store import ResultsStore
 from ablations.train import CellOutcome, environment
@@ -88,6 +91,44 @@ def test_bf16_is_accepted_on_the_cpu(tmp_path, device):
     (cell, *_) = load_grid(tiny_grid(tmp_path), overrides).cells
     assert training_settings(cell.training)["precision"] == "bf16"
     assert compute_dtype("bf16", "cpu") == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    ("precision", "device", "cuda_devices", "native_bf16", "slow"),
+    [
+        ("bf16", "cpu", 0, False, True),
+        ("bf16", "auto", 0, False, True),  # auto without a GPU: the CPU
+        ("bf16", "cpu", 0, True, False),  # a CPU with bfloat16 instructions
+        ("bf16", "auto", 1, False, False),  # auto with a GPU: the GPU
+        ("bf16", "cuda", 1, False, False),
+        ("bf16", "cpu", 1, False, True),  # named: the CPU, GPUs or not
+        ("float32", "cpu", 0, False, False),
+    ],
+)
+def test_bf16_on_a_cpu_without_bfloat16_instructions_is_called_slow(
+    precision, device, cuda_devices, native_bf16, slow
+):
+    found = slow_precision(precision, device, cuda_devices=cuda_devices, native_bf16=native_bf16)
+    assert (found is not None) == slow
+    if slow:
+        assert found.startswith("training.precision = 'bf16' on this CPU")
+
+
+@NO_CUDA
+@pytest.mark.parametrize("precision", ["bf16", "float32"])
+def test_a_local_run_warns_before_training_where_bf16_is_emulated(tmp_path, precision):
+    """The warning is printed once, before the first cell, where this CPU has no bfloat16
+    instructions (as on the 2-core CI machine), and never for float32."""
+    spec = load_grid(tiny_grid(tmp_path, seeds=[0], mechanisms=[STD]),
+                     [f"training.precision={precision}", "training.steps=2"])  # fmt: skip
+    out = io.StringIO()
+    assert run_grid(spec, workers=1, out=out)["done"] == 1
+    lines = out.getvalue().splitlines()
+    warnings = [i for i, line in enumerate(lines) if line.startswith("warning: training.precision")]
+    emulated = precision == "bf16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert len(warnings) == emulated
+    if emulated:
+        assert warnings == [1] and lines[0].startswith("grid 'tiny': 1 cells")
 
 
 def test_compute_dtype_refuses_bf16_where_it_cannot_run():
