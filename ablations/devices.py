@@ -69,7 +69,8 @@ def slow_precision(
     """Why cells with `precision` whose `training.device` is `device` will train slowly on
     this machine's local workers (None: no reason known): bf16 autocast on a CPU without
     bfloat16 instructions, which torch emulates (the Makefile's comment on
-    fastformer-shakespeare gives a step's time on the 2-core machine both ways). `cuda_devices` and `native_bf16` default to what torch sees here."""
+    fastformer-shakespeare gives a step's time on the 2-core machine both ways).
+    `cuda_devices` and `native_bf16` default to what torch sees here."""
     if cuda_devices is None:
         cuda_devices = gpu_count()
     if precision != "bf16" or placement(0, cuda_devices, device) != "cpu":
