@@ -688,14 +688,15 @@ def _provenance(
 ) -> dict:
     """What the report was built from, as provenance.json holds it: `source` (the store's or
     cells.csv's path), `curves` (whether it had learning curves), `attention_carried` (whether
-    a cells.csv's report beside it gave it attention maps), `grid_file` and
+    a cells.csv's report beside it gave it at least one attention map), `grid_file` and
     `grid_sha256` (the grid file's SHA-256; None without a grid), `overrides` (its --set
     values), `environment` (`_environments`) and `generated` (the date)."""
     digest = None if grid is None else file_sha256(grid)
     return {
         "source": str(store.path),
         "curves": curves is not None,
-        "attention_carried": isinstance(store, CellsFile) and store.attention is not None,
+        "attention_carried": isinstance(store, CellsFile)
+        and bool(store.attention and store.attention[1]),
         "grid_file": None if grid is None else str(grid),
         "grid_sha256": digest,
         "overrides": list(overrides),
@@ -1254,8 +1255,9 @@ def _carried_attention_sections(
     for name, data in files.items():
         _new_file(folder, name).write_bytes(data)
     _new_file(folder, ATTENTION_FILE).write_text(json.dumps(kept), encoding="utf-8")
+    lead = "Carried over" if files else "Nothing carried over"
     first = [Paragraph(
-        "Carried over from the report whose cells.csv this one was rebuilt from (maps are drawn "
+        f"{lead} from the report whose cells.csv this one was rebuilt from (maps are drawn "
         "from the files beside a store, which a cells.csv does not hold)."
         + (f" Not carried, their files missing beside the cells.csv: {', '.join(missing)}."
            if missing else "")

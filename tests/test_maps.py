@@ -289,6 +289,12 @@ def test_a_report_rebuilt_from_its_cells_csv_keeps_its_attention_maps(tmp_path):
     assert f"({images[1]})" in text and f"({images[0]})" not in text
     assert f"their files missing beside the cells.csv: {images[0]}" in text
     assert not (again / images[0]).exists() and (again / images[1]).is_file()
+    (folder / images[1]).unlink()  # every map file gone: the header does not say carried over
+    bare = write_report(folder / "cells.csv", tmp_path / "bare")
+    text = (bare / "report.md").read_text()
+    assert "carried over from the report beside it" not in text and "are not redrawn" in text
+    assert "Nothing carried over from the report" in text and not list(bare.glob("attention_*"))
+    assert f"their files missing beside the cells.csv: {', '.join(images)}" in text
     (folder / "attention.json").write_text('{"not": "blocks"}')
     with pytest.raises(ValueError, match="is not a report's attention.json"):
         write_report(folder / "cells.csv", tmp_path / "third")
