@@ -163,10 +163,12 @@ shakespeare-data: install
 		-d $(ATTN_ZOO_DATA)/shakespeare
 
 # Standard vs additive (Fastformer) vs linear attention on Shakespeare, 256 characters, hidden 256,
-# 6 layers (55 cells; a GPU grid: on one H100 about 150 s a cell with 12 at once. On the 2-core
-# CPU machine a training step took 180 s under the grid's bf16 autocast, that CPU having no
-# bfloat16 instructions, and 8.5 s in float32, on one thread: days a cell). 38 cells ran before
-# the project's GPU time was spent; conclusion in ablations/grids/fastformer_shakespeare.conclusion.md.
+# 6 layers (55 cells; a GPU grid: with 12 to 17 cells at once a step took 83-120 ms for standard
+# attention on an H200, 218-328 ms for additive and linear attention on an H200 or an H100, so
+# 2 to 8 min a cell. On the 2-core CPU machine a training step took 180 s under the grid's bf16
+# autocast, oneDNN having no bfloat16 path on that CPU, and 8.5 s in float32, on one thread:
+# days a cell). 38 cells ran before the project's GPU time was spent; conclusion in
+# ablations/grids/fastformer_shakespeare.conclusion.md.
 WORKERS ?= 1
 fastformer-shakespeare: shakespeare-data
 	ATTN_ZOO_DATA=$(ATTN_ZOO_DATA) $(BIN)/attn-zoo ablate run \

@@ -68,7 +68,7 @@ def slow_precision(
 ) -> str | None:
     """Why cells with `precision` whose `training.device` is `device` will train slowly on
     this machine's local workers (None: no reason known): bf16 autocast on a CPU without
-    bfloat16 instructions, which torch emulates (the Makefile's comment on
+    a bfloat16 path in oneDNN (`cpu_has_bf16`), which torch emulates (the Makefile's comment on
     fastformer-shakespeare gives a step's time on the 2-core machine both ways).
     `cuda_devices` and `native_bf16` default to what torch sees here."""
     if cuda_devices is None:
@@ -76,14 +76,23 @@ def slow_precision(
     if precision != "bf16" or placement(0, cuda_devices, device) != "cpu":
         return None
     if native_bf16 is None:
-        native_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    if native_bf16:
+        native_bf16 = cpu_has_bf16()
+    if native_bf16 is not False:
         return None
     return (
-        "training.precision = 'bf16' on this CPU, which has no bfloat16 instructions "
-        "(torch.ops.mkldnn._is_mkldnn_bf16_supported() is False): torch emulates them, so "
-        "each step takes many times as long as in 'float32'"
+        "training.precision = 'bf16' on this CPU, for which oneDNN has no bfloat16 path "
+        "(torch.ops.mkldnn._is_mkldnn_bf16_supported() is False; no AVX-512): torch emulates "
+        "it, so each step takes many times as long as in 'float32'"
     )
+
+
+def cpu_has_bf16() -> bool | None:
+    """Whether torch's CPU kernels (oneDNN) have a bfloat16 path on this CPU (AVX-512 or
+    newer); None where this torch cannot say (the check is a private op)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def resolve_device(setting: str) -> str:

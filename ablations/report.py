@@ -567,13 +567,16 @@ def _plot_vs_train_size(
 
 
 def _environments(store: ResultsStore | CellsFile) -> list[str]:
-    """The distinct (torch, machine, threads, commit) the cells ran with, as texts; for the
-    rows of a cells.csv without them, the line of the report.md beside it
-    (`recorded_environment`), said to be theirs when other rows have their own."""
+    """The distinct (torch, machine, GPU, threads, commit) the cells ran with, as texts (the
+    GPU's name where a cell trained on one); for the rows of a cells.csv without them, the
+    line of the report.md beside it (`recorded_environment`), said to be theirs when other
+    rows have their own."""
     seen, missing = [], 0
     for row in store.rows():
-        env = row["environment"] or {}
-        keys = ("torch", "machine", "threads", "commit")
+        env = dict(row["environment"] or {})
+        if str(env.get("device", "cpu")).startswith("cuda") and env.get("device_name"):
+            env["gpu"] = env["device_name"]
+        keys = ("torch", "machine", "gpu", "threads", "commit")
         text = ", ".join(f"{k} {env[k]}" for k in keys if k in env)
         missing += lacks_environment(row)
         if text and text not in seen:
@@ -1034,7 +1037,7 @@ def report_page(
         part = Paragraph("None: every cell finished.")
     else:
         columns = ["task", "size", "mechanism", "setting", "seed", "status"]
-        if not unfinished.setting.astype(bool).any():  # one setting per mechanism: no column
+        if not unfinished.setting.astype(bool).any():  # no setting varies here: no column
             columns.remove("setting")
         data = unfinished[columns].astype(str)
         part = Table(data.assign(detail=unfinished.apply(_detail, axis=1)))
@@ -1254,7 +1257,8 @@ def _carried_attention_sections(
     kept = [block for block in blocks if block[0] != "img" or block[1] in files]
     for name, data in files.items():
         _new_file(folder, name).write_bytes(data)
-    _new_file(folder, ATTENTION_FILE).write_text(json.dumps(kept), encoding="utf-8")
+    # every block, the missing images too: a rebuild of this report names them again
+    _new_file(folder, ATTENTION_FILE).write_text(json.dumps(blocks), encoding="utf-8")
     lead = "Carried over" if files else "Nothing carried over"
     first = [Paragraph(
         f"{lead} from the report whose cells.csv this one was rebuilt from (maps are drawn "

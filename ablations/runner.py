@@ -245,11 +245,22 @@ def drive(
     if not todo:
         store.close()
         return counted
-    device = training_settings(spec.training)["device"]  # where the local workers go
-    if executor == "local":  # Ray's machines may differ from this one
-        precisions = dict.fromkeys(training_settings(cell.training)["precision"] for cell in todo)
-        for slow in filter(None, (slow_precision(p, device) for p in precisions)):
-            say(f"warning: {slow}")
+    warned: set[tuple[str, str]] = set()  # the (precision, device) pairs checked so far
+
+    def warn_slow(cells: list[Cell], print_line: Callable[[str], None]) -> None:
+        """A warning line for each new (precision, device) of `cells` that trains slowly on
+        this machine (`slow_precision`); local runs only: Ray's machines may differ."""
+        if executor != "local":
+            return
+        for cell in cells:
+            training = training_settings(cell.training)
+            pair = (training["precision"], training["device"])
+            slow = None if pair in warned else slow_precision(*pair)
+            warned.add(pair)
+            if slow is not None:
+                print_line(f"warning: {slow}")
+
+    warn_slow(todo, say)
     try:
         trackers = open_trackers(tracking, spec.name, spec.store)
     except BaseException:
@@ -257,6 +268,7 @@ def drive(
         raise
     commit = source_commit()
     stop = _StopSignals()  # before ray.init, which sets its own SIGTERM handler
+    device = training_settings(spec.training)["device"]  # where the local workers go
     threads = cell_threads(spec.resources)
     if executor == "ray" or (workers or default_local_workers(device, threads)) > 1:
         _check_importable(spec, named)  # before any worker starts
@@ -283,6 +295,7 @@ def drive(
                 todo = feed(progress.print)
                 if not todo:
                     break
+                warn_slow(todo, progress.print)
                 progress.expect(todo)
             while todo and len(running) < pool.slots and stop.signum is None:
                 cell = todo.pop(0)

@@ -115,20 +115,23 @@ def test_bf16_on_a_cpu_without_bfloat16_instructions_is_called_slow(
 
 
 @NO_CUDA
-@pytest.mark.parametrize("precision", ["bf16", "float32"])
-def test_a_local_run_warns_before_training_where_bf16_is_emulated(tmp_path, precision):
-    """The warning is printed once, before the first cell, where this CPU has no bfloat16
-    instructions (as on the 2-core CI machine), and never for float32."""
-    spec = load_grid(tiny_grid(tmp_path, seeds=[0], mechanisms=[STD]),
-                     [f"training.precision={precision}", "training.steps=2"])  # fmt: skip
+@pytest.mark.parametrize("native", [False, True, None])
+def test_a_local_run_warns_once_before_training_where_bf16_is_emulated(
+    tmp_path, monkeypatch, native
+):
+    """One warning line for the bf16 cells of a grid that sweeps the precision, printed before
+    the first cell trains, where oneDNN has no bfloat16 path (as on the 2-core CI machine);
+    none where it has one or torch cannot say, and never for the float32 cells."""
+    monkeypatch.setattr(devices, "cpu_has_bf16", lambda: native)
+    path = tiny_grid(tmp_path, seeds=[0, 1], mechanisms=[STD], training={"steps": 2})
+    with path.open("a") as grid:
+        grid.write('\n[sweep]\ntraining.precision = ["float32", "bf16"]\n')
     out = io.StringIO()
-    assert run_grid(spec, workers=1, out=out)["done"] == 1
+    assert run_grid(load_grid(path), workers=1, out=out)["done"] == 4
     lines = out.getvalue().splitlines()
     warnings = [i for i, line in enumerate(lines) if line.startswith("warning: training.precision")]
-    emulated = precision == "bf16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    assert len(warnings) == emulated
-    if emulated:
-        assert warnings == [1] and lines[0].startswith("grid 'tiny': 1 cells")
+    assert warnings == ([1] if native is False else [])  # after the grid's line, before a cell
+    assert lines[0].startswith("grid 'tiny': 4 cells")
 
 
 def test_compute_dtype_refuses_bf16_where_it_cannot_run():

@@ -295,6 +295,11 @@ def test_a_report_rebuilt_from_its_cells_csv_keeps_its_attention_maps(tmp_path):
     assert "carried over from the report beside it" not in text and "are not redrawn" in text
     assert "Nothing carried over from the report" in text and not list(bare.glob("attention_*"))
     assert f"their files missing beside the cells.csv: {', '.join(images)}" in text
+    again = write_report(bare / "cells.csv", tmp_path / "bare_again")  # still named
+    assert (
+        f"their files missing beside the cells.csv: {', '.join(images)}"
+        in (again / "report.md").read_text()
+    )
     (folder / "attention.json").write_text('{"not": "blocks"}')
     with pytest.raises(ValueError, match="is not a report's attention.json"):
         write_report(folder / "cells.csv", tmp_path / "third")

@@ -202,6 +202,24 @@ def test_every_cell_is_accounted_for(report):
     assert "| match_pattern/n=250 | small | softmax | 3 | running | unfinished" in section
 
 
+def test_the_environment_line_names_the_gpu_a_cell_trained_on(tmp_path):
+    """The Fastformer Shakespeare cells ran on two GPUs (an H200, then an H100); the header
+    named neither. A CPU cell's device name is no GPU."""
+    store = ResultsStore(tmp_path / "gpus.sqlite")
+    devices = [("cpu", "cpu"), ("cuda:0", "NVIDIA H200"), ("cuda:0", "NVIDIA H100 80GB HBM3")]
+    for seed, (device, name) in enumerate(devices):
+        environment = {**ENVIRONMENT, "device": device, "device_name": name}
+        key = store.claim(config("same_pair", "small", "softmax", seed))
+        store.finish(key, "done", *outcome(0, 0, 0, seed), environment)
+    markdown = (write_report(store, tmp_path / "out") / "report.md").read_text()
+    (line,) = [line for line in markdown.splitlines() if line.startswith("- Environment:")]
+    assert line.removeprefix("- Environment: ").split("; ") == [
+        "torch 9.9.9, machine x86_64, threads 4",
+        "torch 9.9.9, machine x86_64, gpu NVIDIA H200, threads 4",
+        "torch 9.9.9, machine x86_64, gpu NVIDIA H100 80GB HBM3, threads 4",
+    ]
+
+
 def test_best_values_are_bold(grid, report):
     _, inputs = grid
     markdown = (report / "report.md").read_text()
