@@ -1233,8 +1233,14 @@ def _attention_sections(
     blocks = attention_blocks(store, folder, keys, prefer, progress)
     if not blocks:
         return []
-    _new_file(folder, ATTENTION_FILE).write_text(json.dumps(blocks), encoding="utf-8")
+    _write_attention_file(folder, blocks)
     return [_blocks_section(blocks)]
+
+
+def _write_attention_file(folder: Path, blocks: list) -> None:
+    """The attention-map `blocks` as attention.json in `folder`: what a report rebuilt from the
+    cells.csv beside it reads back (ablations.cells_file.read_attention) to carry the maps over."""
+    _new_file(folder, ATTENTION_FILE).write_text(json.dumps(blocks), encoding="utf-8")
 
 
 def _blocks_section(blocks: list, first: Sequence[Paragraph] = ()) -> Section:
@@ -1257,8 +1263,7 @@ def _carried_attention_sections(
     kept = [block for block in blocks if block[0] != "img" or block[1] in files]
     for name, data in files.items():
         _new_file(folder, name).write_bytes(data)
-    # every block, the missing images too: a rebuild of this report names them again
-    _new_file(folder, ATTENTION_FILE).write_text(json.dumps(blocks), encoding="utf-8")
+    _write_attention_file(folder, blocks)  # the missing images too: a rebuild names them again
     lead = "Carried over" if files else "Nothing carried over"
     first = [Paragraph(
         f"{lead} from the report whose cells.csv this one was rebuilt from (maps are drawn "
