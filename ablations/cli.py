@@ -15,46 +15,17 @@ attn-zoo report CELLS_CSV --out DIR [--grid GRID [--set k=v]] [--target T] [--no
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ablations.arguments import COUNT, Help, number
 from ablations.bench import DTYPES, SUITES
-from ablations.tracking import BACKENDS, TrackingError, TrackingPlan
+from ablations.results.tracking import BACKENDS, TrackingError, TrackingPlan
 
 if TYPE_CHECKING:
     import pandas as pd
-
-
-def number(kind: type, low: float, high: float | None = None, low_open: bool = False):
-    """An argparse `type=`: a `kind` (int, or a finite float) >= `low` (> `low` with `low_open`)
-    and <= `high`; anything else an ArgumentTypeError naming the valid range (exit status 2)."""
-    if high is None:
-        valid = f"{kind.__name__} {'>' if low_open else '>='} {low:g}"
-    else:
-        valid = f"{kind.__name__} in {'(' if low_open else '['}{low:g}, {high:g}]"
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if (
-            value is None
-            or (kind is float and not math.isfinite(value))
-            or (value <= low if low_open else value < low)
-            or (high is not None and value > high)
-        ):
-            raise argparse.ArgumentTypeError(f"invalid value {text!r}: valid is {valid}")
-        return value
-
-    parse.__name__ = valid
-    return parse
-
-
-COUNT = number(int, 1)  # workers, repeats, sizes, lengths
 
 
 def _bench(args: argparse.Namespace) -> None:
@@ -72,7 +43,7 @@ def _load_grid(args: argparse.Namespace, path: str, here: bool = True):
     """The grid at `path` with the --set overrides and --import plugins of `args` (SpecError ->
     exit with its line); `here=False` for commands that train nothing (status, report): a
     device this machine lacks is not refused."""
-    from ablations.spec import SpecError, load_grid
+    from ablations.grid.spec import SpecError, load_grid
 
     try:
         return load_grid(path, args.set, check_device=here, imports=args.imports)
@@ -82,7 +53,7 @@ def _load_grid(args: argparse.Namespace, path: str, here: bool = True):
 
 def _import_plugins(args: argparse.Namespace) -> None:
     """The --import plugins of a command without a grid (bench, a report of a store)."""
-    from ablations.plugins import import_plugins
+    from ablations.grid.plugins import import_plugins
     from attn_zoo.registry import PluginError
 
     try:
@@ -111,8 +82,8 @@ def _tracking(args: argparse.Namespace, plan: TrackingPlan | None) -> TrackingPl
 
 def _cell_table(spec) -> pd.DataFrame:
     """One row per cell of `spec`: its labels, status in the store and main metrics."""
-    from ablations.status import grid_status
-    from ablations.store import StoreError
+    from ablations.results.store import StoreError
+    from ablations.run.status import grid_status
 
     try:  # read-only: status and dry runs never create or change a store
         frame = grid_status(spec)
@@ -122,11 +93,11 @@ def _cell_table(spec) -> pd.DataFrame:
 
 
 def _ablate_run(args: argparse.Namespace) -> int:
-    from ablations.runner import RunStopped, check_cells, run_grid
-    from ablations.search import run_search, trial_spec
-    from ablations.spec import SpecError
-    from ablations.status import status_text
-    from ablations.store import StoreError
+    from ablations.grid.spec import SpecError
+    from ablations.results.store import StoreError
+    from ablations.run.runner import RunStopped, check_cells, run_grid
+    from ablations.run.search import run_search, trial_spec
+    from ablations.run.status import status_text
 
     spec = _load_grid(args, args.grid)
     try:
@@ -152,8 +123,8 @@ def _ablate_run(args: argparse.Namespace) -> int:
 
 
 def _ablate_status(args: argparse.Namespace) -> int:
-    from ablations.search import trial_spec
-    from ablations.status import status_text
+    from ablations.run.search import trial_spec
+    from ablations.run.status import status_text
 
     spec = trial_spec(_load_grid(args, args.grid, here=False))
 
@@ -167,7 +138,7 @@ def _ablate_status(args: argparse.Namespace) -> int:
 
 
 def _ablate_best(args: argparse.Namespace) -> int:
-    from ablations.search import best_text
+    from ablations.run.search import best_text
 
     spec = _load_grid(args, args.grid, here=False)
     if spec.search is None:
@@ -179,8 +150,8 @@ def _ablate_best(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from ablations.cells_file import CellsFile
-    from ablations.store import ResultsStore
+    from ablations.results.cells_file import CellsFile
+    from ablations.results.store import ResultsStore
 
     source, selection, keys, tracking = Path(args.source), None, None, None
     grid = Path(args.source) if source.suffix == ".toml" else args.grid
@@ -189,7 +160,7 @@ def _report(args: argparse.Namespace) -> int:
             f"error: --grid {args.grid} gives a cells.csv its grid; {source} is not a .csv"
         )
     if source.suffix == ".toml":  # the grid's cells only (a search: the trials stored)
-        from ablations.search import trial_spec
+        from ablations.run.search import trial_spec
 
         spec = trial_spec(_load_grid(args, args.source, here=False))
         store, name, selection, tracking = spec.store, spec.name, spec.selection, spec.tracking
@@ -212,9 +183,9 @@ def _report(args: argparse.Namespace) -> int:
         store = store if isinstance(store, CellsFile) else ResultsStore(store, readonly=True)
     except (OSError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
-    from ablations.report import write_report  # after the checks: it loads torch (seconds)
+    from ablations.report.build import write_report  # after the checks: it loads torch (seconds)
+    from ablations.results.tracking import check_backends, log_report
     from ablations.steps import make_steps
-    from ablations.tracking import check_backends, log_report
 
     try:
         if mlflow:  # a missing package: refused before the report is written
@@ -234,14 +205,14 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _cells_source(args: argparse.Namespace, source: Path):
-    """The report's cells.csv `source` read whole (ablations.cells_file), its --grid loaded
+    """The report's cells.csv `source` read whole (ablations.results.cells_file), its --grid loaded
     already; refused: no --out (the folder is replaced whole: name it), trackers (a rebuild
     is no run of the grid), --set without --grid. A note where --grid's SHA-256 differs from
     the one the provenance.json beside `source` records."""
     import json
 
-    from ablations.cells_file import CellsFile
-    from ablations.provenance import file_sha256
+    from ablations.results.cells_file import CellsFile
+    from ablations.run.provenance import file_sha256
 
     if args.out is None:
         raise SystemExit(f"error: a report from {source} needs --out DIR (replaced whole)")
@@ -264,17 +235,6 @@ def _cells_source(args: argparse.Namespace, source: Path):
             print(f"note: {args.grid} has changed since the report of {source} was built "
                   f"from it (SHA-256 now {digest[:12]}..., then {recorded[:12]}...)")  # fmt: skip
     return cells
-
-
-class Help(argparse.ArgumentDefaultsHelpFormatter):
-    """Every option's help ends with its default, unless the default is None or False (the
-    help then says what happens without it)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        skip = action.default in (None, False, argparse.SUPPRESS) or action.default == []
-        if skip or "(default" in (action.help or ""):
-            return action.help
-        return super()._get_help_string(action)
 
 
 def _version() -> str:

@@ -7,7 +7,7 @@ a bar with the steps done of those expected and the time left, drawn with rich o
         steps.advance(3)              # steps done
 
 On a terminal (stderr a TTY rich can draw on, or a `console` given) it is `LiveSteps`, one line
-redrawn in place, in the grid runner's style (ablations.progress):
+redrawn in place, in the grid runner's style (ablations.run.progress):
 
     softmax  ━━━━━━━━━━━━╺━━━━━━━━━━━━━━━━━  12/27 measurements · ETA 1m02s · N=512 memory: sdpa
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ablations.spec import SpecError, load_grid
+from ablations.grid.spec import SpecError, load_grid
 
 SAME_PAIR = {"name": "same_pair", "kwargs": {"n_train": 128, "n_validation": 32, "n_test": 32}}
 # A slow task: a minute a cell at 300 steps, so a run can be stopped while it trains.

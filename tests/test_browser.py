@@ -11,8 +11,8 @@ import pytest
 from browser import CHROMIUM, open_page
 from test_report_safety import add_done, config
 
-from ablations.report import write_report
-from ablations.store import ResultsStore
+from ablations.report.build import write_report
+from ablations.results.store import ResultsStore
 
 pytestmark = [
     pytest.mark.slow,

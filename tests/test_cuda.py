@@ -99,9 +99,9 @@ def test_the_triton_relational_kernel_compiled(rel_activation):
 
 
 def test_a_cell_resumed_on_the_gpu_ends_as_an_uninterrupted_run():
-    from ablations.cell import DEFAULT_TRAINING, Cell
-    from ablations.resume import ResumePlan
-    from ablations.train import train_cell
+    from ablations.grid.cell import DEFAULT_TRAINING, Cell
+    from ablations.run.resume import ResumePlan
+    from ablations.run.train import train_cell
 
     cell = Cell(
         grid="g", task="same_pair", task_name="same_pair",

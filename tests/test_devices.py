@@ -10,18 +10,19 @@ import pytest
 import torch
 from grids import STD, tiny_grid
 
-from ablations import devices, executors
-from ablations.cell import training_settings
 from ablations.cli import main
-from ablations.devices import (
+from ablations.grid.cell import training_settings
+from ablations.grid.devices import device_problem, precision_problem
+from ablations.grid.spec import SpecError, load_grid
+from ablations.results.store import ResultsStore
+from ablations.run import devices, executors
+from ablations.run.devices import (
     compute_dtype,
-    device_problem,
     placements,
-    precision_problem,
     resolve_device,
     slow_precision,
 )
-from ablations.executors import (
+from ablations.run.executors import (
     LocalExecutor,
     RayExecutor,
     make_executor,
@@ -29,10 +30,8 @@ from ablations.executors import (
     ray_slots,
     run_cell,
 )
-from ablations.runner import run_grid
-from ablations.spec import SpecError, load_grid
-from ablations.store import ResultsStore
-from ablations.train import CellOutcome, environment
+from ablations.run.runner import run_grid
+from ablations.run.train import CellOutcome, environment
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 

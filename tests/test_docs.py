@@ -36,7 +36,12 @@ def test_the_site_builds_strict_with_the_api_and_the_included_files(tmp_path):
     for name in ("build", "register_mechanism", "register_backend", "Capabilities"):
         assert f'id="attn_zoo.{name}"' in api  # a section per public name, from its docstring
     ablations = (site / "api" / "ablations" / "index.html").read_text()
-    for name in ("runner.run_grid", "spec.load_grid", "store.ResultsStore", "report.write_report"):
+    for name in (
+        "run.runner.run_grid",
+        "grid.spec.load_grid",
+        "results.store.ResultsStore",
+        "report.build.write_report",
+    ):
         assert f'id="ablations.{name}"' in ablations
     extending = (site / "extending" / "index.html").read_text()
     assert "SlidingWindowAttention" in extending  # examples/sliding_window.py, included

@@ -1,10 +1,10 @@
-"""The driver-overhead measurement (ablations/engine_overhead.py) writes what it prints, and
+"""The driver-overhead measurement (ablations/bench/engine_overhead.py) writes what it prints, and
 refuses a report folder it cannot write before measuring anything."""
 
 import pandas as pd
 import pytest
 
-from ablations import engine_overhead
+from ablations.bench import engine_overhead
 
 RUNS = [
     {"executor": "local", "cells": 500, "slots": 2, "total_s": 5.25, "startup_s": 0.31,
@@ -16,7 +16,7 @@ STORES = [{"cells": 500, "claim_ms": 0.0875, "finish_ms": 0.0625, "read_ms": 0.0
 
 def test_the_report_holds_every_measured_number(tmp_path):
     run_cell = {"cells": 20, "median_ms": 14.25}
-    engine_overhead.write_report(tmp_path, "python -m ablations.engine_overhead", RUNS,
+    engine_overhead.write_report(tmp_path, "python -m ablations.bench.engine_overhead", RUNS,
                                  run_cell, STORES, 2)  # fmt: skip
     for name, rows in (("runs.csv", RUNS), ("store.csv", STORES), ("run_cell.csv", [run_cell])):
         pd.testing.assert_frame_equal(pd.read_csv(tmp_path / name), pd.DataFrame(rows))
@@ -24,7 +24,7 @@ def test_the_report_holds_every_measured_number(tmp_path):
     assert engine_overhead.markdown(RUNS, engine_overhead.RUN_COLUMNS).splitlines()[2] in page
     assert "| 500 | 0.09 | 0.06 | 0.01 |" in page
     assert "14.2 ms per cell (median of 20)" in page
-    assert "- Machine: " in page and "- Command: python -m ablations.engine_overhead" in page
+    assert "- Machine: " in page and "- Command: python -m ablations.bench.engine_overhead" in page
     assert (tmp_path / "index.html").stat().st_size > 0
 
 
@@ -52,6 +52,6 @@ def test_a_folder_that_is_not_an_earlier_report_of_it_is_refused(tmp_path, monke
 
 def test_a_report_without_run_cell_leaves_no_earlier_run_cell_csv(tmp_path):
     (tmp_path / "run_cell.csv").write_text("cells,median_ms\n20,14.25\n")
-    engine_overhead.write_report(tmp_path, "python -m ablations.engine_overhead", RUNS, None,
+    engine_overhead.write_report(tmp_path, "python -m ablations.bench.engine_overhead", RUNS, None,
                                  STORES, 2)  # fmt: skip
     assert not (tmp_path / "run_cell.csv").exists() and (tmp_path / "runs.csv").is_file()

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from package_files import package_file
 
 import attn_zoo as az
-from ablations.spec import SpecError, load_grid
+from ablations.grid.spec import SpecError, load_grid
 from attn_zoo.kernels.dispatch import Capabilities, family, register_backend
 from attn_zoo.kernels.gla import decayed_state, gla_attention
 from attn_zoo.kernels.gla.chunked import CHUNK, chunked

@@ -22,8 +22,8 @@ from test_report_safety import add_done, config, files_under
 from test_report_safety import section as section_of
 
 from ablations.cli import main
-from ablations.report import _recover, write_report
-from ablations.store import ResultsStore
+from ablations.report.build import recover, write_report
+from ablations.results.store import ResultsStore
 
 REPO = Path(__file__).resolve().parents[1]
 WHOLE = ("report.md", "index.html", "summary.csv", "cells.csv")  # what every report holds
@@ -97,7 +97,7 @@ def remount_read_only(folder: Path) -> None:
 def test_report_and_status_read_a_store_on_a_read_only_mount(read_only_mount, tmp_path, capsys):
     from grids import tiny_grid
 
-    from ablations.spec import load_grid
+    from ablations.grid.spec import load_grid
 
     grid = tiny_grid(read_only_mount, seeds=[0], training={"steps": 10})
     spec = load_grid(grid)
@@ -121,7 +121,7 @@ def test_report_and_status_read_a_store_on_a_read_only_mount(read_only_mount, tm
 def test_report_and_status_create_no_file_beside_a_closed_store(tmp_path, capsys):
     from grids import tiny_grid
 
-    from ablations.spec import load_grid
+    from ablations.grid.spec import load_grid
 
     (tmp_path / "grid").mkdir()
     grid = tiny_grid(tmp_path / "grid", seeds=[0], training={"steps": 10})
@@ -141,7 +141,8 @@ def test_report_and_status_create_no_file_beside_a_closed_store(tmp_path, capsys
 CHILD = """
 import os, sys, time
 from pathlib import Path
-import ablations.report as report
+import ablations.report.folder as folder
+from ablations.report.build import write_report
 
 store, out, ready, point = sys.argv[1:]
 
@@ -152,15 +153,15 @@ def pause():
 
 
 if point == "swapped":  # the new report swapped in, the old one not deleted yet
-    exchange = report._exchange
+    exchange = folder.exchange
 
     def swap_then_pause(first, second):
         assert exchange(first, second)
         pause()
 
-    report._exchange = swap_then_pause
+    folder.exchange = swap_then_pause
 else:  # a file system that cannot swap: the old report renamed aside, the new one not in yet
-    report._exchange = lambda first, second: False
+    folder.exchange = lambda first, second: False
     rename = Path.rename
 
     def rename_then_pause(self, target):
@@ -170,7 +171,7 @@ else:  # a file system that cannot swap: the old report renamed aside, the new o
         return moved
 
     Path.rename = rename_then_pause
-report.write_report(store, out)
+write_report(store, out)
 """
 
 
@@ -217,7 +218,7 @@ def test_a_report_killed_in_its_folder_swap_leaves_a_whole_report(tmp_path):
     aside = folders["aside"]
     assert not aside.exists()  # the old way's gap: the report folder is gone
     assert [name.split("-")[0] for name in hidden(aside.parent)] == [".rep.old", ".rep.partial"]
-    _recover(aside)  # what the next report does first: the old report back, the rest deleted
+    recover(aside)  # what the next report does first: the old report back, the rest deleted
     assert files_under(aside) == old["aside"] and hidden(aside.parent) == []
 
     for out in folders.values():  # the next report
@@ -231,7 +232,7 @@ def test_a_report_killed_in_its_folder_swap_leaves_a_whole_report(tmp_path):
 def test_status_prints_swept_values_apart_and_a_dash_for_steps_not_run(tmp_path, capsys):
     from grids import STD, tiny_grid
 
-    from ablations.spec import load_grid
+    from ablations.grid.spec import load_grid
 
     grid = tiny_grid(tmp_path, seeds=[0], mechanisms=[STD])
     grid.write_text(grid.read_text() + "[sweep]\ntraining.lr = [1e-5, 3e-5, 1e-4]\n")
@@ -272,8 +273,8 @@ def test_labels_are_plain_text_in_markdown_csvs_and_plots(tmp_path):
     from markdown_it import MarkdownIt
     from matplotlib.image import imread
 
-    from ablations.report_pages import FORMULA_START, short_label
-    from ablations.schema import Selection
+    from ablations.grid.schema import Selection
+    from ablations.report.pages import FORMULA_START, short_label
 
     store = ResultsStore(tmp_path / "hostile.sqlite")
     mechanisms = {LINK: FORMULAS, LONG: [LONG + "a", LONG + "b"]}
@@ -341,14 +342,14 @@ def old_done_with_nan(store: ResultsStore, cell: dict) -> None:
 
 
 def tables_of(page) -> list:
-    from ablations.report_pages import Table
+    from ablations.report.pages import Table
 
     return [(s, p) for s in page.sections for p in s.parts if isinstance(p, Table)]
 
 
 def test_a_nan_result_is_never_selected_and_every_dash_says_why(tmp_path):
-    from ablations.report import report_page
-    from ablations.schema import Selection
+    from ablations.grid.schema import Selection
+    from ablations.report.build import report_page
 
     store = ResultsStore(tmp_path / "nan.sqlite")
     for seed in (0, 1, 2):  # std: lr 1e-3 real, 1e30 NaN weights stored done (an old store)
@@ -417,7 +418,7 @@ def steps_cell(mechanism: str, seed: int, lr: float = 1e-3, steps: int = 40) -> 
 
 
 def test_a_report_of_a_store_shows_the_settings_its_mechanisms_differ_in(tmp_path):
-    from ablations.schema import Selection
+    from ablations.grid.schema import Selection
 
     store = ResultsStore(tmp_path / "mixed.sqlite")
     for seed in (0, 1):  # rel has its own learning rate: constant within each mechanism

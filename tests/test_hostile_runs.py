@@ -19,8 +19,8 @@ import torch
 from grids import MQAR_LONG, SAME_PAIR, STD, tiny_grid
 
 from ablations.cli import main
-from ablations.spec import load_grid
-from ablations.store import ResultsStore, StoreError
+from ablations.grid.spec import load_grid
+from ablations.results.store import ResultsStore, StoreError
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "ablations.cli"]
@@ -201,8 +201,8 @@ def test_a_file_that_is_not_a_store_is_refused_by_every_command_and_left_as_it_w
 
 
 def test_a_retriever_defined_in_the_running_script_is_refused_with_workers(tmp_path):
-    from ablations.runner import run_grid
-    from ablations.spec import SpecError
+    from ablations.grid.spec import SpecError
+    from ablations.run.runner import run_grid
     from attn_zoo.symbols import SYMBOL_RETRIEVERS, PositionalSymbolRetriever
 
     class Mine(PositionalSymbolRetriever):
@@ -222,7 +222,7 @@ def test_a_retriever_defined_in_the_running_script_is_refused_with_workers(tmp_p
 
 
 def test_plugins_that_exit_or_break_their_parent_are_one_line_errors(tmp_path, monkeypatch):
-    from ablations.plugins import import_plugins
+    from ablations.grid.plugins import import_plugins
     from attn_zoo.registry import PluginError
 
     (tmp_path / "exits.py").write_text("import sys\nsys.exit(0)\n")

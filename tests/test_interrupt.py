@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from grids import MQAR_LONG, SAME_PAIR, STD, tiny_grid, with_heads
 
-from ablations import executors, runner
-from ablations.spec import load_grid
-from ablations.store import ResultsStore, StoreError
-from ablations.train import LOST, CellOutcome
+from ablations.grid.spec import load_grid
+from ablations.results.store import ResultsStore, StoreError
+from ablations.run import executors, runner
+from ablations.run.train import LOST, CellOutcome
 
 SUMMARY = re.compile(
     r"interrupted \((SIGINT|SIGTERM)\): (\d+) finished, (\d+) released, (\d+) not started; "
@@ -181,7 +181,7 @@ def test_a_signal_stops_the_run_within_seconds_and_a_rerun_finishes_it(
 # shutdown waits for it (STOP_GRACE, made long here); the second SIGINT must not wait.
 STUBBORN = """
 import sys, time
-from ablations import executors
+from ablations.run import executors
 from ablations.cli import main
 
 def stubborn(cell, on_progress=None, keep_state=False, keep_maps=False, **resume):

@@ -12,22 +12,22 @@ import torch
 from grids import SAME_PAIR, STD, small, tiny_grid, with_heads
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-import ablations.train
+import ablations.run.train
 import attn_zoo as az
-from ablations.attention_figures import (
+from ablations.grid.spec import load_grid
+from ablations.report.attention_maps import (
     MapsError,
     attention_blocks,
     cell_attention_figure,
     load_cell_maps,
     load_cell_model,
 )
-from ablations.cells_file import read_attention
-from ablations.report import write_report
-from ablations.report_pages import label_file_name
-from ablations.runner import run_grid
-from ablations.spec import load_grid
-from ablations.store import ResultsStore
-from ablations.train import MAPS_EXAMPLE, attention_record
+from ablations.report.build import write_report
+from ablations.report.pages import label_file_name
+from ablations.results.cells_file import read_attention
+from ablations.results.store import ResultsStore
+from ablations.run.runner import run_grid
+from ablations.run.train import MAPS_EXAMPLE, attention_record
 from attn_zoo.kernels.relational.naive import relation_tensor
 from attn_zoo.kernels.softmax.naive import attention_weights
 from attn_zoo.maps import plot_attention_maps, record_attention_maps, recording_attention
@@ -247,7 +247,7 @@ def test_a_cell_whose_maps_cannot_be_recorded_is_kept_and_its_report_says_why(
     def broken(model, task, test):
         raise RuntimeError("no maps today")
 
-    monkeypatch.setattr(ablations.train, "attention_record", broken)
+    monkeypatch.setattr(ablations.run.train, "attention_record", broken)
     spec = checkpointed_grid(tmp_path)
     out = io.StringIO()
     assert run_grid(spec, workers=1, out=out)["done"] == 1  # the trained cell is not lost

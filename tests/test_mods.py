@@ -132,8 +132,8 @@ def test_mods_reach_mechanisms_grids_and_cached_generation(tmp_path):
     prompt = torch.randint(0, 50, (1, 6))
     cached = model.generate(prompt, 10, temperature=0, use_cache=True)
     assert torch.equal(cached, model.generate(prompt, 10, temperature=0, use_cache=False))
-    from ablations.spec import load_grid
-    from ablations.train import train_cell
+    from ablations.grid.spec import load_grid
+    from ablations.run.train import train_cell
 
     windowed = {**STD, "label": "std_window", "kwargs": {**STD["kwargs"], **kwargs}}
     path = tiny_grid(tmp_path, mechanisms=[windowed], seeds=[0], training={"steps": 4})

@@ -37,7 +37,7 @@ PACKAGE_DATA = [  # globs, relative to the repository: files the installed packa
     "attn_zoo/py.typed",
     "ablations/py.typed",
     "attn_zoo/kernels/relational/*.cpp",
-    "ablations/templates/*.j2",
+    "ablations/report/templates/*.j2",
     "ablations/data/relations_game/*",
 ]
 # Runs in the venv, from an empty folder: argv[1] is the venv. Prints attn_zoo's version.
@@ -79,8 +79,8 @@ from ablations.tasks import build_task  # the shipped relations-game boards
 boards = build_task("relations_game_files", n_train=20, n_validation=10, n_test=10)
 assert len(boards.splits(0)["train"]) == 20
 
-from ablations.report import write_report  # the templates
-from ablations.store import ResultsStore
+from ablations.report.build import write_report  # the templates
+from ablations.results.store import ResultsStore
 store = ResultsStore(Path("store.sqlite"))
 cell = dict(grid="smoke", task="same_pair", task_name="same_pair", task_kwargs={},
             size=dict(label="xs", d_model=8, n_layers=1), mechanism="standard",

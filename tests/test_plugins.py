@@ -23,10 +23,10 @@ import torch
 from grids import SAME_PAIR, STD, XS, tiny_grid
 
 import attn_zoo as az
-from ablations.plugins import import_plugins
-from ablations.runner import run_grid
-from ablations.spec import SpecError, load_grid
-from ablations.store import ResultsStore
+from ablations.grid.plugins import import_plugins
+from ablations.grid.spec import SpecError, load_grid
+from ablations.results.store import ResultsStore
+from ablations.run.runner import run_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "sliding_window.py"
@@ -75,8 +75,8 @@ def test_a_script_without_a_main_guard_runs_once_with_two_workers(tmp_path):
     script.write_text(
         textwrap.dedent(f"""
         from pathlib import Path
-        from ablations.runner import run_grid
-        from ablations.spec import load_grid
+        from ablations.run.runner import run_grid
+        from ablations.grid.spec import load_grid
 
         with open({str(tmp_path / "runs.txt")!r}, "a") as runs:  # once per run of this script
             runs.write("ran\\n")
@@ -98,8 +98,8 @@ def test_a_mechanism_defined_in_the_running_script_is_refused_with_workers(tmp_p
     script.write_text(
         textwrap.dedent(f"""
         import attn_zoo as az
-        from ablations.runner import run_grid
-        from ablations.spec import SpecError, load_grid
+        from ablations.run.runner import run_grid
+        from ablations.grid.spec import SpecError, load_grid
         from attn_zoo.mechanisms.standard import StandardAttention
 
         @az.register_mechanism("mine")

@@ -13,9 +13,9 @@ from rich.console import Console
 from ablations import steps as steps_module
 from ablations.bench.suites import BenchRun, bench_softmax, run_bench
 from ablations.cli import main
-from ablations.report import write_report
+from ablations.report.build import write_report
+from ablations.results.store import ResultsStore
 from ablations.steps import Steps, make_steps
-from ablations.store import ResultsStore
 
 DURATION = r"\d+(m\d\d)?s"
 

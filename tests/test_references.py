@@ -1,4 +1,4 @@
-"""Reference models in a grid (ablations.references): a [[mechanisms]] entry naming the
+"""Reference models in a grid (ablations.grid.references): a [[mechanisms]] entry naming the
 dual-attention package's VisionTransformer or VisionDualAttnTransformer trains that model on
 the same data and seeds, built from the task and the cell's size as ours is; bad entries are
 refused before any work."""
@@ -10,10 +10,10 @@ import torch
 from dual_attention.vision_models import VisionDualAttnTransformer, VisionTransformer
 from grids import assert_refused, tiny_grid
 
-from ablations.references import WithLoss, build_reference
-from ablations.runner import run_grid
-from ablations.spec import load_grid
-from ablations.store import ResultsStore
+from ablations.grid.references import WithLoss, build_reference
+from ablations.grid.spec import load_grid
+from ablations.results.store import ResultsStore
+from ablations.run.runner import run_grid
 from ablations.tasks import build_task
 
 GAMES = {
@@ -104,7 +104,7 @@ def test_without_the_package_the_error_says_how_to_install_it(monkeypatch):
 
 
 def test_final_norm_false_builds_our_model_as_the_reference_would(tmp_path):
-    from ablations.cell_model import build_cell_model
+    from ablations.grid.cell_model import build_cell_model
     from attn_zoo.interop.dual_attention_models import VisionDualAttnTransformer as Builder
 
     dual = {"label": "dual", "name": "dual", "kwargs": {"n_heads_sa": 1, "n_heads_ra": 1}}

@@ -15,12 +15,12 @@ import pytest
 import torch
 from grids import STD, tiny_grid
 
-from ablations.runner import run_grid
-from ablations.spec import SpecError, load_grid
-from ablations.store import ResultsStore
+from ablations.grid.spec import SpecError, load_grid
+from ablations.results.store import ResultsStore
+from ablations.run.runner import run_grid
+from ablations.run.train import train_cell
 from ablations.tasks import build_task
 from ablations.tasks.relations_game_files import DATA, load_boards
-from ablations.train import train_cell
 
 
 def write_boards(path, n: int, games=(0,), size: int = 36, seed: int = 0) -> None:

@@ -13,8 +13,8 @@ import pytest
 import scipy.stats
 from matplotlib.image import imread
 
-from ablations.report import report_page, summary_table, write_report
-from ablations.report_pages import (
+from ablations.report.build import report_page, summary_table, write_report
+from ablations.report.pages import (
     INSIDE_LEGEND,
     LEGEND_ROW_INCHES,
     Image,
@@ -26,7 +26,7 @@ from ablations.report_pages import (
     plot_title,
     render_markdown,
 )
-from ablations.store import ResultsStore
+from ablations.results.store import ResultsStore
 from ablations.tasks import build_task
 
 TASKS = {  # label: (registered task name, n_train); one task at two training-set sizes

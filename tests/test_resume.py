@@ -17,14 +17,14 @@ import pytest
 import torch
 from grids import STD, XS, tiny_grid
 
-from ablations import executors
-from ablations import store as store_module
-from ablations.progress import cell_label
-from ablations.resume import ResumePlan
-from ablations.runner import run_grid
-from ablations.spec import load_grid
-from ablations.store import ResultsStore
-from ablations.train import train_cell
+from ablations.grid.spec import load_grid
+from ablations.results import store as store_module
+from ablations.results.store import ResultsStore
+from ablations.run import executors
+from ablations.run.progress import cell_label
+from ablations.run.resume import ResumePlan
+from ablations.run.runner import run_grid
+from ablations.run.train import train_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = ("wall_s", "step_ms")  # the only metrics that differ between two runs of a cell

@@ -15,17 +15,17 @@ import pytest
 from grids import REL, STD, tiny_grid
 from rich.console import Console
 
-from ablations import executors
-from ablations import spec as spec_module
-from ablations.cell import Cell
 from ablations.cli import main
-from ablations.executors import make_executor
-from ablations.progress import LiveProgress, Progress, fit_label, make_progress
-from ablations.runner import check_cells, run_grid
-from ablations.spec import SpecError, load_grid
-from ablations.status import grid_status
-from ablations.store import ResultsStore
-from ablations.train import CellOutcome
+from ablations.grid import spec as spec_module
+from ablations.grid.cell import Cell
+from ablations.grid.spec import SpecError, load_grid
+from ablations.results.store import ResultsStore
+from ablations.run import executors
+from ablations.run.executors import make_executor
+from ablations.run.progress import LiveProgress, Progress, fit_label, make_progress
+from ablations.run.runner import check_cells, run_grid
+from ablations.run.status import grid_status
+from ablations.run.train import CellOutcome
 
 
 def grid_file(tmp_path: Path, steps: int = 20) -> Path:
@@ -281,7 +281,7 @@ def test_the_live_table_keeps_swept_values_and_the_seed_readable_at_80_columns(t
 
 def test_a_run_prints_to_sys_stdout_as_it_is_at_the_call(tmp_path, monkeypatch):
     """Found when a test closed the stdout another test's import had bound: `out` defaulted to
-    the sys.stdout of the moment ablations.runner was imported, and a later run printed into
+    the sys.stdout of the moment ablations.run.runner was imported, and a later run printed into
     that closed file ("I/O operation on closed file"). It is looked up at each call now."""
     spec = load_grid(tiny_grid(tmp_path, seeds=[0], mechanisms=[STD]))
     assert run_grid(spec, workers=1, out=io.StringIO())["done"] == 1

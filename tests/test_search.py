@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from grids import STD, assert_refused, tiny_grid, with_heads
 
-from ablations import runner
 from ablations.cli import main
-from ablations.executors import LocalExecutor
-from ablations.runner import run_grid
-from ablations.search import best_text, run_search, study_of, trial_spec, trials_of
-from ablations.spec import SpecError, load_grid
-from ablations.store import ResultsStore
+from ablations.grid.spec import SpecError, load_grid
+from ablations.results.store import ResultsStore
+from ablations.run import runner
+from ablations.run.executors import LocalExecutor
+from ablations.run.runner import run_grid
+from ablations.run.search import best_text, run_search, study_of, trial_spec, trials_of
 
 LR = 'space."training.lr" = { low = 1e-4, high = 3e-2, log = true }'
 
@@ -103,7 +103,7 @@ def test_a_search_meeting_the_store_file_another_run_is_creating_runs(tmp_path):
 
 
 def test_a_search_without_optuna_is_one_line_naming_the_extra(tmp_path, monkeypatch):
-    monkeypatch.setattr("ablations.search.find_spec", lambda name: None)
+    monkeypatch.setattr("ablations.run.search.find_spec", lambda name: None)
     spec = load_grid(search_grid(tmp_path))
     with pytest.raises(
         SpecError, match=r"\[search\] needs optuna: pip install 'attn_zoo\[search\]'"
@@ -113,7 +113,7 @@ def test_a_search_without_optuna_is_one_line_naming_the_extra(tmp_path, monkeypa
 
 
 def test_run_grid_refuses_a_searched_grid(tmp_path):
-    with pytest.raises(SpecError, match=r"\[search\] runs with ablations.search.run_search"):
+    with pytest.raises(SpecError, match=r"\[search\] runs with ablations.run.search.run_search"):
         run_grid(load_grid(search_grid(tmp_path)), workers=1, out=io.StringIO())
 
 

@@ -1,5 +1,5 @@
 """Best-setting selection, confidence intervals, paired differences and their tests (paired t,
-Holm, TOST: ablations.selection), the grid's [selection] checks, and the report's selection
+Holm, TOST: ablations.report.selection), the grid's [selection] checks, and the report's selection
 section from a real sweep grid."""
 
 import math
@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from ablations import attention_figures, report
 from ablations.cli import main
-from ablations.report import write_report
-from ablations.runner import run_grid
-from ablations.selection import (
+from ablations.grid.spec import load_grid
+from ablations.report import attention_maps, sections
+from ablations.report.build import write_report
+from ablations.report.selection import (
     holm,
     interval,
     paired,
@@ -26,8 +26,8 @@ from ablations.selection import (
     varying_settings,
     verdicts,
 )
-from ablations.spec import load_grid
-from ablations.store import ResultsStore
+from ablations.results.store import ResultsStore
+from ablations.run.runner import run_grid
 
 
 @settings(max_examples=50, deadline=None)
@@ -279,16 +279,16 @@ def swept_grid(tmp_path, sweep_and_selection: str):
 
 
 def record_plots(monkeypatch, *names: str) -> dict[str, list]:
-    """Each of ablations.report's plot functions `names` recording (label, frame) per call."""
+    """Each of report/sections.py's plot functions `names` recording (label, frame) per call."""
     drawn = {name: [] for name in names}
     for name in names:
-        real = getattr(report, name)
+        real = getattr(sections, name)
 
         def recording(label, frame, *args, real=real, name=name, **kwargs):
             drawn[name].append((label, frame))
             return real(label, frame, *args, **kwargs)
 
-        monkeypatch.setattr(report, name, recording)
+        monkeypatch.setattr(sections, name, recording)
     return drawn
 
 
@@ -326,11 +326,11 @@ def test_a_report_with_a_selection_compares_each_mechanism_at_its_best_lr(swept_
 
 
 def test_task_plots_draw_each_mechanisms_selected_setting_only(swept_store, tmp_path, monkeypatch):
-    drawn = record_plots(monkeypatch, "_plot_curves", "_plot_vs_params")
+    drawn = record_plots(monkeypatch, "plot_curves", "plot_vs_params")
     out = write_report(swept_store.store, tmp_path / "report", selection=swept_store.selection)
     selected = pd.read_csv(out / "selection.csv")
     chosen = set(zip(selected.mechanism, selected.best, strict=True))
-    [(_, curves)], [(_, points)] = drawn["_plot_curves"], drawn["_plot_vs_params"]
+    [(_, curves)], [(_, points)] = drawn["plot_curves"], drawn["plot_vs_params"]
     assert len(curves) == 4  # 2 mechanisms x 2 seeds, of the 8 cells
     assert set(zip(curves.mechanism, "training.lr=" + curves["training.lr"], strict=True)) == chosen
     assert len(points) == 4 and set(zip(points.mechanism, points.setting, strict=True)) == chosen
@@ -338,9 +338,9 @@ def test_task_plots_draw_each_mechanisms_selected_setting_only(swept_store, tmp_
 
 
 def test_the_parameters_plot_shows_the_reported_metric(swept_store, tmp_path, monkeypatch):
-    figures, real = [], report._plot_vs_params
+    figures, real = [], sections.plot_vs_params
     monkeypatch.setattr(
-        report, "_plot_vs_params", lambda *a, **k: figures.append(real(*a, **k)) or figures[-1]
+        sections, "plot_vs_params", lambda *a, **k: figures.append(real(*a, **k)) or figures[-1]
     )
     selection = swept_store.selection.model_copy(update={"reported": "test_loss"})
     out = write_report(swept_store.store, tmp_path / "loss", selection=selection)
@@ -402,13 +402,13 @@ def test_attention_maps_show_each_mechanisms_selected_setting(tmp_path, monkeypa
     spec = load_grid(path)
     run_grid(spec, workers=1)
     loaded = []
-    real = attention_figures.load_cell_maps
+    real = attention_maps.load_cell_maps
 
     def recording(store, row):
         loaded.append(row["key"])
         return real(store, row)
 
-    monkeypatch.setattr(attention_figures, "load_cell_maps", recording)
+    monkeypatch.setattr(attention_maps, "load_cell_maps", recording)
     out = write_report(spec.store, tmp_path / "report", selection=spec.selection)
     chosen = pd.read_csv(out / "selection.csv").set_index("mechanism").best
     want = {
@@ -438,7 +438,7 @@ def test_with_other_axes_each_of_their_settings_gets_its_own_learning_curves(
     n_train_swept, tmp_path, monkeypatch
 ):
     spec = n_train_swept
-    drawn = record_plots(monkeypatch, "_plot_curves")["_plot_curves"]
+    drawn = record_plots(monkeypatch, "plot_curves")["plot_curves"]
     out = write_report(spec.store, tmp_path / "report", selection=spec.selection)
     chosen = pd.read_csv(out / "selection.csv")
     assert [label for label, _ in drawn] == [

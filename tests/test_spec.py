@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from ablations.spec import SpecError, load_grid
+from ablations.grid.spec import SpecError, load_grid
 
 GRID = textwrap.dedent(
     """

@@ -8,9 +8,9 @@ import pytest
 import torch
 from grids import SAME_PAIR, STD, assert_refused, tiny_grid
 
-from ablations.cell import training_settings
 from ablations.cli import main
-from ablations.spec import SpecError, load_grid
+from ablations.grid.cell import training_settings
+from ablations.grid.spec import SpecError, load_grid
 
 GRID = """\
 name = "v"

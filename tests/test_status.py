@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from ablations.runner import cells_to_train
-from ablations.spec import load_grid
-from ablations.status import COLUMNS, grid_status
-from ablations.store import ResultsStore
+from ablations.grid.spec import load_grid
+from ablations.results.store import ResultsStore
+from ablations.run.runner import cells_to_train
+from ablations.run.status import COLUMNS, grid_status
 from tests.test_spec import GRID
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +53,7 @@ def test_a_claim_whose_run_died_shows_as_stale_and_the_next_run_trains_it(spec):
     cell is among those a run trains."""
     (cell,) = spec.cells[:1]
     claim = (
-        "import os, sys; from ablations.store import ResultsStore; "
+        "import os, sys; from ablations.results.store import ResultsStore; "
         f"ResultsStore({str(spec.store)!r}).claim({cell.config()!r}); os._exit(0)"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

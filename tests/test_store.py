@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from grids import REL, STD, tiny_grid
 
-from ablations.spec import load_grid
-from ablations.store import (
+from ablations.grid.spec import load_grid
+from ablations.results.store import (
     ClaimError,
     ResultsStore,
     StoreError,
@@ -137,7 +137,7 @@ def test_a_table_that_cannot_be_made_is_refused_with_the_cell_named(tmp_path):
 WRITER = textwrap.dedent(
     """
     import sys, time
-    from ablations.store import ResultsStore
+    from ablations.results.store import ResultsStore
     store = ResultsStore(sys.argv[1])
     for seed in range(1_000):
         key = store.claim({"seed": seed})

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from grids import SAME_PAIR, STD, XS, small, tiny_grid, with_heads
 
-from ablations import executors, runner
-from ablations.spec import load_grid
-from ablations.store import ClaimError, ResultsStore, config_key, new_owner
-from ablations.train import CellOutcome
+from ablations.grid.spec import load_grid
+from ablations.results.store import ClaimError, ResultsStore, config_key, new_owner
+from ablations.run import executors, runner
+from ablations.run.train import CellOutcome
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def wait_for(paths: list[Path], processes: list[subprocess.Popen]) -> None:
 CLAIMER = """
     import sys, time
     from pathlib import Path
-    from ablations.store import ResultsStore
+    from ablations.results.store import ResultsStore
     path, ready, go, cells = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
     store = ResultsStore(path)
     ready.touch()
@@ -140,7 +140,7 @@ def test_a_claim_is_stale_after_its_lease_and_kept_fresh_by_heartbeats(tmp_path)
 
 HOLDER = """
     import sys, time
-    from ablations.store import ResultsStore
+    from ablations.results.store import ResultsStore
     store = ResultsStore(sys.argv[1])
     print(store.claim({"seed": 0}), flush=True)
     time.sleep(600)
@@ -219,8 +219,8 @@ def test_a_run_skips_cells_held_by_a_live_run_and_releases_its_claims_when_inter
 RUN_GRID = """
     import io, json, sys, time
     from pathlib import Path
-    from ablations import runner
-    from ablations.spec import load_grid
+    from ablations.run import runner
+    from ablations.grid.spec import load_grid
     grid, me, other = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     check_cells = runner.check_cells
 

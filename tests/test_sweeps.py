@@ -5,10 +5,10 @@ import pytest
 import torch
 from grids import REL, SAME_PAIR, STD, assert_refused, tiny_grid
 
-from ablations.cell_model import build_cell_model
-from ablations.spec import SpecError, load_grid
-from ablations.status import grid_status
-from ablations.store import ResultsStore
+from ablations.grid.cell_model import build_cell_model
+from ablations.grid.spec import SpecError, load_grid
+from ablations.results.store import ResultsStore
+from ablations.run.status import grid_status
 from ablations.tasks import build_task
 from attn_zoo.models.positional import RotaryPositions
 

@@ -9,7 +9,7 @@ import pytest
 from corpora import write_sdist
 from grids import tiny_grid
 
-from ablations.spec import SpecError, load_grid
+from ablations.grid.spec import SpecError, load_grid
 from ablations.tasks import build_task, list_tasks
 from ablations.tasks.registry import MAX_SETTING, memory_limit
 

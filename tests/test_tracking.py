@@ -1,4 +1,4 @@
-"""Experiment tracking (ablations.tracking): a tracked run read back with each library's own
+"""Experiment tracking (ablations.results.tracking): a tracked run read back with each library's own
 reader equals the store's tables; bad backends and places refused in one line before anything
 runs; a tracker that fails costs a warning line, never the stored result."""
 
@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from grids import REL, STD, tiny_grid
 
-from ablations import tracking
 from ablations.cli import main
-from ablations.progress import cell_label
-from ablations.runner import run_grid
-from ablations.spec import SpecError, load_grid
-from ablations.store import FRAME_COLUMNS, ResultsStore, is_missing
-from ablations.tracking import TrackingError, TrackingPlan
+from ablations.grid.spec import SpecError, load_grid
+from ablations.results import tracking
+from ablations.results.store import FRAME_COLUMNS, ResultsStore, is_missing
+from ablations.results.tracking import TrackingError, TrackingPlan
+from ablations.run.progress import cell_label
+from ablations.run.runner import run_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 CURVES = ("train_loss", "val_loss", "val_metric")
@@ -258,7 +258,7 @@ def test_what_a_failing_trackers_library_logs_is_dropped_and_kept_when_it_succee
 # The CLI with MLflow's folder (the last argument) deleted before the second cell is logged
 BREAKING = """
 import shutil, sys
-from ablations import tracking
+from ablations.results import tracking
 from ablations.cli import main
 
 real_log = tracking.MLflow.log

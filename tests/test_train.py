@@ -8,12 +8,12 @@ import pytest
 import torch
 from grids import STD, tiny_grid
 
-from ablations.cell import DEFAULT_TRAINING, Cell
-from ablations.runner import run_grid
-from ablations.spec import load_grid
-from ablations.store import ResultsStore
+from ablations.grid.cell import DEFAULT_TRAINING, Cell
+from ablations.grid.spec import load_grid
+from ablations.results.store import ResultsStore
+from ablations.run.runner import run_grid
+from ablations.run.train import MAPS_EXAMPLE, forward, lr_factor, train_cell
 from ablations.tasks import IGNORE_INDEX, build_task
-from ablations.train import MAPS_EXAMPLE, forward, lr_factor, train_cell
 
 
 def cell(**changes):

@@ -1,4 +1,4 @@
-"""Run-to-run variance (ablations/variance.py): two stores of the same grid, written by real
+"""Run-to-run variance (ablations/bench/variance.py): two stores of the same grid, written by real
 runs, compared cell by cell."""
 
 import json
@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from grids import STD, tiny_grid
 
-from ablations.runner import run_grid
-from ablations.spec import load_grid
-from ablations.variance import compare, main
+from ablations.bench.variance import compare, main
+from ablations.grid.spec import load_grid
+from ablations.run.runner import run_grid
 
 
 def test_two_runs_compared_cell_by_cell(tmp_path):

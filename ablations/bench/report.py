@@ -160,7 +160,7 @@ def write_bench_report(
     index.html, and per suite bench_<suite>.csv and its plots (`_plots`: time_, memory_ and
     ratio_<suite>.png, or tokens_ and speedup_generation.png). `settings` names each suite's
     settings and `command` the command line that writes the report again. Returns `out_dir`."""
-    from ablations.report_pages import (
+    from ablations.report.pages import (
         Bullets,
         Image,
         Page,

@@ -33,7 +33,7 @@ from ablations.bench.measure import (
     machine,
     measure,
 )
-from ablations.devices import device_problem
+from ablations.grid.devices import device_problem
 from ablations.steps import Steps, make_steps
 from attn_zoo.kernels.dispatch import family
 
@@ -330,7 +330,7 @@ class BenchRun:
             raise ValueError(f"--device {self.device}: {problem} here")
         if self.lengths is not None:
             check_lengths(self.lengths, "--lengths")
-        from ablations.report_pages import writable_folder
+        from ablations.report.pages import writable_folder
 
         for option, folder in (("--csv-dir", self.csv_dir), ("--report", self.report)):
             if folder is not None:
@@ -444,7 +444,7 @@ def run_bench(
     `console`, or on stderr when it is a terminal (ablations.steps.make_steps); it is ended
     before the suite's table is printed."""
     from ablations.bench.report import write_bench_report
-    from ablations.report_pages import write_csv
+    from ablations.report.pages import write_csv
 
     bench.check()
     if bench.suite == ["generation"]:

@@ -21,7 +21,7 @@ A task may give more test splits, named "test_<what>" (relational_games: "test_i
 "test_ood"); training evaluates each into metrics "test_<what>_acc", "test_<what>_loss".
 
 A task that reads files names the kwargs holding their paths in `data_kwargs` and returns the
-files it reads from `data_files()` (each cell records their SHA-256: ablations.provenance). A
+files it reads from `data_files()` (each cell records their SHA-256: ablations.run.provenance). A
 relative path is looked up beside the grid file first (`locate_files`: the spec knows that
 folder), then in the task's own data folder; never in the working directory.
 

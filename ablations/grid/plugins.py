@@ -1,0 +1,113 @@
+"""Your own mechanisms, backends, tasks, symbol retrievers and positional encodings in a grid:
+modules imported before any name is resolved, in the driver and in every worker.
+
+    # grid.toml
+    imports = ["my_attention"]        # a module on sys.path or beside the grid file,
+                                      # or a file: "plugins/my_attention.py"
+    attn-zoo ablate run grid.toml --import my_other_module      # the CLI's --import, repeatable
+
+A module registers what it defines when imported (``@attn_zoo.register_mechanism("mine")``,
+``@register_task("mine")``, ...). `import_plugins` imports each named module once per process:
+a name with a path separator or ending in ".py" is a file, resolved against the grid file's
+folder; any other name is a module, looked up on sys.path and then in that folder. A file is
+imported once however it is named (``imports = ["mine.py"]`` and ``--import mine``): one that a
+module of this process was loaded from is not imported again. A module that cannot be imported
+is one `PluginError` naming it, raised before any cell runs. The resolved names
+(`GridSpec.imports`) travel with the cells to the executors' worker processes and Ray tasks,
+which import them before training; each cell records them with their files' SHA-256
+(ablations.run.provenance). Installed packages need none of this: their
+entry points (group "attn_zoo.plugins") are loaded by every registry (attn_zoo/registry.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from attn_zoo.registry import PluginError, load_entry_point_plugins
+
+
+def is_file(name: str) -> bool:
+    return name.endswith(".py") or "/" in name or "\\" in name
+
+
+def resolve(names: Sequence[str], folder: Path | None = None) -> list[str]:
+    """`names` as any process imports them: a file as its absolute path (a relative one joined
+    to `folder`), a module that is not on sys.path but beside `folder` as that file, any other
+    module as it is."""
+    folder = folder or Path.cwd()
+    resolved = []
+    for name in names:
+        beside = folder / (name.replace(".", "/") + ".py")
+        if is_file(name):
+            resolved.append(str((folder / Path(name).expanduser()).resolve()))
+        elif _find(name) is None and beside.is_file():
+            resolved.append(str(beside.resolve()))
+        else:
+            resolved.append(name)
+    return resolved
+
+
+def import_plugins(names: Sequence[str], folder: Path | None = None, where: str = "") -> None:
+    """Import the installed entry-point plugins and each of `names` (`resolve`d against
+    `folder`), once per process; PluginError naming the first that fails (`where`: what named
+    it, e.g. "grid.toml imports")."""
+    load_entry_point_plugins()
+    for i, name in enumerate(resolve(names, folder)):
+        try:
+            _import(name)
+        except (Exception, SystemExit) as err:  # a plugin calling sys.exit is a failed import
+            named = f" (named by {where}[{i}])" if where else ""
+            raise PluginError(
+                f"plugin {name!r}{named} cannot be imported: "
+                f"{' '.join(f'{type(err).__name__}: {err}'.split())}"
+            ) from err
+
+
+def _find(name: str) -> object:
+    try:  # a dotted name imports its parent, which may fail: `_import` reports that
+        return importlib.util.find_spec(name)
+    except (Exception, SystemExit):
+        return None
+
+
+def _loaded(path: str) -> bool:
+    """Whether a module of this process was loaded from the file at `path`."""
+    real = os.path.realpath(path)
+    files = (getattr(module, "__file__", None) for module in list(sys.modules.values()))
+    return any(
+        isinstance(file, str)
+        and os.path.basename(file) == os.path.basename(real)  # cheap first
+        and os.path.realpath(file) == real
+        for file in files
+    )
+
+
+def _import(name: str) -> None:
+    """Import module `name`, or the file at path `name` as a module named after its path;
+    nothing when its file is already loaded, under any module name."""
+    if not is_file(name):
+        spec = None if name in sys.modules else _find(name)
+        if spec is None or not spec.origin or not _loaded(spec.origin):
+            importlib.import_module(name)
+        return
+    path = Path(name)
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:8]
+    module_name = f"attn_zoo_plugin_{path.stem}_{digest}"
+    if module_name in sys.modules or _loaded(name):
+        return
+    if not path.is_file():
+        raise FileNotFoundError(f"no plugin file {path}")
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise

@@ -1,0 +1,329 @@
+"""A fair comparison of mechanisms: each at its best setting, with confidence intervals.
+
+Read from the cells a store holds (`ResultsStore.to_dataframe()`), not from a grid file, so
+that any store can be read, one written before sweeps existed included:
+
+- `varying_settings(frame)`: the settings the cells vary in beyond task, size, mechanism and
+  seed: the config keys taking more than one value among the cells of one (task, size,
+  mechanism), named as a grid file sweeps them ("training.lr", "model.pos_enc",
+  "task_kwargs.n_train", "mechanism_kwargs.n_heads"). A training key a cell leaves out holds its
+  default; the steps that `epochs` resolve to are not a setting of theirs.
+- `select(cells, over, metric, reported)`: per task, size, mechanism and the other axes, the
+  setting of the axes `over` whose cells have the best mean `metric` over seeds (the highest
+  accuracy, the lowest loss), among the eligible settings: every seed of the group run, done,
+  with a finite `metric` (a NaN result is never chosen, nor a search's pruned trial); each
+  other setting excluded with why (`setting_problems`: "training.lr=1e+30: 1 of 3 seeds
+  diverged", "training.lr=1e-07: 1 of 1 seeds pruned at step 40"); at the chosen setting, the
+  `reported` metric: mean and 95% confidence interval over seeds (Student's t, n - 1 degrees
+  of freedom).
+- `paired(cells, selected, a, b, reported, margin)`: mechanism a minus mechanism b, each at
+  its own best setting, seed by seed over the seeds both finished: the mean difference, its 95%
+  interval (a paired t interval), the two-sided paired t test's p-value and, with an
+  equivalence `margin`, the two one-sided tests' (`t_test_p`, `tost_p`), per task, size and
+  other axes.
+- `verdicts(pairs, margin)`: over the family of every paired difference a report shows, the
+  Holm-adjusted p-values (`holm`) and each difference's verdict at family-wise level `ALPHA`:
+  "a ahead", "b ahead" (the better one in the reported metric: higher accuracy, lower loss),
+  "equivalent within ±m" (only with a margin) or "no clear difference".
+
+As in zoology, the setting is chosen on validation data and the test metric of the chosen
+setting is reported; the interval covers seed-to-seed variation at that setting, not the
+choice itself (with few settings and seeds the chosen setting's estimate is slightly
+optimistic for every mechanism alike).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from ablations.grid.cell import DEFAULT_TRAINING
+from ablations.grid.schema import higher_is_better
+from ablations.results.store import is_missing
+
+SECTIONS = ("training.", "model.", "task_kwargs.", "mechanism_kwargs.")  # of the swept keys
+GROUP = ["task", "size", "mechanism"]
+MECHANISM_KWARGS = "mechanism_kwargs."
+
+
+def _t_parts(values: pd.Series) -> tuple[float, float, int]:
+    """(mean, standard deviation s, n) of `values`, NaN dropped (s NaN for n < 2)."""
+    values = values.dropna().astype(float)
+    n = len(values)
+    return (values.mean() if n else math.nan), values.std(ddof=1), n
+
+
+def interval(values: pd.Series, level: float = 0.95) -> tuple[float, float, float, int]:
+    """(mean, low, high, n) of `values` (NaN dropped): the `level` confidence interval of the
+    mean by Student's t with n - 1 degrees of freedom; low = high = NaN for n < 2."""
+    mean, s, n = _t_parts(values)
+    if n < 2:
+        return mean, math.nan, math.nan, n
+    half = stats.t.ppf(0.5 + level / 2, n - 1) * s / math.sqrt(n)
+    return mean, mean - half, mean + half, n
+
+
+def t_test_p(values: pd.Series) -> float:
+    """The two-sided p-value of Student's one-sample t test of mean 0 (for paired differences:
+    the paired t test): t = mean / (s / sqrt(n)), n - 1 degrees of freedom, the t of
+    `interval`'s interval (p < 1 - level exactly where that interval excludes 0). Equal values
+    (s = 0): 0 for a nonzero mean, 1 for a zero one; NaN for n < 2."""
+    mean, s, n = _t_parts(values)
+    if n < 2:
+        return math.nan
+    se = s / math.sqrt(n)
+    if se == 0:
+        return 0.0 if mean != 0 else 1.0
+    return float(2 * stats.t.sf(abs(mean) / se, n - 1))
+
+
+def tost_p(values: pd.Series, margin: float) -> float:
+    """The p-value of the two one-sided t tests (TOST) that the mean lies within (-margin,
+    margin): the larger of the one-sided p-values against mean <= -margin (t = (mean + margin)
+    / se) and against mean >= margin (t = (mean - margin) / se), n - 1 degrees of freedom;
+    p < alpha exactly where the 1 - 2 alpha interval (90% for alpha 0.05) lies inside
+    (-margin, margin). Equal values (se = 0): 0 inside, 1 outside; NaN for n < 2."""
+    mean, s, n = _t_parts(values)
+    if n < 2:
+        return math.nan
+    se = s / math.sqrt(n)
+    if se == 0:
+        return 0.0 if abs(mean) < margin else 1.0
+    below = stats.t.sf((mean + margin) / se, n - 1)  # against mean <= -margin
+    above = stats.t.cdf((mean - margin) / se, n - 1)  # against mean >= margin
+    return float(max(below, above))
+
+
+def holm(p_values: pd.Series) -> pd.Series:
+    """Holm's step-down adjustment of a family of p-values (NaN: no test, not counted): with the
+    m p-values sorted, p(1) <= ... <= p(m), the adjusted p(i) = max over j <= i of
+    min(1, (m - j + 1) p(j)). Rejecting where the adjusted p < alpha makes the chance of any
+    false rejection in the family at most alpha, whatever the dependence between the tests."""
+    tested = p_values.dropna().sort_values(kind="stable")
+    scaled = tested * (len(tested) - np.arange(len(tested)))
+    return scaled.clip(upper=1.0).cummax().reindex(p_values.index)
+
+
+def varying_settings(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell of `frame` (`ResultsStore.to_dataframe()`), one column per setting
+    that varies within some (task, size label, mechanism) of the store, by their
+    swept-key names; values as text ("default" for a model option or kwarg not set). A cell
+    that counts `epochs` has its steps as "epochs": they follow from n_train."""
+    settings, group = _all_settings(frame)
+    if settings.empty:
+        return settings
+    varies = settings.groupby(group, dropna=False).nunique().max() > 1
+    return settings.loc[:, varies[varies].index.tolist()]
+
+
+def differing_settings(frame: pd.DataFrame) -> dict[str, list[str]]:
+    """Per task label of `frame` (`ResultsStore.to_dataframe()`), the settings that differ
+    between its mechanisms of one size but not within one mechanism (so not
+    `varying_settings`: no table names them), each as 'training.lr: std 0.001, rel 0.003'
+    (a mechanism's values joined by '/'); tasks without any left out. Training, model and
+    task settings only (mechanism_kwargs define the mechanism). E.g. a mechanism entry with its
+    own training or model options, or a grid edited between runs."""
+    settings, group = _all_settings(frame)
+    if settings.empty:
+        return {}
+    varying = set(varying_settings(frame).columns)
+    found: dict[str, list[str]] = {}
+    task, size, mechanism = group
+    for (label, _), cells in settings.groupby([task, size], sort=False, dropna=False):
+        for key in cells.columns:
+            if key in varying or key.startswith(MECHANISM_KWARGS) or cells[key].nunique() < 2:
+                continue  # a mechanism's own kwargs are what it is, not a setting of its run
+            values = cells[key].groupby(mechanism.loc[cells.index], sort=False).unique()
+            text = ", ".join(f"{m} {'/'.join(map(str, v))}" for m, v in values.items())
+            if f"{key}: {text}" not in found.get(str(label), []):
+                found.setdefault(str(label), []).append(f"{key}: {text}")
+    return found
+
+
+def _all_settings(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[pd.Series]]:
+    """Every setting of every cell of `frame` as text, one column per swept-key name (its
+    column's; the training keys in `DEFAULT_TRAINING`'s order), and the cells' (task, size
+    label, mechanism) columns."""
+    if frame.empty:
+        return pd.DataFrame(index=frame.index), []
+    missing = pd.Series(math.nan, index=frame.index)
+    defaults = {f"training.{k}": v for k, v in DEFAULT_TRAINING.items()}
+    columns = [c for c in frame.columns if c.startswith(SECTIONS)]
+    at = next((i for i, c in enumerate(columns) if c in defaults), len(columns))
+    columns = [*columns[:at], *defaults, *(c for c in columns[at:] if c not in defaults)]
+    values = {}
+    for column in columns:  # a training key a cell leaves out holds its default
+        given = frame.get(column, missing)
+        if column in defaults:
+            given = [defaults[column] if is_missing(v) else v for v in given]
+        values[column] = [_text(v) for v in given]
+    settings = pd.DataFrame(values, index=frame.index)
+    if "training.epochs" in frame:  # steps derived from epochs: not a setting of theirs
+        settings.loc[frame["training.epochs"].notna(), "training.steps"] = "epochs"
+    group = [frame.get(k, missing) for k in ("task", "size", "mechanism")]
+    return settings, group
+
+
+def _text(value: object) -> str:
+    return "default" if is_missing(value) else str(value)
+
+
+def setting_text(row: pd.Series, keys: list[str]) -> str:
+    """'training.lr=0.001, model.pos_enc=rope' for the axes `keys` of a cell; '' for none."""
+    return ", ".join(f"{key}={row[key]}" for key in keys)
+
+
+def varying_per_task(cells: pd.DataFrame, keys: list[str]) -> dict[str, list[str]]:
+    """Per task label of `cells`, the settings of `keys` taking more than one value among its
+    cells (the others name no choice there: left out of its settings' texts)."""
+    return {
+        task: [key for key in keys if group[key].nunique(dropna=False) > 1]
+        for task, group in cells.groupby("task", sort=False)
+    }
+
+
+def select(
+    cells: pd.DataFrame, over: list[str], metric: str, reported: str, finite: tuple[str, ...] = ()
+) -> pd.DataFrame:
+    """The best setting of the axes `over` per (task, size, mechanism, other axes). `cells`:
+    one row per cell with task, size, mechanism, seed, status, the axis columns and the
+    metrics. A setting is eligible when every seed of its group has a cell at it, done, with a
+    finite `metric` (and finite `finite` metrics: pass every reported metric, so that each
+    gets the same settings); the chosen one has the best mean `metric` among them. Returns one
+    row per group: its labels, `others` (the other axes' setting), `best` (the chosen setting
+    of `over`; '-' for none), `candidates` (settings eligible), `settings` (settings tried),
+    `excluded` (why the others are not eligible, e.g. "training.lr=1e+30: 1 of 3 seeds
+    diverged"; '' for none), the chosen setting's mean `metric` (`chosen_on`), the `reported`
+    metric's mean, low, high and n, and its cells' `seeds` and `rows` (index labels of
+    `cells`)."""
+    axis_columns = [c for c in cells.columns if "." in c]
+    over = [key for key in over if key in axis_columns]
+    others = [key for key in axis_columns if key not in over]
+    sign = 1 if higher_is_better(metric) else -1
+    rows = []
+    shown = varying_per_task(cells, others)
+    for labels, group in cells.groupby(GROUP + others, sort=False, dropna=False):
+        best, best_score, eligible, excluded = None, -math.inf, 0, []
+        per_setting = group.groupby(over, sort=False) if over else [((), group)]
+        seeds = set(group.seed)
+        tried = 0
+        for _setting, runs in per_setting:
+            tried += 1
+            problems = setting_problems(runs, seeds, [metric, *finite])
+            if problems:
+                name = setting_text(runs.iloc[0], over)
+                excluded.append(f"{name}: {problems}" if name else problems)
+                continue
+            eligible += 1
+            score = sign * runs[metric].mean()
+            if score > best_score:
+                best, best_score = runs, score
+        row = dict(zip(GROUP + others, labels, strict=True))
+        row["others"] = setting_text(pd.Series(row), shown[row["task"]])
+        row.update(candidates=eligible, settings=tried, excluded="; ".join(excluded))
+        if best is None:
+            rows.append(row | {"best": "-", "chosen_on": math.nan, "mean": math.nan,
+                               "low": math.nan, "high": math.nan, "n": 0})  # fmt: skip
+            continue
+        mean, low, high, n = interval(best[reported])
+        row.update(
+            best=setting_text(best.iloc[0], over), chosen_on=sign * best_score, mean=mean,
+            low=low, high=high, n=n, seeds=tuple(best.seed), rows=tuple(best.index),
+        )  # fmt: skip
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+UNFINISHED = {
+    "diverged": "diverged", "failed": "failed", "pruned": "pruned", "running": "unfinished",
+    "todo": "not run",
+}  # fmt: skip
+
+
+def setting_problems(runs: pd.DataFrame, seeds: set, metrics: list[str]) -> str:
+    """Why the cells `runs` of one setting are not eligible for selection, or '' where they
+    are: of the group's `seeds`, how many have no cell at the setting ("not run"), are not done
+    (diverged, failed, pruned by a search: at its `pruned_at` steps where `runs` has them,
+    unfinished) or are done with a metric of `metrics` NaN or infinite, e.g. "1 of 3 seeds
+    diverged, 1 of 3 seeds not run", "1 of 1 seeds pruned at step 40"."""
+    counts = {"not run": len(seeds - set(runs.seed))}
+    for status, count in runs.status.value_counts(sort=False).items():
+        if status != "done":
+            what = UNFINISHED.get(status, str(status))
+            if status == "pruned" and "pruned_at" in runs:
+                steps = sorted({int(s) for s in runs.pruned_at[runs.status == status].dropna()})
+                what += f" at step{'s' * (len(steps) > 1)} {', '.join(map(str, steps))}"
+            counts[what] = counts.get(what, 0) + count
+    done = runs[runs.status == "done"]
+    for name in metrics:
+        values = pd.to_numeric(done.get(name, pd.Series(math.nan, done.index)), errors="coerce")
+        counts[f"with a non-finite {name}"] = int((~values.map(math.isfinite)).sum())
+    return ", ".join(
+        f"{count} of {len(seeds)} seeds {what}" for what, count in counts.items() if count
+    )
+
+
+ALPHA = 0.05  # the family-wise error rate of a report's verdicts
+PAIRED_COLUMNS = [
+    "task", "size", "others", "a", "b", "mean", "low", "high", "n", "p", "tost_p", "reported"
+]  # fmt: skip
+
+
+def paired(
+    cells: pd.DataFrame,
+    selected: pd.DataFrame,
+    a: str,
+    b: str,
+    reported: str,
+    margin: float | None = None,
+) -> pd.DataFrame:
+    """`a` minus `b` (mechanism labels), each at its best setting (`select`'s rows), seed by
+    seed over the seeds both have: per task, size and other axes, the mean difference of
+    `reported`, its 95% paired interval, n, the paired t test's two-sided p-value (`t_test_p`)
+    and, with an equivalence `margin` (in `reported`'s units), the TOST p-value (`tost_p`;
+    NaN without), and `reported` (the metric: which sign of the difference is better)."""
+    rows = []
+    chosen = selected[selected.n > 0]
+    for (task, size, others), group in chosen.groupby(["task", "size", "others"], sort=False):
+        by = {row.mechanism: row for row in group.itertuples()}
+        if a not in by or b not in by:
+            continue
+        runs = {m: cells.loc[list(by[m].rows)].set_index("seed")[reported] for m in (a, b)}
+        both = runs[a].index.intersection(runs[b].index)
+        differences = runs[a][both] - runs[b][both]
+        mean, low, high, n = interval(differences)
+        rows.append({
+            "task": task, "size": size, "others": others, "a": a, "b": b, "mean": mean,
+            "low": low, "high": high, "n": n, "p": t_test_p(differences),
+            "tost_p": math.nan if margin is None else tost_p(differences, margin),
+            "reported": reported,
+        })  # fmt: skip
+    return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
+
+
+def verdicts(pairs: pd.DataFrame, margin: float | None = None) -> pd.DataFrame:
+    """`pairs` (`paired`'s rows, one family: every difference a report shows, its index
+    unique) with `p_holm` and `tost_p_holm` (`holm` over the family, each test apart) and a
+    `verdict` at family-wise level `ALPHA`: "<a> ahead" or "<b> ahead" where p_holm < ALPHA (a
+    where the mean a − b is better in the row's `reported` metric: above 0 for an accuracy,
+    below 0 for a loss; ", by less than m" where the TOST also holds), else "equivalent within
+    ±m" where tost_p_holm < ALPHA (only with a `margin` m), else "no clear difference" (which
+    is no evidence of no difference); "-" where n < 2 (no test)."""
+    p_holm, tost_holm = holm(pairs.p), holm(pairs.tost_p)
+    words = []
+    for row, p, tost in zip(pairs.itertuples(), p_holm, tost_holm, strict=True):
+        equivalent = margin is not None and tost < ALPHA  # False for NaN: no test
+        if pd.isna(p):
+            words.append("-")
+        elif p < ALPHA:
+            a_better = row.mean > 0 if higher_is_better(row.reported) else row.mean < 0
+            ahead = f"{row.a if a_better else row.b} ahead"
+            words.append(f"{ahead}, by less than {margin:g}" if equivalent else ahead)
+        elif equivalent:
+            words.append(f"equivalent within ±{margin:g}")
+        else:
+            words.append("no clear difference")
+    return pairs.assign(p_holm=p_holm, tost_p_holm=tost_holm, verdict=words)

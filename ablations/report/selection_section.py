@@ -1,0 +1,181 @@
+"""The report's Selection section: each mechanism at its best setting of the grid's
+[selection], its reported metrics, and the paired differences with Holm-adjusted p-values
+and verdicts (the statistics: ablations/report/selection.py); selection.csv and paired.csv."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from ablations.grid.schema import Selection, higher_is_better
+from ablations.report.figures import selected_axes
+from ablations.report.folder import new_file
+from ablations.report.pages import Paragraph, Section, Table, write_csv
+from ablations.report.selection import paired, select, verdicts
+from ablations.report.tables import interval_text
+
+PAIRED_CSV = ["task", "size", "others", "a", "b", "mean", "low", "high", "n", "p", "p_holm",
+              "tost_p", "tost_p_holm", "verdict", "margin", "reported"]  # fmt: skip
+
+
+def differing_note(task: str, settings: list[str]) -> Paragraph:
+    """The note on `task`'s settings that differ between the mechanisms it compares
+    (ablations.report.selection.differing_settings)."""
+    return Paragraph(
+        f"Not one setting: {task}'s mechanisms were trained with different settings that no "
+        f"column shows (each mechanism's cells share them): {'; '.join(settings)}."
+    )
+
+
+def selection_section(
+    cells: pd.DataFrame, selection: Selection, folder: Path
+) -> tuple[Section, set[str]]:
+    """Each mechanism at its best setting of `selection.over` (ablations.report.selection.select)
+    per task, size and other axes, with each of its reported metrics; the paired differences
+    `selection.compare` names. Writes selection.csv and paired.csv (a `reported` column per
+    metric's rows); returns the section and the rows of `cells` (its index) at the chosen
+    settings. ValueError naming a reported metric no cell has."""
+    over = selected_axes(cells, selection)
+    metric, reported = selection.metric, selection.reported_metrics
+    for name in reported:
+        if name not in cells.columns or cells[name].isna().all():
+            have = sorted(
+                c for c in cells.columns if c.startswith("test_") and cells[c].notna().any()
+            )
+            raise ValueError(
+                f"selection.reported names {name!r}, which no cell of the report has "
+                f"(test metrics there: {', '.join(have) or 'none'})"
+            )
+    chosen = {name: select(cells, over, metric, name, tuple(reported)) for name in reported}
+    margin = selection.equivalence_margin
+    family = verdicts(  # one family: every difference the report shows
+        pd.concat(
+            [
+                paired(cells, chosen[name], a, b, name, margin)
+                for name in reported
+                for a, b in selection.compare
+            ]
+            or [paired(cells, chosen[reported[0]].iloc[:0], "", "", "")],
+            ignore_index=True,
+        ),
+        margin,
+    )
+    write_csv(
+        pd.concat([c.assign(reported=name) for name, c in chosen.items()]).drop(
+            columns=["seeds", "rows"], errors="ignore"
+        ),
+        new_file(folder, "selection.csv"),
+    )
+    write_csv(family.assign(margin=margin)[PAIRED_CSV], new_file(folder, "paired.csv"))
+    first = chosen[reported[0]]  # the settings: the same for every reported metric
+    better = "highest" if higher_is_better(metric) else "lowest"
+    parts: list = [Paragraph(
+        f"Each mechanism at its best setting of {', '.join(over) or 'no axis (nothing swept)'}: "
+        f"the setting with the {better} mean {metric} over seeds, among the settings whose "
+        f"every seed finished with finite metrics (eligible of tried; the others excluded, "
+        f"with why), per task, size and other axes; "
+        f"{', '.join(reported)} at that setting: mean and 95% confidence interval over seeds "
+        f"(Student's t). Bold: the best of its task, size and other axes. Data: selection.csv."
+    )]  # fmt: skip
+    if first.empty:
+        parts.append(Paragraph("No cells."))
+    else:
+        data = pd.DataFrame({
+            "task": first.task.astype(str),
+            "size": first["size"].astype(str),
+            "mechanism": first.mechanism.astype(str),
+            **({"other axes": first.others} if first.others.astype(bool).any() else {}),
+            "best setting": first.best.astype(str),
+            f"{metric} (mean)": first.chosen_on.map(lambda v: "-" if pd.isna(v) else f"{v:.3f}"),
+        })  # fmt: skip
+        bold = {}
+        for name, table in chosen.items():
+            sign = 1 if higher_is_better(name) else -1
+            group = table.groupby(["task", "size", "others"], sort=False, dropna=False)["mean"]
+            bold[f"{name} [95% CI]"] = (sign * table["mean"]).eq(
+                group.transform(lambda m, sign=sign: (sign * m).max())
+            )
+            data[f"{name} [95% CI]"] = [
+                interval_text(m, lo, hi, n)
+                for m, lo, hi, n in zip(table["mean"], table.low, table.high, table.n, strict=True)
+            ]
+        data["eligible of tried"] = [
+            f"{c} of {t}" for c, t in zip(first.candidates, first.settings, strict=True)
+        ]
+        if first.excluded.astype(bool).any():  # which settings are not eligible, and why
+            data["excluded (why)"] = [
+                f"no eligible setting: {why}" if best == "-" else why
+                for best, why in zip(first.best, first.excluded, strict=True)
+            ]
+        marks = pd.DataFrame(False, index=data.index, columns=data.columns)
+        for column, best in bold.items():
+            marks[column] = best.to_numpy()
+        parts.append(Table(data, marks))
+    if selection.compare:
+        parts.append(Paragraph(_paired_method(family, reported, margin)))
+        head = family[family.reported == reported[0]].reset_index(drop=True)
+        table = pd.DataFrame({
+            "task": head.task.astype(str),
+            "size": head["size"].astype(str),
+            **({"other axes": head.others} if head.others.astype(bool).any() else {}),
+            "a − b": [f"{a} − {b}" for a, b in zip(head.a, head.b, strict=True)],
+        })  # fmt: skip
+        for name in reported:
+            pair = family[family.reported == name].reset_index(drop=True)
+            prefix = f"{name} " if len(reported) > 1 else ""
+            table[f"{name} difference [95% CI]"] = [
+                interval_text(m, lo, hi, n, signed=True)
+                for m, lo, hi, n in zip(pair["mean"], pair.low, pair.high, pair.n, strict=True)
+            ]
+            table[f"{prefix}p"] = pair.p.map(_p_text)
+            table[f"{prefix}p Holm"] = pair.p_holm.map(_p_text)
+            if margin is not None:
+                table[f"{prefix}TOST p Holm"] = pair.tost_p_holm.map(_p_text)
+            table[f"{prefix}verdict"] = pair.verdict
+        if (head.n < 2).any():  # a '-' says why
+            table["why"] = [
+                "" if n >= 2 else "n < 2: no test" if n else "no seed both finished" for n in head.n
+            ]
+        parts.append(Table(table))
+    rows = {i for found in first.get("rows", pd.Series(dtype=object)).dropna() for i in found}
+    return Section("Selection: each mechanism at its best setting", parts), rows
+
+
+def _p_text(p: float) -> str:
+    """A p-value as shown: '0.012', '<0.001'; '-' for none."""
+    return "-" if pd.isna(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _paired_method(family: pd.DataFrame, reported: list[str], margin: float | None) -> str:
+    """How the paired differences of `family` (`verdicts`' rows, every metric's) are
+    computed and judged: the paragraph above their table, with the family's size."""
+    size = int(family.p.notna().sum())
+    if margin is None:
+        equivalence = (
+            "The grid sets no selection.equivalence_margin, so no difference is called equivalent."
+        )
+    else:
+        m = f"{margin:g}"
+        equivalence = (
+            f"'Equivalent within ±{m}' (the grid's selection.equivalence_margin, in the "
+            f"metric's units): the two one-sided tests (TOST) reject both δ ≤ −{m} and "
+            f"δ ≥ +{m}; p_TOST, the larger of P(T ≥ (d + {m})/se) and P(T ≤ (d − {m})/se), "
+            f"Holm-adjusted across the same family (TOST p Holm) is below 0.05 (unadjusted, "
+            f"p_TOST < 0.05 is the 90% interval lying inside ±{m}); a difference that is "
+            f"also ahead reads 'a ahead, by less than {m}'."
+        )
+    return (
+        f"Paired differences of {', '.join(reported)}: a − b, each mechanism at its own best "
+        "setting, seed by seed over the n seeds both finished: their mean d, standard error "
+        "se = s/√n (s: their standard deviation) and 95% interval d ± t(0.975, n−1)·se, "
+        "unadjusted. p: the two-sided paired t test of no difference (δ = 0), T = d/se with "
+        "n−1 degrees of freedom. The family: every difference this table shows, of every "
+        f"metric, {size} tests; p Holm is Holm's step-down adjustment across them (the i-th "
+        f"smallest p times {size} − i + 1, made non-decreasing, at most 1), which keeps the "
+        "chance of any false 'ahead' in this report at most 5%. Verdict: 'a ahead' or 'b "
+        "ahead' (the better one: d > 0 favours a in an accuracy, d < 0 in a loss) where "
+        "p Holm < 0.05, so an interval that excludes 0 can "
+        f"still be no clear difference. {equivalence} 'No clear difference' is not evidence "
+        "of no difference. Data: paired.csv."
+    )

@@ -1,0 +1,112 @@
+"""What a cell's result depends on beyond its key: the data files its task read and the plugin
+files its run imported, each recorded by SHA-256 in the cell's environment, and a run refused
+before training when finished cells of its grid were made from other ones.
+
+    environment["data"]     {path: sha256} of each file the task read (`Task.data_files`),
+                            recorded by the worker that trained the cell
+    environment["plugins"]  {name: sha256} of each plugin the grid's run imported
+                            (`GridSpec.imports`: a file's path, a module's name; a module's
+                            digest is its file's), recorded by the driver ({} for none)
+
+A cell's key holds a data file as the grid names it ("boards.npz") and a mechanism by its
+registered name ("standard"); a changed file, or a plugin that re-registers a built-in name,
+would put other results under the same key. So `mixed_provenance` compares the finished (done
+or diverged) cells of the grid in its store with this run: the digests of their data files in
+order, and the digests of their plugins as a set (a plugin may move; paths do not count), and
+says in one line which cell differs; a cell recorded without them (a store written before they
+were recorded) is not compared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from collections.abc import Iterable, Sequence
+from functools import cache
+from pathlib import Path
+
+from ablations.grid.cell import Cell
+from ablations.grid.plugins import is_file
+from ablations.results.store import ResultsStore
+
+COMPARED = ("done", "diverged")  # the finished cells a run skips and a report uses
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of the file at `path` (hex), read once per state of the file (its size and
+    modification time)."""
+    stat = os.stat(path)
+    return _sha256(os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+
+
+@cache
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def data_record(task) -> dict[str, str]:
+    """{path: SHA-256} of every file `task` reads (`Task.data_files`; {} for a generated
+    task)."""
+    return {str(path): file_sha256(path) for path in task.data_files()}
+
+
+def plugin_record(imports: Sequence[str]) -> dict[str, str | None]:
+    """{name: SHA-256} of each plugin of `imports` (resolved names, as `GridSpec.imports`): a
+    file's own digest, a module's that of its file (None for a module without one)."""
+    record = {}
+    for name in imports:
+        if is_file(name):
+            record[name] = file_sha256(name)
+            continue
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec is not None else None
+        record[name] = file_sha256(origin) if origin and os.path.isfile(origin) else None
+    return record
+
+
+def _short(record: dict) -> str:
+    """{name: digest} as "{mine.py: 1a2b3c4d5e6f, ...}" ("{}" for none)."""
+    items = (f"{Path(k).name}: {(v or 'no file')[:12]}" for k, v in record.items())
+    return "{" + ", ".join(items) + "}"
+
+
+def mixed_provenance(cells: Iterable[Cell], results: ResultsStore, plugins: dict) -> str | None:
+    """The line saying which finished cell of `cells` in the store `results` (the run's own
+    handle: a store another run is creating this instant is one) was made from other data files
+    or other plugins than `plugins` (this run's `plugin_record`) and this run's data files;
+    None when none was."""
+    store = results.path
+    rows = {row["key"]: row for row in results.rows()}
+    data: dict[tuple, dict] = {}  # (task name, kwargs, folder) -> this run's data record
+    for cell in cells:
+        row = rows.get(cell.key)
+        if row is None or row["status"] not in COMPARED:
+            continue
+        env = row["environment"] or {}
+        what = f"cell {cell} (key {cell.key}) in {store}"
+        recorded = env.get("plugins")
+        if recorded is not None and sorted(map(str, recorded.values())) != sorted(
+            map(str, plugins.values())
+        ):
+            return (
+                f"{what} was trained with the plugins {_short(recorded)}, this run imports "
+                f"{_short(plugins)}: other code under the same names would be mixed with it; "
+                "run with the same plugins (imports, --import) or give this run another store"
+            )
+        if env.get("data"):
+            task = (cell.task_name, json.dumps(cell.task_kwargs, sort_keys=True), cell.folder)
+            if task not in data:
+                data[task] = data_record(cell.build_task())
+            if list(env["data"].values()) != list(data[task].values()):
+                return (
+                    f"{what} was trained on the data files {_short(env['data'])}, this run "
+                    f"reads {_short(data[task])}: results of other data would be mixed under "
+                    "one key; restore those files or give this run another store"
+                )
+    return None

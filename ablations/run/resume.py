@@ -1,0 +1,207 @@
+"""Resume checkpoints: a cell interrupted mid-way (a killed run, a lost worker) trains on from
+its last checkpoint when it runs again, and ends with exactly the metrics and curve of a run
+that was never interrupted (bitwise on CPU: every part trains with the same torch thread count,
+which `load_state` checks).
+
+    plan = ResumePlan(every_steps=0, every_seconds=300.0, data=None)   # what a worker is given
+    data = save_state(cell, loop, model, optimizer, schedule, batches, device)
+    loop = load_state(data, cell, model, optimizer, schedule, batches, device)  # or ResumeError
+
+A checkpoint holds everything the training loop (ablations.run.train) carries from one step to the
+next: the model's weights, the optimizer's and LR schedule's state, every random state (torch's
+CPU generator and the device's, Python's `random`, NumPy's, and the generator that draws the
+batches: the position in the data order) and the `LoopState` (step, curve so far, last
+validation metrics, early-stopping state, training seconds). It is no part of the cell's
+config or key: how often checkpoints are taken changes no result.
+
+Its bytes are `MAGIC`, the SHA-256 of the payload, then the payload (torch.save of a dict of
+tensors and plain values, read back with `weights_only=True`). `load_state` trusts only a
+checkpoint whose checksum holds and that was written for the same cell config, by the same
+torch and attn_zoo, on the same kind of device, with the same torch thread count
+(`torch.get_num_threads()`), before the cell's last step; it raises `ResumeError` (the cell
+trains from step 0, its note saying why) before it changes anything. The thread count changes
+how a CPU sums (a cell checkpointed with 2 threads and resumed with 1 ended with val_loss
+1.6354334, not the uninterrupted 1.6354336), so a checkpoint of another count is not resumed:
+a resumed result is always the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import random
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+import attn_zoo
+from ablations.grid.cell import Cell, training_settings
+
+MAGIC = b"attn_zoo resume checkpoint 1\n"
+KEYS = ("config", "versions", "device_type", "threads", "loop", "model", "optimizer", "schedule",
+        "rng")  # fmt: skip
+RNG_STATES = ("torch", "device", "python", "numpy", "batches")  # the random states kept
+
+
+class ResumeError(ValueError):
+    """A resume checkpoint that is not trusted: damaged, unreadable, or another cell's."""
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """What a worker is told about resuming a cell: take a checkpoint every `every_steps`
+    steps and every `every_seconds` seconds of training (0: not on that count), and start from
+    `data` (a checkpoint's bytes; None: from step 0)."""
+
+    every_steps: int = 0
+    every_seconds: float = 0.0
+    data: bytes | None = None
+
+    def due(self, step: int, seconds: float) -> bool:
+        """Whether a checkpoint is due after `step`, `seconds` after the last one."""
+        by_steps = self.every_steps > 0 and step % self.every_steps == 0
+        return by_steps or 0 < self.every_seconds <= seconds
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """A checkpoint a worker sends the driver (ablations.run.executors), which writes it beside
+    the store while its run holds the cell's claim (`ResultsStore.save_resume`)."""
+
+    key: str
+    step: int
+    data: bytes
+
+
+@dataclass
+class LoopState:
+    """What the training loop carries from one step to the next, besides the model, optimizer,
+    schedule and random states: the last step done, the curve ([step, train_loss, val_loss,
+    val_metric] rows), the last validation loss and metric, the best validation metric and the
+    evaluations since it improved (`stale`), and the seconds trained before this process."""
+
+    step: int = 0
+    curve: list = field(default_factory=list)
+    val_loss: float = float("nan")
+    val_metric: float = float("nan")
+    best: float = -float("inf")
+    stale: int = 0
+    wall_s: float = 0.0
+
+
+def _config(cell: Cell) -> str:
+    return json.dumps(cell.config(), sort_keys=True, default=str)
+
+
+def _versions() -> dict:
+    return {"torch": str(torch.__version__), "attn_zoo": attn_zoo.__version__}
+
+
+def _device_rng(device: torch.device):
+    """The torch module of `device`'s generator (torch.cuda, torch.mps), None on the CPU."""
+    return None if device.type == "cpu" else torch.get_device_module(device.type)
+
+
+def _rng_states(device: torch.device, batches: torch.Generator) -> dict:
+    kind, keys, *rest = np.random.get_state()
+    rng = _device_rng(device)
+    return {
+        "torch": torch.get_rng_state(),
+        "device": None if rng is None else rng.get_rng_state(device),
+        "python": random.getstate(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), *rest),
+        "batches": batches.get_state(),
+    }
+
+
+def _set_rng_states(states: dict, device: torch.device, batches: torch.Generator) -> None:
+    torch.set_rng_state(states["torch"])
+    rng = _device_rng(device)
+    if rng is not None:
+        rng.set_rng_state(states["device"], device)
+    random.setstate(states["python"])
+    kind, keys, *rest = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
+    batches.set_state(states["batches"])
+
+
+def save_state(
+    cell: Cell,
+    loop: LoopState,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    batches: torch.Generator,
+    device: torch.device,
+) -> bytes:
+    """The resume checkpoint of `cell` after step `loop.step`: its bytes (see the module)."""
+    buffer = io.BytesIO()
+    torch.save(
+        {
+            "config": _config(cell),
+            "versions": _versions(),
+            "device_type": device.type,
+            "threads": torch.get_num_threads(),
+            "loop": asdict(loop),
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "schedule": schedule.state_dict(),
+            "rng": _rng_states(device, batches),
+        },
+        buffer,
+    )
+    payload = buffer.getvalue()
+    return MAGIC + hashlib.sha256(payload).digest() + payload
+
+
+def _trusted(data: bytes, cell: Cell, model: nn.Module, device: torch.device) -> dict:
+    """The checkpoint in `data` once every check of the module's holds; else ResumeError."""
+    if not data.startswith(MAGIC):
+        raise ResumeError("not an attn_zoo resume checkpoint")
+    digest, payload = data[len(MAGIC) : len(MAGIC) + 32], data[len(MAGIC) + 32 :]
+    if hashlib.sha256(payload).digest() != digest:
+        raise ResumeError("damaged: its checksum does not match its contents")
+    try:
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+        state = {key: state[key] for key in KEYS}
+        state["rng"] = {key: state["rng"][key] for key in RNG_STATES}
+        state["loop"] = LoopState(**state["loop"])
+        weights = {name: tuple(t.shape) for name, t in state["model"].items()}
+    except Exception as err:  # a payload of another layout
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise ResumeError(f"unreadable: {type(err).__name__}: {first}") from None
+    if state["config"] != _config(cell):
+        raise ResumeError("written for another cell config")
+    here = {"versions": _versions(), "device_type": device.type, "threads": torch.get_num_threads()}
+    for what, value in here.items():
+        if state[what] != value:
+            raise ResumeError(f"written with {what} {state[what]}, not {value}")
+    if weights != {name: tuple(t.shape) for name, t in model.state_dict().items()}:
+        raise ResumeError("its weights do not fit the cell's model")
+    step = state["loop"].step
+    if not 1 <= step < training_settings(cell.training)["steps"]:
+        raise ResumeError(f"its step {step} is not within the cell's steps")
+    return state
+
+
+def load_state(
+    data: bytes,
+    cell: Cell,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    batches: torch.Generator,
+    device: torch.device,
+) -> LoopState:
+    """Put `cell`'s training back where the checkpoint `data` left it: the model, optimizer,
+    schedule and random states restored; its `LoopState` returned. ResumeError, before
+    anything changes, for a checkpoint that is not trusted (see the module)."""
+    state = _trusted(data, cell, model, device)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    schedule.load_state_dict(state["schedule"])
+    _set_rng_states(state["rng"], device, batches)
+    return state["loop"]
