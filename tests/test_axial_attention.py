@@ -119,13 +119,12 @@ def test_one_axis_is_standard_attention_along_it():
     torch.testing.assert_close(axial(x, is_causal=True), standard(x, is_causal=True))
 
 
-def test_state_dict_is_the_same_for_every_backend():
+def test_state_dict_has_the_projections_of_every_axis():
+    """wq, wk, wv, wo (with its bias) per axis; head_dim sets their inner width. (The same
+    for every backend: tests/test_mechanism_contract.py.)"""
     m = az.build("axial", d_model=8, n_heads=2, n_axes=3, head_dim=3)
     keys = {k: v.shape for k, v in m.state_dict().items()}
     assert len(keys) == 3 * 5 and keys["axes.2.wo.weight"] == (8, 6)
-    for backend in az.list_backends("axial"):
-        m.backend = backend
-        assert {k: v.shape for k, v in m.state_dict().items()} == keys
 
 
 @pytest.mark.parametrize(
@@ -146,16 +145,6 @@ def test_state_dict_is_the_same_for_every_backend():
         (
             lambda: az.build("axial", d_model=8, n_heads=2)(torch.randn(2, 3, 3, 6)),
             "d_model=8 at dim_index=3",
-        ),
-        (
-            lambda: az.build("axial", d_model=8, n_heads=2)(
-                torch.randn(1, 3, 3, 8), attn_mask=torch.ones(3, 3, dtype=torch.bool)
-            ),
-            "does not support attn_mask",
-        ),
-        (
-            lambda: az.build("axial", d_model=8, n_heads=2)(torch.randn(1, 3, 3, 8), torch.ones(1)),
-            "reads no symbols",
         ),
     ],
 )

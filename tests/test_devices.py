@@ -15,21 +15,17 @@ from ablations.grid.cell import training_settings
 from ablations.grid.devices import device_problem, precision_problem
 from ablations.grid.spec import SpecError, load_grid
 from ablations.results.store import ResultsStore
-from ablations.run import devices, executors
+from ablations.run import devices, local_executor, ray_executor
+from ablations.run.cell_worker import run_cell
 from ablations.run.devices import (
     compute_dtype,
     placements,
     resolve_device,
     slow_precision,
 )
-from ablations.run.executors import (
-    LocalExecutor,
-    RayExecutor,
-    make_executor,
-    ray_options,
-    ray_slots,
-    run_cell,
-)
+from ablations.run.executors import make_executor
+from ablations.run.local_executor import LocalExecutor
+from ablations.run.ray_executor import RayExecutor, ray_options, ray_slots
 from ablations.run.runner import run_grid
 from ablations.run.train import CellOutcome, environment
 
@@ -183,7 +179,7 @@ def test_the_local_executor_places_each_worker_by_its_index(monkeypatch):
 def test_local_workers_follow_the_cores_and_threads_the_grid(monkeypatch):
     monkeypatch.setattr(devices, "gpu_count", lambda: 0)
     monkeypatch.setattr(devices, "usable_cpus", lambda: 3)
-    monkeypatch.setattr(executors, "usable_cpus", lambda: 3)
+    monkeypatch.setattr(ray_executor, "usable_cpus", lambda: 3)
     default = make_executor("local")
     assert (default.slots, default.threads) == (3, 1)  # one worker per usable core
     one = make_executor("local", workers=1)
@@ -200,7 +196,7 @@ def test_the_local_executor_sends_each_worker_its_placement(tmp_path, monkeypatc
         seen.append(device)
         return CellOutcome("failed", environment(device), error="not trained")
 
-    monkeypatch.setattr(executors, "run_cell", fake_run_cell)
+    monkeypatch.setattr(local_executor, "run_cell", fake_run_cell)
     (cell, *_) = load_grid(tiny_grid(tmp_path)).cells
     pool = LocalExecutor(1, gpus=3)  # a thread worker: the patched run_cell is the one called
     try:

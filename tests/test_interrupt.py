@@ -21,7 +21,7 @@ from grids import MQAR_LONG, SAME_PAIR, STD, tiny_grid, with_heads
 
 from ablations.grid.spec import load_grid
 from ablations.results.store import ResultsStore, StoreError
-from ablations.run import executors, runner
+from ablations.run import local_executor, ray_executor, runner
 from ablations.run.train import LOST, CellOutcome
 
 SUMMARY = re.compile(
@@ -170,7 +170,7 @@ def test_a_signal_stops_the_run_within_seconds_and_a_rerun_finishes_it(
     assert done_rows(store) == finished_before
 
     # a rerun trains exactly the two cells left (outcomes faked: the point is that it may)
-    monkeypatch.setattr(executors, "run_cell", fake_outcome)
+    monkeypatch.setattr(local_executor, "run_cell", fake_outcome)
     counts = runner.run_grid(load_grid(path), workers=1, out=io.StringIO())
     assert counts == {"done": 2, "failed": 0, "diverged": 0}
     assert len(rows(store)) == 4 and {r["status"] for r in rows(store)} == {"done"}
@@ -181,15 +181,15 @@ def test_a_signal_stops_the_run_within_seconds_and_a_rerun_finishes_it(
 # shutdown waits for it (STOP_GRACE, made long here); the second SIGINT must not wait.
 STUBBORN = """
 import sys, time
-from ablations.run import executors
+from ablations.run import cell_worker, local_executor
 from ablations.cli import main
 
 def stubborn(cell, on_progress=None, keep_state=False, keep_maps=False, **resume):
     while True:
         time.sleep(0.05)
 
-executors.STOP_GRACE = 300.0
-executors.train_cell = stubborn
+local_executor.STOP_GRACE = 300.0
+cell_worker.train_cell = stubborn
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -214,7 +214,7 @@ def test_a_second_ctrl_c_during_a_slow_shutdown_exits_at_once(tmp_path, monkeypa
     finally:
         kill_session(run)
     # its claim was left in flight; the next run takes over a dead run's claims
-    monkeypatch.setattr(executors, "run_cell", fake_outcome)
+    monkeypatch.setattr(local_executor, "run_cell", fake_outcome)
     assert runner.run_grid(load_grid(path), workers=1, out=io.StringIO())["done"] == 4
 
 
@@ -289,8 +289,8 @@ def test_ctrl_c_while_the_workers_start_stops_quietly(tmp_path):
 def test_a_cell_the_executor_lost_is_released_not_recorded_failed(tmp_path, monkeypatch):
     path = grid_file(tmp_path)
     monkeypatch.setattr(runner, "check_cells", lambda spec: None)
-    monkeypatch.setattr(executors, "run_cell", fake_outcome)
-    real_wait = executors.LocalExecutor.wait
+    monkeypatch.setattr(local_executor, "run_cell", fake_outcome)
+    real_wait = local_executor.LocalExecutor.wait
     lost = []
 
     def lose_the_first(self, handles, timeout):
@@ -300,7 +300,7 @@ def test_a_cell_the_executor_lost_is_released_not_recorded_failed(tmp_path, monk
             return [(out[0][0], CellOutcome(LOST, error="WorkerCrashedError: gone"))]
         return out
 
-    monkeypatch.setattr(executors.LocalExecutor, "wait", lose_the_first)
+    monkeypatch.setattr(local_executor.LocalExecutor, "wait", lose_the_first)
     out = io.StringIO()
     spec = load_grid(path)
     assert runner.run_grid(spec, workers=1, out=out) == {"done": 3, "failed": 0, "diverged": 0}
@@ -324,7 +324,7 @@ def tiny_file(tmp_path: Path) -> Path:
 def test_ray_progress_actor_killed_midway_every_cell_still_done(tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")
     spec = load_grid(tiny_file(tmp_path))
-    real_drain = executors.RayExecutor.drain
+    real_drain = ray_executor.RayExecutor.drain
     killed = []
 
     def drain_then_kill(self):
@@ -334,7 +334,7 @@ def test_ray_progress_actor_killed_midway_every_cell_still_done(tmp_path, monkey
             killed.append(events)
         return events
 
-    monkeypatch.setattr(executors.RayExecutor, "drain", drain_then_kill)
+    monkeypatch.setattr(ray_executor.RayExecutor, "drain", drain_then_kill)
     out = io.StringIO()
     counts = runner.run_grid(spec, executor="ray", workers=2, out=out)
     assert killed and counts == {"done": 2, "failed": 0, "diverged": 0}, out.getvalue()
@@ -346,7 +346,7 @@ def test_ray_progress_actor_killed_midway_every_cell_still_done(tmp_path, monkey
 
 def test_a_worker_process_killed_from_outside_loses_its_cell_not_the_grid(tmp_path, monkeypatch):
     spec = load_grid(tiny_file(tmp_path))
-    real_drain = executors.LocalExecutor.drain
+    real_drain = local_executor.LocalExecutor.drain
     killed = []
 
     def drain_then_kill(self):
@@ -357,7 +357,7 @@ def test_a_worker_process_killed_from_outside_loses_its_cell_not_the_grid(tmp_pa
             killed.append(busy.process.pid)
         return events
 
-    monkeypatch.setattr(executors.LocalExecutor, "drain", drain_then_kill)
+    monkeypatch.setattr(local_executor.LocalExecutor, "drain", drain_then_kill)
     out = io.StringIO()
     counts = runner.run_grid(spec, workers=2, out=out)
     assert killed and counts == {"done": 1, "failed": 0, "diverged": 0}, out.getvalue()

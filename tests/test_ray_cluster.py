@@ -42,13 +42,13 @@ TINY_TRAINING = {"steps": 1, "eval_every": 1, "batch_size": 4, "warmup_steps": 1
 DRIVER = """
 import os, sys
 from pathlib import Path
-from ablations.run import executors
+from ablations.run import ray_executor
 from ablations.cli import main
 
 MARKER, VICTIM_KEY = Path(sys.argv[1]), sys.argv[2]
 
 def run_cell(cell, threads, progress=None, keep_state=False, device=None, imports=(), **resume):
-    from ablations.run.executors import run_cell as real  # in a Ray worker: the real one
+    from ablations.run.cell_worker import run_cell as real  # in a Ray worker: the real one
     if cell.key == VICTIM_KEY and not MARKER.exists():
         partial = MARKER.with_suffix(".partial")
         partial.write_text(str(os.getpid()))
@@ -57,7 +57,7 @@ def run_cell(cell, threads, progress=None, keep_state=False, device=None, import
             real(cell, threads, progress, keep_state, device, imports, **resume)
     return real(cell, threads, progress, keep_state, device, imports, **resume)
 
-executors.run_cell = run_cell
+ray_executor.run_cell = run_cell
 sys.exit(main(sys.argv[3:]))
 """
 

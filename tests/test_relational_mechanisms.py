@@ -89,33 +89,13 @@ def test_dual_backends_agree(n_sa, n_ra, share, retriever, length, seed):
     assert report["naive"] == report["chunked"] == "ok"
 
 
-@pytest.mark.parametrize("backend", ["naive", "chunked", "fused"])
-def test_dual_causal_output_ignores_future_tokens(backend):
-    torch.manual_seed(0)
-    m = az.build(
-        "dual",
-        backend=backend,
-        d_model=16,
-        n_heads_sa=2,
-        n_heads_ra=2,
-        symbol_retrieval="positional_symbols",
-        symbol_retrieval_kwargs=dict(max_length=12),
-    )
-    cos, sin = rotary_tables(4, 10)
-    x = torch.randn(2, 10, 16)
-    changed = x.clone()
-    changed[:, 6:] = torch.randn(2, 4, 16)
-    run = lambda t: m(t, is_causal=True, rope=Rotary(cos, sin))  # noqa: E731
-    torch.testing.assert_close(run(x)[:, :6], run(changed)[:, :6])
-
-
-def test_dual_backend_reaches_both_branches_and_keeps_state_dict():
+def test_dual_backend_reaches_both_branches():
+    """A tier name set on dual attention is set on both branches (the state_dict is the same
+    for every backend: tests/test_mechanism_contract.py)."""
     m = az.build("dual", d_model=16, n_heads_sa=2, n_heads_ra=2)
-    keys = {k: v.shape for k, v in m.state_dict().items()}
     for backend in az.list_backends("dual"):
         m.backend = backend
         assert m.self_attention.backend == m.relational_attention.backend == backend
-        assert {k: v.shape for k, v in m.state_dict().items()} == keys
     assert az.list_backends("dual") == ["naive", "chunked", "fused"]
     with pytest.raises(ValueError, match="Valid: auto, chunked, fused, naive"):
         m.backend = "sdpa"
@@ -216,29 +196,6 @@ def test_relative_symbols_are_never_expanded_by_chunked():
     ):
         m(x, is_causal=True).sum().backward()
     assert max(sizes) < n * n
-
-
-def test_relational_trains_a_few_steps():
-    torch.manual_seed(0)
-    m = az.build(
-        "dual",
-        backend="chunked",
-        d_model=16,
-        n_heads_sa=2,
-        n_heads_ra=2,
-        symbol_retrieval="symbolic_attention",
-        symbol_retrieval_kwargs=dict(n_symbols=4, n_heads=2),
-    )
-    x, target = torch.randn(8, 10, 16), torch.randn(8, 10, 16)
-    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(30):
-        loss = (m(x, is_causal=True) - target).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert losses[-1] < 0.9 * losses[0]
 
 
 @given(

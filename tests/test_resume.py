@@ -20,7 +20,7 @@ from grids import STD, XS, tiny_grid
 from ablations.grid.spec import load_grid
 from ablations.results import store as store_module
 from ablations.results.store import ResultsStore
-from ablations.run import executors
+from ablations.run import ray_executor
 from ablations.run.progress import cell_label
 from ablations.run.resume import ResumePlan
 from ablations.run.runner import run_grid
@@ -36,7 +36,7 @@ def one_thread(monkeypatch):
     this process and in run_grid's thread worker."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    monkeypatch.setattr(executors, "usable_cpus", lambda: 1)
+    monkeypatch.setattr(ray_executor, "usable_cpus", lambda: 1)
     yield
     torch.set_num_threads(threads)
 

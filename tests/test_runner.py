@@ -20,7 +20,7 @@ from ablations.grid import spec as spec_module
 from ablations.grid.cell import Cell
 from ablations.grid.spec import SpecError, load_grid
 from ablations.results.store import ResultsStore
-from ablations.run import executors
+from ablations.run import cell_worker, local_executor
 from ablations.run.executors import make_executor
 from ablations.run.progress import LiveProgress, Progress, fit_label, make_progress
 from ablations.run.runner import check_cells, run_grid
@@ -55,21 +55,21 @@ def test_every_cell_recorded_once_and_a_second_run_skips_them(tmp_path):
 
 
 def test_a_failing_cell_is_recorded_with_its_traceback_and_the_grid_goes_on(tmp_path, monkeypatch):
-    real = executors.train_cell
+    real = cell_worker.train_cell
 
     def flaky(cell, on_progress=None, keep_state=False, keep_maps=False, device=None, **resume):
         if cell.mechanism == "rel" and cell.seed == 1:
             raise RuntimeError("boom in cell rel/1")
         return real(cell, on_progress, keep_state, keep_maps, device, **resume)
 
-    monkeypatch.setattr(executors, "train_cell", flaky)
+    monkeypatch.setattr(cell_worker, "train_cell", flaky)
     spec = load_grid(grid_file(tmp_path))
     assert run_grid(spec, workers=1, out=io.StringIO()) == {"done": 3, "failed": 1, "diverged": 0}
     failed = [r for r in rows(spec) if r["status"] == "failed"]
     assert len(failed) == 1 and failed[0]["config"]["mechanism"] == "rel"
     assert "Traceback" in failed[0]["error"] and "boom in cell rel/1" in failed[0]["error"]
 
-    monkeypatch.setattr(executors, "train_cell", real)
+    monkeypatch.setattr(cell_worker, "train_cell", real)
     assert run_grid(spec, workers=1, out=io.StringIO())["done"] == 0  # failed counts as finished
     assert run_grid(spec, workers=1, retry_failed=True, out=io.StringIO())["done"] == 1
     assert {r["status"] for r in rows(spec)} == {"done"} and len(rows(spec)) == 4
@@ -228,7 +228,7 @@ def test_a_run_expands_the_grid_once_and_trains_the_cells_status_shows_unfinishe
     monkeypatch.setattr(spec_module, "_expand", lambda *a: expansions.append(1) or expand(*a))
     trained = []
     monkeypatch.setattr(
-        executors,
+        local_executor,
         "run_cell",
         lambda cell, *args, **kwargs: trained.append(cell) or fake_outcome(cell, 1),
     )

@@ -14,7 +14,7 @@ from ablations.cli import main
 from ablations.grid.spec import SpecError, load_grid
 from ablations.results.store import ResultsStore
 from ablations.run import runner
-from ablations.run.executors import LocalExecutor
+from ablations.run.local_executor import LocalExecutor
 from ablations.run.runner import run_grid
 from ablations.run.search import best_text, run_search, study_of, trial_spec, trials_of
 

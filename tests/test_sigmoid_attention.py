@@ -168,20 +168,12 @@ def test_equals_triton_sigmoids_reference(backend, causal):
     torch.testing.assert_close(layer(x, is_causal=causal), want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kwargs", [dict(n_heads=2), dict(n_heads=4, n_kv_heads=2, bias=-1.0)])
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_mechanism_backends_agree(kwargs, is_causal):
-    """At every length where the chunked kernel's tiling changes (mechanism_lengths)."""
-    report = assert_mechanism_backends_agree("sigmoid", dict(d_model=16, **kwargs),
-                                             is_causal=is_causal)  # fmt: skip
-    assert report == {"chunked": "ok", "naive": "ok"}
-
-
-def test_mechanism_backends_agree_with_a_padding_mask():
-    mask = torch.arange(9).view(1, 1, 1, 9) < torch.tensor([9, 5]).view(2, 1, 1, 1)
-    report = assert_mechanism_backends_agree(
-        "sigmoid", dict(d_model=16, n_heads=2), length=9, attn_mask=mask, is_causal=True
-    )
+def test_grouped_kv_heads_and_a_fixed_bias_agree_at_every_block_edge(is_causal):
+    """At every length where the chunked kernel's tiling changes (mechanism_lengths), with
+    grouped kv heads and a fixed bias (the plain layer: tests/test_mechanism_contract.py)."""
+    kwargs = dict(d_model=16, n_heads=4, n_kv_heads=2, bias=-1.0)
+    report = assert_mechanism_backends_agree("sigmoid", kwargs, is_causal=is_causal)
     assert report == {"chunked": "ok", "naive": "ok"}
 
 

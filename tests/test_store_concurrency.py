@@ -18,7 +18,7 @@ from grids import SAME_PAIR, STD, XS, small, tiny_grid, with_heads
 
 from ablations.grid.spec import load_grid
 from ablations.results.store import ClaimError, ResultsStore, config_key, new_owner
-from ablations.run import executors, runner
+from ablations.run import local_executor, runner
 from ablations.run.train import CellOutcome
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,7 +193,7 @@ def test_a_run_skips_cells_held_by_a_live_run_and_releases_its_claims_when_inter
     spec = grid_spec(tmp_path)
     configs = [cell.config() for cell in spec.cells]
     monkeypatch.setattr(runner, "check_cells", lambda spec: None)
-    monkeypatch.setattr(executors, "run_cell", fake_outcome)
+    monkeypatch.setattr(local_executor, "run_cell", fake_outcome)
     other = ResultsStore(spec.store)
     held = other.claim(configs[0])  # another live run is training this cell
 
@@ -208,7 +208,7 @@ def test_a_run_skips_cells_held_by_a_live_run_and_releases_its_claims_when_inter
     def interrupted(self, handles, timeout):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(executors.LocalExecutor, "wait", interrupted)
+    monkeypatch.setattr(local_executor.LocalExecutor, "wait", interrupted)
     with pytest.raises(KeyboardInterrupt):
         runner.run_grid(spec, workers=1, out=io.StringIO())
     assert other.status(configs[0]) is None  # the claim in flight was given back
@@ -257,7 +257,7 @@ def test_a_run_meeting_the_store_file_another_run_is_creating_trains(tmp_path, m
     itself first."""
     spec = grid_spec(tmp_path)
     monkeypatch.setattr(runner, "check_cells", lambda spec: None)
-    monkeypatch.setattr(executors, "run_cell", fake_outcome)
+    monkeypatch.setattr(local_executor, "run_cell", fake_outcome)
     spec.store.parent.mkdir(parents=True, exist_ok=True)
     spec.store.touch()  # the other run's sqlite3.connect, before its first write
     counts = runner.run_grid(spec, workers=1, out=io.StringIO())

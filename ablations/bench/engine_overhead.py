@@ -145,7 +145,7 @@ def measure_run_cell(grid: Path, n: int = 20) -> float:
     import torch
 
     from ablations.grid.spec import load_grid
-    from ablations.run.executors import run_cell
+    from ablations.run.cell_worker import run_cell
 
     threads = torch.get_num_threads()
     cells = load_grid(grid).cells[: n + 1]

@@ -59,8 +59,9 @@ from ablations.grid.cell import Cell, training_settings
 from ablations.grid.spec import GridSpec, SpecError
 from ablations.results.store import ClaimError, ResultsStore, StoreError, config_key
 from ablations.results.tracking import TrackingPlan, check_backends, open_trackers
+from ablations.run.cell_worker import Evaluation
 from ablations.run.devices import cell_threads, default_local_workers, slow_precision
-from ablations.run.executors import Evaluation, make_executor
+from ablations.run.executors import make_executor
 from ablations.run.progress import COUNTED, Progress, cell_label, make_progress
 from ablations.run.provenance import mixed_provenance, plugin_record
 from ablations.run.resume import ResumePlan, ResumePoint

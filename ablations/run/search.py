@@ -61,7 +61,7 @@ from ablations.grid.spec import (
 )
 from ablations.results.store import FINISHED, ResultsStore, claim_is_stale
 from ablations.results.tracking import TrackingPlan, check_backends
-from ablations.run.executors import Evaluation
+from ablations.run.cell_worker import Evaluation
 from ablations.run.runner import check_cells, drive
 
 MAX_ASKS = 100  # proposals of settings already tried, per round, before a group gives up

@@ -75,7 +75,7 @@ LOST = "lost"  # no result of the cell's (Ray lost the task, a worker was killed
 
 @dataclass
 class CellOutcome:
-    """What a worker sends the driver for one cell (ablations.run.executors.run_cell): the record
+    """What a worker sends the driver for one cell (ablations.run.cell_worker.run_cell): the record
     of its outcome (`record()`: the keyword arguments of `ResultsStore.finish`) and, in a grid
     that keeps checkpoints, the files the driver writes beside the store: the trained weights
     (`state`) and attention maps (`maps`), as torch.save bytes, and why the maps could not be
