@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-slow lint install docs docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check demo-mqar-probes demo-compile relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long shakespeare-data fastformer-shakespeare fastformer-shakespeare-small thread-variance engine-overhead benchmarks bench \
+.PHONY: test test-slow lint install docs grid-reference docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check demo-mqar-probes demo-compile relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long shakespeare-data fastformer-shakespeare fastformer-shakespeare-small thread-variance engine-overhead benchmarks bench \
 	clean
 
 $(BIN)/python:
@@ -37,6 +37,10 @@ test-slow: install
 # a reference to a name the code does not define, a missing included file) fails the build.
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
+# docs/grid_reference.md from the grid file's schema (tests/test_docs.py fails while it is stale).
+grid-reference: install
+	$(BIN)/python -m ablations.grid.reference > docs/grid_reference.md
 
 # The package as a user gets it: build the sdist and the wheel, install each into a fresh venv
 # and run it there (tests/test_packaging.py, about 2-3 min: it compiles the C++ kernel twice).

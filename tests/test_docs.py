@@ -93,3 +93,11 @@ def test_every_python_block_of_the_guides_is_one_the_readme_runs():
         assert block in readme, (
             f"{page.relative_to(ROOT)}: a block the README does not have:\n{block}"
         )
+
+
+def test_the_grid_file_reference_is_the_one_the_schema_gives():
+    """docs/grid_reference.md is generated (make grid-reference): a key added to or changed in
+    the schema without regenerating it fails here."""
+    from ablations.grid.reference import grid_reference
+
+    assert (ROOT / "docs" / "grid_reference.md").read_text() == grid_reference()

@@ -235,8 +235,8 @@ def test_plugins_that_exit_or_break_their_parent_are_one_line_errors(tmp_path, m
 
 
 def test_bench_refuses_devices_it_cannot_use_and_an_interrupt_is_one_line(monkeypatch, capsys):
-    from ablations import cli
     from ablations.bench.measure import peak_memory_mb
+    from ablations.cli import ablate
 
     for device, message in (("nonsense", "runs on cpu, cuda or cuda:N"), ("cuda", "is False here")):
         if device == "cuda" and torch.cuda.is_available():
@@ -249,7 +249,7 @@ def test_bench_refuses_devices_it_cannot_use_and_an_interrupt_is_one_line(monkey
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_ablate_status", interrupted)
+    monkeypatch.setattr(ablate, "show_status", interrupted)
     assert main(["ablate", "status", "x.toml"]) == 130
     assert capsys.readouterr().err.strip() == "interrupted"
 

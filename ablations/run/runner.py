@@ -52,6 +52,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -208,6 +209,118 @@ Feed = Callable[[Callable[[str], None]], list[Cell]]  # drive's source of cells:
 Judge = Callable[[Evaluation], bool]  # whether a cell that asks stops there (pruned)
 
 
+@dataclass
+class _Run:
+    """A run in progress, one step of the driver loop at a time: `submit` claims cells and hands
+    them to the executor, `collect` records the outcomes that came back, `tend` keeps the rest
+    going (claims, progress, questions, resume checkpoints), `shut_down` ends the workers and
+    gives the cells in flight back."""
+
+    spec: GridSpec
+    store: ResultsStore
+    pool: object
+    progress: Progress
+    stop: _StopSignals
+    trackers: object
+    environment: dict  # what every recorded cell's environment gets: the commit, the plugins
+    retry_failed: bool = False
+    judge: Judge | None = None
+    running: dict = field(default_factory=dict)  # executor handle -> its cell
+    claimed: set = field(default_factory=set)  # claims of this run not yet finished or released
+    released: int = 0  # claims given back unfinished
+    resume_off: bool = False  # a resume checkpoint could not be written: the run takes no more
+    beat: float = field(default_factory=time.monotonic)
+
+    def submit(self, todo: list[Cell]) -> None:
+        """Claim the next cells of `todo` while the executor has a free slot, and hand each to
+        it with its resume plan; a cell finished meanwhile or held by another live run is
+        skipped."""
+        while todo and len(self.running) < self.pool.slots and self.stop.signum is None:
+            cell = todo.pop(0)
+            if self.store.claim(cell.config(), retry_failed=self.retry_failed) is None:
+                self.progress.skipped(cell)  # finished meanwhile, or held by another live run
+                continue
+            self.claimed.add(cell.key)
+            plan = resume_plan(self.spec, self.store, cell.key, self.progress)
+            plan = ResumePlan(data=plan.data) if self.resume_off else plan  # takes none
+            asks = self.judge is not None  # its evaluations wait for the judge
+            self.running[self.pool.submit(cell, self.spec.checkpoints, plan, asks=asks)] = cell
+            self.progress.started(cell.key, cell)
+
+    def collect(self) -> None:
+        """Record each outcome that came back within a second: a lost cell released for the
+        next run, any other finished into the store (with its files) and copied to the
+        trackers."""
+        for handle, outcome in self.pool.wait(list(self.running), timeout=1.0):
+            cell = self.running.pop(handle)
+            key = cell.key
+            if outcome.status == LOST:  # not the cell's doing: the next run retries it
+                self.released += self.store.release(key)
+                self.claimed.discard(key)
+                self.progress.released(key, outcome.error)
+                continue
+            outcome.environment = {**outcome.environment, **self.environment}
+            if outcome.maps_error:  # the cell is kept; its report says the map is missing
+                self.progress.note(
+                    f"{cell_label(cell)}: attention maps not recorded: {outcome.maps_error}"
+                )
+            for note in outcome.notes:  # e.g. resumed from its checkpoint at step N
+                self.progress.note(f"{cell_label(cell)}: {note}")
+            files = kept_files(self.store, key, outcome)
+            try:
+                self.store.finish(key, **outcome.record(), files=files)
+            except ClaimError as err:  # our claim went stale and another run took it
+                self.claimed.discard(key)
+                self.progress.dropped(key, err)
+                continue
+            self.claimed.discard(key)
+            self.progress.finished(key, outcome)
+            for warning in self.trackers.log(cell_label(cell), cell.config(), outcome.record()):
+                self.progress.print(warning)  # the cell is stored: tracking is a copy
+
+    def tend(self) -> None:
+        """The rest of one loop: renew this run's claims (every quarter lease), show the
+        progress reports, answer the cells that ask whether to stop, write their resume
+        checkpoints, print the executor's notes."""
+        if time.monotonic() - self.beat >= self.store.lease / 4:
+            self.store.heartbeat(self.claimed)
+            self.beat = time.monotonic()
+        for key, step, loss in self.pool.drain():
+            self.progress.step(key, step, loss)
+        for question in self.pool.questions():  # cells waiting at an evaluation
+            self.pool.answer(question.key, self.judge(question))
+        for point in self.pool.resume_points():  # written only while this run holds the claim
+            self.resume_off = self.resume_off or not _save_resume(self.store, point, self.progress)
+        _print_notes(self.pool, self.progress)
+        self.progress.tick()
+
+    def shut_down(self) -> None:
+        """End every worker (what was in flight is discarded) and release the cells in flight
+        for any run (a claim that cannot be released goes stale when this process ends);
+        the signal handlers put back."""
+        if self.stop.signum is not None:
+            self.progress.print(
+                f"{signal.Signals(self.stop.signum).name}: stopping the workers and releasing "
+                "the cells in flight (Ctrl-C again to exit at once)"
+            )
+        try:
+            self.pool.close()
+        finally:
+            unreleased = 0
+            for key in self.claimed:
+                try:
+                    self.released += self.store.release(key)
+                except Exception:  # its claim goes stale when this process ends
+                    unreleased += 1
+            if unreleased:
+                self.progress.print(
+                    f"{unreleased} cells in flight could not be released; their claims go "
+                    "stale when this run ends, and the next run takes them over"
+                )
+            self.stop.restore()
+        _print_notes(self.pool, self.progress)
+
+
 def drive(
     spec: GridSpec,
     feed: Feed,
@@ -225,12 +338,13 @@ def drive(
     """Train and record the cells `feed(say)` returns, batch after batch, until it returns
     none: it is called when nothing is training (first before any worker starts: none then, no
     worker), `say` printing a line where the progress display allows; one store, executor,
-    set of trackers and progress display for the whole run. `named`: cells whose names
-    workers must import (`_check_importable`); `finished`: cells of the grid finished before
-    the run (the progress counts them). With `judge`, each cell asks at its evaluations
-    whether to stop (`Evaluation`, ablations.run.executors) and stops as `pruned` where `judge`
-    says so. The counts of this run's outcomes by status (with pruned where there is a
-    judge). `out`: where lines go (None: sys.stdout as it is at the call, not at import)."""
+    set of trackers and progress display for the whole run (`_Run`: claim and submit, collect,
+    tend, shut down). `named`: cells whose names workers must import (`_check_importable`);
+    `finished`: cells of the grid finished before the run (the progress counts them). With
+    `judge`, each cell asks at its evaluations whether to stop (`Evaluation`,
+    ablations.run.cell_worker) and stops as `pruned` where `judge` says so. The counts of this
+    run's outcomes by status (with pruned where there is a judge). `out`: where lines go (None:
+    sys.stdout as it is at the call, not at import)."""
     out = sys.stdout if out is None else out
     plugins = plugin_record(spec.imports)
     store = ResultsStore(spec.store)
@@ -248,28 +362,14 @@ def drive(
     if not todo:
         store.close()
         return counted
-    warned: set[tuple[str, str]] = set()  # the (precision, device) pairs checked so far
-
-    def warn_slow(cells: list[Cell], print_line: Callable[[str], None]) -> None:
-        """A warning line for each new (precision, device) of `cells` that trains slowly on
-        this machine (`slow_precision`); local runs only: Ray's machines may differ."""
-        if executor != "local":
-            return
-        for cell in cells:
-            training = training_settings(cell.training)
-            pair = (training["precision"], training["device"])
-            slow = None if pair in warned else slow_precision(*pair)
-            warned.add(pair)
-            if slow is not None:
-                print_line(f"warning: {slow}")
-
+    warn_slow = _slow_warning(executor)
     warn_slow(todo, say)
     try:
         trackers = open_trackers(tracking, spec.name, spec.store)
     except BaseException:
         store.close()
         raise
-    commit = source_commit()
+    environment = {"commit": source_commit(), "plugins": plugins}
     stop = _StopSignals()  # before ray.init, which sets its own SIGTERM handler
     device = training_settings(spec.training)["device"]  # where the local workers go
     threads = cell_threads(spec.resources)
@@ -286,116 +386,68 @@ def drive(
     progress.counts.update(counted)  # pruned, where cells may be
     progress.expect(todo)
     stop.progress = progress
+    run = _Run(spec, store, pool, progress, stop, trackers, environment, retry_failed, judge)
     fault: Exception | None = None  # what stopped the run, when its store or disk failed
-    running: dict[object, Cell] = {}  # executor handle -> its cell
-    claimed: set[str] = set()  # claims of this run not yet finished or released
-    released = 0  # claims given back unfinished
-    resume_off = False  # a resume checkpoint could not be written: the run takes no more
-    beat = time.monotonic()
     try:
         while stop.signum is None:
-            if not todo and not running:
+            if not todo and not run.running:
                 todo = feed(progress.print)
                 if not todo:
                     break
                 warn_slow(todo, progress.print)
                 progress.expect(todo)
-            while todo and len(running) < pool.slots and stop.signum is None:
-                cell = todo.pop(0)
-                if store.claim(cell.config(), retry_failed=retry_failed) is None:
-                    progress.skipped(cell)  # finished meanwhile, or held by another live run
-                    continue
-                claimed.add(cell.key)
-                plan = resume_plan(spec, store, cell.key, progress)
-                asks = judge is not None  # its evaluations wait for the judge
-                plan = ResumePlan(data=plan.data) if resume_off else plan  # takes none
-                running[pool.submit(cell, spec.checkpoints, plan, asks=asks)] = cell
-                progress.started(cell.key, cell)
-            for handle, outcome in pool.wait(list(running), timeout=1.0):
-                cell = running.pop(handle)
-                key = cell.key
-                if outcome.status == LOST:  # not the cell's doing: the next run retries it
-                    released += store.release(key)
-                    claimed.discard(key)
-                    progress.released(key, outcome.error)
-                    continue
-                outcome.environment = {**outcome.environment, "commit": commit, "plugins": plugins}
-                if outcome.maps_error:  # the cell is kept; its report says the map is missing
-                    progress.note(
-                        f"{cell_label(cell)}: attention maps not recorded: {outcome.maps_error}"
-                    )
-                for note in outcome.notes:  # e.g. resumed from its checkpoint at step N
-                    progress.note(f"{cell_label(cell)}: {note}")
-                try:
-                    store.finish(key, **outcome.record(), files=kept_files(store, key, outcome))
-                except ClaimError as err:  # our claim went stale and another run took it
-                    claimed.discard(key)
-                    progress.dropped(key, err)
-                    continue
-                claimed.discard(key)
-                progress.finished(key, outcome)
-                for warning in trackers.log(cell_label(cell), cell.config(), outcome.record()):
-                    progress.print(warning)  # the cell is stored: tracking is a copy
-            if time.monotonic() - beat >= store.lease / 4:
-                store.heartbeat(claimed)
-                beat = time.monotonic()
-            for key, step, loss in pool.drain():
-                progress.step(key, step, loss)
-            for question in pool.questions():  # cells waiting at an evaluation
-                pool.answer(question.key, judge(question))
-            for point in pool.resume_points():  # written only while this run holds the claim
-                resume_off = resume_off or not _save_resume(store, point, progress)
-            _print_notes(pool, progress)
-            progress.tick()
+            run.submit(todo)
+            run.collect()
+            run.tend()
     except KeyboardInterrupt:  # not through the handler (it was not installed, or replaced)
         stop.signum = stop.signum or signal.SIGINT
     except (OSError, StoreError) as err:  # the disk is full, a file-size limit, a broken store
         fault = err
     finally:
         try:
-            if stop.signum is not None:
-                progress.print(
-                    f"{signal.Signals(stop.signum).name}: stopping the workers and releasing "
-                    "the cells in flight (Ctrl-C again to exit at once)"
-                )
-            try:
-                pool.close()  # ends every worker: what was in flight is discarded
-            finally:
-                unreleased = 0
-                for key in claimed:  # give the cells in flight back to any run
-                    try:
-                        released += store.release(key)
-                    except Exception:  # its claim goes stale when this process ends
-                        unreleased += 1
-                if unreleased:
-                    progress.print(
-                        f"{unreleased} cells in flight could not be released; their claims go "
-                        "stale when this run ends, and the next run takes them over"
-                    )
-                stop.restore()
-            _print_notes(pool, progress)
+            run.shut_down()
         finally:
             progress.close()
             store.close()
+    done, left = sum(progress.counts.values()), len(todo)
     if fault is not None:
         hint = STORAGE_HINTS.get(getattr(fault, "errno", None), "")
         summary = (
             f"stopped: {' '.join(f'{type(fault).__name__}: {fault}'.split())}{hint}; "
-            f"{sum(progress.counts.values())} finished, {released} released, {len(todo)} not "
-            "started; free space (or mend the store) and run again to resume"
+            f"{done} finished, {run.released} released, {left} not started; free space (or "
+            "mend the store) and run again to resume"
         )
         progress.print(summary)
         raise RunStopped(summary)
     if stop.signum is not None:
         summary = (
-            f"interrupted ({signal.Signals(stop.signum).name}): "
-            f"{sum(progress.counts.values())} finished, {released} released, "
-            f"{len(todo)} not started; run again to resume"
+            f"interrupted ({signal.Signals(stop.signum).name}): {done} finished, "
+            f"{run.released} released, {left} not started; run again to resume"
         )
         progress.print(summary)
         raise GridInterrupted(stop.signum, summary, progress.counts)
     progress.print(progress.status_line())
     return progress.counts
+
+
+def _slow_warning(executor: str) -> Callable[[list[Cell], Callable[[str], None]], None]:
+    """A function printing a warning line (with the given printer) for each new (precision,
+    device) of the cells it is given that trains slowly on this machine (`slow_precision`),
+    each pair once per run; local runs only: Ray's machines may differ."""
+    warned: set[tuple[str, str]] = set()  # the (precision, device) pairs checked so far
+
+    def warn(cells: list[Cell], print_line: Callable[[str], None]) -> None:
+        if executor != "local":
+            return
+        for cell in cells:
+            training = training_settings(cell.training)
+            pair = (training["precision"], training["device"])
+            slow = None if pair in warned else slow_precision(*pair)
+            warned.add(pair)
+            if slow is not None:
+                print_line(f"warning: {slow}")
+
+    return warn
 
 
 def _check_importable(spec: GridSpec, cells: list[Cell]) -> None:
