@@ -99,7 +99,7 @@ def test_the_triton_relational_kernel_compiled(rel_activation):
 
 
 def test_a_cell_resumed_on_the_gpu_ends_as_an_uninterrupted_run():
-    from ablations.grid.cell import DEFAULT_TRAINING, Cell
+    from ablations.grid.cell import Cell
     from ablations.run.resume import ResumePlan
     from ablations.run.train import train_cell
 
@@ -108,7 +108,7 @@ def test_a_cell_resumed_on_the_gpu_ends_as_an_uninterrupted_run():
         task_kwargs=dict(n_train=256, n_validation=64, n_test=64),
         size=dict(label="s", d_model=32, n_layers=2, dropout=0.1), mechanism="std",
         mechanism_name="standard", mechanism_kwargs=dict(n_heads=2),
-        training=dict(DEFAULT_TRAINING, steps=60, eval_every=10, batch_size=16, device="cuda"),
+        training=dict(steps=60, eval_every=10, batch_size=16, device="cuda"),
         seed=0,
     )  # fmt: skip
     first, again = train_cell(cell), train_cell(cell)

@@ -11,7 +11,6 @@ import torch
 from grids import STD, tiny_grid
 
 from ablations.cli import main
-from ablations.grid.cell import training_settings
 from ablations.grid.devices import device_problem, precision_problem
 from ablations.grid.spec import SpecError, load_grid
 from ablations.results.store import ResultsStore
@@ -72,7 +71,7 @@ def test_cuda_is_refused_at_load_time_on_this_machine(tmp_path, device):
 def test_bf16_with_mps_is_refused_at_load_time_where_mps_is_available(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
     path = tiny_grid(tmp_path)
-    assert load_grid(path, ["training.device=mps"]).training["device"] == "mps"
+    assert load_grid(path, ["training.device=mps"]).training.device == "mps"
     with pytest.raises(SpecError) as err:
         load_grid(path, ["training.device=mps", "training.precision=bf16"])
     message = str(err.value)
@@ -84,7 +83,7 @@ def test_bf16_with_mps_is_refused_at_load_time_where_mps_is_available(tmp_path, 
 def test_bf16_is_accepted_on_the_cpu(tmp_path, device):
     overrides = [f"training.device={device}", "training.precision=bf16"]
     (cell, *_) = load_grid(tiny_grid(tmp_path), overrides).cells
-    assert training_settings(cell.training)["precision"] == "bf16"
+    assert cell.training.precision == "bf16"
     assert compute_dtype("bf16", "cpu") == torch.bfloat16
 
 

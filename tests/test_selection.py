@@ -263,7 +263,7 @@ def test_steps_an_epoch_count_resolves_to_are_not_an_axis(tmp_path):
     path.write_text(text + "[sweep]\ntask_kwargs.n_train = [64, 128]\n")
     store = ResultsStore(tmp_path / "tiny.sqlite")
     cells = load_grid(path).cells
-    assert len({cell.training["steps"] for cell in cells}) == 2  # the steps do vary
+    assert len({cell.training.steps for cell in cells}) == 2  # the steps do vary
     for cell in cells:
         store.finish(store.claim(cell.config()), "done", {}, [], {})
     assert list(varying_settings(store.to_dataframe()).columns) == ["task_kwargs.n_train"]
@@ -413,7 +413,7 @@ def test_attention_maps_show_each_mechanisms_selected_setting(tmp_path, monkeypa
     chosen = pd.read_csv(out / "selection.csv").set_index("mechanism").best
     want = {
         cell.key for cell in spec.cells
-        if cell.seed == 0 and f"training.lr={cell.training['lr']}" == chosen[cell.mechanism]
+        if cell.seed == 0 and f"training.lr={cell.training.lr}" == chosen[cell.mechanism]
     }  # fmt: skip
     assert sorted(loaded) == sorted(want) and len(want) == 2
 

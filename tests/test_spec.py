@@ -55,7 +55,7 @@ def test_expansion_with_exclude_include_and_defaults(tmp_path):
     assert len(cells) == 2 * 2 * 2 - 2 + 1
     assert ("match_pattern", "std", 0) not in labels and ("match_pattern", "std", 7) in labels
     assert ("match_pattern", "relational", 1) in labels  # label defaults to the name
-    assert cells[0].training["steps"] == 20 and cells[0].training["batch_size"] == 64
+    assert cells[0].training.steps == 20 and cells[0].training.batch_size == 64
     assert cells[0].task_kwargs == {"n_train": 64}
     assert spec.store == tmp_path / "results" / "t.sqlite"  # relative to the grid's folder
     assert len({str(c.config()) for c in cells}) == len(cells)
@@ -65,11 +65,7 @@ def test_overrides(tmp_path):
     spec = load_grid(
         write(tmp_path), ["training.steps=5", "seeds=[3]", "training.schedule=constant"]
     )
-    assert (
-        spec.training["steps"] == 5
-        and spec.seeds == [3]
-        and spec.training["schedule"] == "constant"
-    )
+    assert spec.training.steps == 5 and spec.seeds == [3] and spec.training.schedule == "constant"
 
 
 @pytest.mark.parametrize(

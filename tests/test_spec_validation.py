@@ -9,7 +9,6 @@ import torch
 from grids import SAME_PAIR, STD, assert_refused, tiny_grid
 
 from ablations.cli import main
-from ablations.grid.cell import training_settings
 from ablations.grid.spec import SpecError, load_grid
 
 GRID = """\
@@ -366,7 +365,7 @@ def test_a_valid_grid_loads_every_setting_unchanged(tmp_path):
     }  # the added keys (patience, device, precision, compile) at their defaults: not keyed
     assert spec.resources == {"num_cpus": 1, "num_gpus": 0}  # resources: no part of a cell
     # an int where a float is expected is accepted as given (it keys the cell as before)
-    assert load_grid(write(tmp_path, mutate("lr = 1e-3", "lr = 1"))).training["lr"] == 1
+    assert load_grid(write(tmp_path, mutate("lr = 1e-3", "lr = 1"))).training.lr == 1
 
 
 def test_an_excluded_pair_that_cannot_be_built_is_not_built(tmp_path):
@@ -469,8 +468,8 @@ def test_added_keys_keep_the_cell_keys_of_existing_grids_unless_set_otherwise(tm
     for key, value in [("patience", 3), ("device", "cpu"), ("precision", "bf16"),
                        ("compile", True)]:  # fmt: skip
         cell = load_grid(stated, [f"training.{key}={_toml(value)}"]).cells[0]
-        assert cell.training[key] == value and cell.key != TINY_KEYS[0], key
-        assert training_settings(cell.training)[key] == value
+        assert getattr(cell.training, key) == value and cell.key != TINY_KEYS[0], key
+        assert cell.config()["training"][key] == value  # in the key: not its default
 
 
 def test_epochs_resolve_to_steps_per_task_and_batch_size(tmp_path):
@@ -478,11 +477,12 @@ def test_epochs_resolve_to_steps_per_task_and_batch_size(tmp_path):
     path = tiny_grid(tmp_path, tasks=tasks, mechanisms=[STD], seeds=[0])
     text = path.read_text().replace("steps = 20", "epochs = 3")
     spec = load_grid(write(tmp_path, text, "epochs.toml"), ["training.batch_size=30"])
-    assert "steps" not in spec.training and spec.training["epochs"] == 3
+    assert spec.training.epochs == 3
     small, large = spec.cells
-    assert small.training["steps"] == 3 * 5 and large.training["steps"] == 3 * 67
-    assert small.training["epochs"] == 3  # in the key: the same epochs, another n_train
-    assert load_grid(path).cells[0].training["steps"] == 20  # neither: steps as given
+    assert small.training.steps == 3 * 5 and large.training.steps == 3 * 67
+    assert small.config()["training"]["epochs"] == 3  # in the key: the epochs and the steps
+    assert small.config()["training"]["steps"] == 3 * 5
+    assert load_grid(path).cells[0].training.steps == 20  # neither: steps as given
 
 
 def _toml(value) -> str:

@@ -36,17 +36,17 @@ def test_a_sweep_crosses_every_swept_value_with_the_other_axes(tmp_path):
         ("model.pos_enc", "rope"), ("seed", 1),
     ) in labels  # fmt: skip
     for cell in cells:
-        assert cell.training["lr"] == cell.labels["training.lr"]
+        assert cell.training.lr == cell.labels["training.lr"]
         assert cell.size["pos_enc"] == cell.labels["model.pos_enc"]
 
 
 def test_a_swept_value_equal_to_the_grid_setting_keeps_the_cell_key(tmp_path):
     plain = {c.labels["mechanism"]: c.key for c in load_grid(grid(tmp_path)).cells}
     swept = load_grid(grid(tmp_path, "[sweep]\ntraining.lr = [1e-3, 1e-2]\n")).cells
-    same = [c for c in swept if c.training["lr"] == 1e-3]
+    same = [c for c in swept if c.training.lr == 1e-3]
     assert {c.key for c in same} == {c.key for c in load_grid(grid(tmp_path)).cells}
     assert plain  # and the others are new cells
-    assert not {c.key for c in swept if c.training["lr"] == 1e-2} & set(plain.values())
+    assert not {c.key for c in swept if c.training.lr == 1e-2} & set(plain.values())
 
 
 def test_a_store_written_without_sweeps_serves_the_cells_a_sweep_shares(tmp_path):
@@ -64,20 +64,20 @@ def test_a_mechanism_sweep_replaces_the_grid_sweep_of_its_key_and_beats_fixed_va
     rel = {**REL, "training": {"lr": 5e-3, "batch_size": 8}, "sweep": {"training": {"lr": [1e-2]}}}
     path = grid(tmp_path, "[sweep]\ntraining.lr = [1e-3, 3e-3]\n", mechanisms=[STD, rel])
     cells = load_grid(path).cells
-    lrs = {m: sorted({c.training["lr"] for c in cells if c.mechanism == m}) for m in ("std", "rel")}
+    lrs = {m: sorted({c.training.lr for c in cells if c.mechanism == m}) for m in ("std", "rel")}
     assert lrs == {"std": [1e-3, 3e-3], "rel": [1e-2]}
-    assert {c.training["batch_size"] for c in cells if c.mechanism == "rel"} == {8}
-    assert {c.training["batch_size"] for c in cells if c.mechanism == "std"} == {16}
+    assert {c.training.batch_size for c in cells if c.mechanism == "rel"} == {8}
+    assert {c.training.batch_size for c in cells if c.mechanism == "std"} == {16}
 
 
 def test_steps_and_epochs_are_one_setting_across_levels(tmp_path):
     rel = {**REL, "training": {"epochs": 2}}  # the grid says steps = 20
     cells = load_grid(grid(tmp_path, mechanisms=[STD, rel], seeds=[0])).cells
-    by = {c.mechanism: c.training for c in cells}
+    by = {c.mechanism: c.config()["training"] for c in cells}  # as each is keyed
     assert by["std"]["steps"] == 20 and "epochs" not in by["std"]
     assert by["rel"]["epochs"] == 2 and by["rel"]["steps"] == 2 * 128 // 16  # n_train 128
     swept = grid(tmp_path, "[sweep]\ntraining.epochs = [1, 3]\n", seeds=[0], file="e.toml")
-    assert sorted({c.training["steps"] for c in load_grid(swept).cells}) == [8, 24]
+    assert sorted({c.training.steps for c in load_grid(swept).cells}) == [8, 24]
 
 
 def test_a_task_kwarg_sweep_resolves_epochs_per_training_set_size(tmp_path):
@@ -85,7 +85,7 @@ def test_a_task_kwarg_sweep_resolves_epochs_per_training_set_size(tmp_path):
                 training={"epochs": 1})  # fmt: skip
     path.write_text(path.read_text().replace("steps = 20\n", ""))
     cells = load_grid(path).cells
-    assert {(c.task_kwargs["n_train"], c.training["steps"]) for c in cells} == {(64, 4), (256, 16)}
+    assert {(c.task_kwargs["n_train"], c.training.steps) for c in cells} == {(64, 4), (256, 16)}
 
 
 def test_model_options_reach_the_model(tmp_path):
@@ -120,7 +120,7 @@ exclude = [{ mechanism = "std", training.lr = 3e-3 }]
 include = [{ task = "same_pair", size = "xs", mechanism = "std", seed = 7, training.lr = 1e-2 }]
 """
     cells = load_grid(grid(tmp_path, "[sweep]\ntraining.lr = [1e-3, 3e-3]\n" + rules)).cells
-    std = sorted((c.training["lr"], c.seed) for c in cells if c.mechanism == "std")
+    std = sorted((c.training.lr, c.seed) for c in cells if c.mechanism == "std")
     assert std == [(1e-3, 0), (1e-3, 1), (1e-2, 7)]
     assert len([c for c in cells if c.mechanism == "rel"]) == 4
     included = next(c for c in cells if c.seed == 7)
@@ -130,7 +130,7 @@ include = [{ task = "same_pair", size = "xs", mechanism = "std", seed = 7, train
 def test_an_include_leaving_out_a_swept_key_takes_each_of_its_values(tmp_path):
     rules = '[grid]\ninclude = [{ task = "same_pair", size = "xs", mechanism = "rel", seed = 9 }]\n'
     cells = load_grid(grid(tmp_path, "[sweep]\ntraining.lr = [1e-3, 3e-3]\n" + rules)).cells
-    assert sorted(c.training["lr"] for c in cells if c.seed == 9) == [1e-3, 3e-3]
+    assert sorted(c.training.lr for c in cells if c.seed == 9) == [1e-3, 3e-3]
 
 
 def test_set_addresses_list_entries_and_swept_keys(tmp_path):
@@ -139,7 +139,7 @@ def test_set_addresses_list_entries_and_swept_keys(tmp_path):
                             "sweep.model.pos_enc=['rope']"])  # fmt: skip
     cells = spec.cells
     assert {c.mechanism_kwargs["n_heads"] for c in cells if c.mechanism == "std"} == {4}
-    assert {(c.training["lr"], c.size["pos_enc"]) for c in cells} == {(1e-2, "rope")}
+    assert {(c.training.lr, c.size["pos_enc"]) for c in cells} == {(1e-2, "rope")}
     spec = load_grid(path, ["tasks[0].kwargs.n_train=96"])
     assert {c.task_kwargs["n_train"] for c in spec.cells} == {96}
 

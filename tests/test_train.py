@@ -8,7 +8,8 @@ import pytest
 import torch
 from grids import STD, tiny_grid
 
-from ablations.grid.cell import DEFAULT_TRAINING, Cell
+from ablations.grid.cell import Cell
+from ablations.grid.schema import TrainingSettings
 from ablations.grid.spec import load_grid
 from ablations.results.store import ResultsStore
 from ablations.run.runner import run_grid
@@ -26,7 +27,7 @@ def cell(**changes):
         mechanism="std",
         mechanism_name="standard",
         mechanism_kwargs=dict(n_heads=2),
-        training=dict(DEFAULT_TRAINING, steps=30, eval_every=10, batch_size=16),
+        training=dict(steps=30, eval_every=10, batch_size=16),
         seed=0,
     )
     return dataclasses.replace(base, **changes)
@@ -44,7 +45,6 @@ def test_early_stop_at_the_target():
     result = train_cell(
         cell(
             training=dict(
-                DEFAULT_TRAINING,
                 steps=30,
                 eval_every=10,
                 batch_size=16,
@@ -57,7 +57,6 @@ def test_early_stop_at_the_target():
 
 def test_divergence_is_recorded_at_its_step():
     wild = dict(
-        DEFAULT_TRAINING,
         steps=30,
         eval_every=10,
         batch_size=16,
@@ -119,10 +118,10 @@ def test_both_task_kinds_and_symbolic_mechanisms(task, kwargs, mechanism, mech_k
 
 
 def test_schedule_warms_up_then_decays():
-    t = dict(DEFAULT_TRAINING, steps=100, warmup_steps=10)
+    t = TrainingSettings(steps=100, warmup_steps=10)
     assert lr_factor(0, t) == 0.1 and lr_factor(9, t) == 1.0
     assert lr_factor(55, t) == pytest.approx(0.5) and lr_factor(100, t) == pytest.approx(0.0)
-    assert lr_factor(60, dict(t, schedule="constant")) == 1.0
+    assert lr_factor(60, t.model_copy(update={"schedule": "constant"})) == 1.0
 
 
 def test_seq2seq_is_teacher_forced_and_scored_on_the_next_target():
@@ -154,7 +153,7 @@ def test_seq2seq_is_teacher_forced_and_scored_on_the_next_target():
     ],
 )  # fmt: skip
 def test_seq2seq_and_image_cells_learn(task, kwargs, metric, floor):
-    training = dict(DEFAULT_TRAINING, steps=300, eval_every=100, batch_size=32, lr=3e-3)
+    training = dict(steps=300, eval_every=100, batch_size=32, lr=3e-3)
     result = train_cell(
         cell(task=task, task_name=task, task_kwargs=kwargs, size=dict(label="s", d_model=32,
              n_layers=1), training=training)
@@ -182,7 +181,7 @@ def test_keep_maps_records_the_trained_model_on_one_test_example_and_changes_not
 
     linear = train_cell(cell(mechanism_name="linear"), keep_maps=True)
     assert linear.status == "done" and linear.maps["maps"] == {}  # no weights to record
-    wild = dict(DEFAULT_TRAINING, steps=30, eval_every=10, batch_size=16, lr=1e30,
+    wild = dict(steps=30, eval_every=10, batch_size=16, lr=1e30,
                 warmup_steps=1, grad_clip=1e30)  # fmt: skip
     diverged = train_cell(cell(training=wild), keep_maps=True)
     assert diverged.status == "diverged" and diverged.maps is None
@@ -205,7 +204,7 @@ def test_patience_stops_once_the_validation_metric_stops_improving(tmp_path):
 
 def test_patience_counts_evaluations_since_the_best_not_since_the_first():
     # learning: accuracy improves now and then, and each improvement restarts the count
-    t = dict(DEFAULT_TRAINING, steps=60, eval_every=5, batch_size=16, lr=3e-3, warmup_steps=0)
+    t = dict(steps=60, eval_every=5, batch_size=16, lr=3e-3, warmup_steps=0)
     full = train_cell(cell(training=t))
     patience, best, stale, stop = 3, -1.0, 0, len(full.curve)
     for i, row in enumerate(full.curve):
@@ -222,7 +221,7 @@ def test_a_cell_of_epochs_trains_its_resolved_steps(tmp_path):
     path = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0])  # n_train 128, batch_size 16
     path.write_text(path.read_text().replace("steps = 20", "epochs = 2"))
     (two_epochs,) = load_grid(path).cells
-    assert two_epochs.training["steps"] == 2 * 8
+    assert two_epochs.training.steps == 2 * 8
     result = train_cell(two_epochs)
     assert result.metrics["steps"] == 16 and [row[0] for row in result.curve] == [10, 16]
 
@@ -233,7 +232,7 @@ def test_the_environment_records_the_device_and_dtype_trained_on():
 
 
 def test_bf16_on_the_cpu_trains_under_autocast_and_keeps_float32_weights():
-    t = dict(DEFAULT_TRAINING, steps=30, eval_every=10, batch_size=16, precision="bf16")
+    t = dict(steps=30, eval_every=10, batch_size=16, precision="bf16")
     result = train_cell(cell(training=t), keep_state=True, keep_maps=True)
     assert result.status == "done" and result.environment["dtype"] == "bfloat16"
     assert result.environment["device"] == "cpu"
@@ -246,7 +245,7 @@ def test_bf16_on_the_cpu_trains_under_autocast_and_keeps_float32_weights():
 
 def test_compile_trains_to_the_eager_metrics():
     # inductor on the CPU: up to 40 s for one tiny cell (its training and evaluation graphs)
-    t = dict(DEFAULT_TRAINING, steps=20, eval_every=10, batch_size=16)
+    t = dict(steps=20, eval_every=10, batch_size=16)
     small = dict(n_train=128, n_validation=32, n_test=32)
     eager = train_cell(cell(task_kwargs=small, training=t))
     compiled = train_cell(cell(task_kwargs=small, training=dict(t, compile=True)), keep_state=True)
@@ -273,7 +272,7 @@ def test_betas_reach_the_optimizer_and_grad_clip_0_does_not_clip(monkeypatch):
 
     monkeypatch.setattr(torch.optim, "AdamW", spy_adamw)
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy_clip)
-    training = dict(DEFAULT_TRAINING, steps=3, eval_every=3, batch_size=8)
+    training = dict(steps=3, eval_every=3, batch_size=8)
     train_cell(cell(training=dict(training, betas=[0.5, 0.75], grad_clip=0.0)))
     assert made[-1]["betas"] == (0.5, 0.75) and clipped == []
     train_cell(cell(training=dict(training, grad_clip=2.0)))  # defaults: (0.9, 0.999), clipped
@@ -285,7 +284,7 @@ def test_every_test_split_of_the_task_is_evaluated():
         task="games",
         task_name="relational_games",
         task_kwargs=dict(problem="same", cell_size=5, n_train=32, n_validation=16, n_test=16),
-        training=dict(DEFAULT_TRAINING, steps=2, eval_every=2, batch_size=8),
+        training=dict(steps=2, eval_every=2, batch_size=8),
     )
     metrics = train_cell(games).metrics
     for split in ("test", "test_id", "test_ood"):

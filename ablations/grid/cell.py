@@ -1,22 +1,24 @@
-"""A cell: one training run of a grid, fully resolved, and the training settings it holds.
+"""A cell: one training run of a grid, fully resolved, and how its settings key it.
 
     cell = spec.cells[0]                  # ablations.grid.spec.load_grid expands a grid into cells
     cell.key                              # its key in the results store: a hash of its config
     cell.labels                           # {"task": ..., "size": ..., "mechanism": ...,
                                           #  "training.lr": 0.001, "seed": 0}
-    training_settings(cell.training)      # every training key, defaults filled in
+    cell.training.lr                      # its training settings: a frozen TrainingSettings
+                                          # (ablations/grid/schema.py: every key and default)
 
-A cell's `training` holds the keys of `DEFAULT_TRAINING` but those in `ADDED_KEYS`, which were
-added after stores existed and enter it only when set to something other than their default
-(`resolve_training`): a grid that does not set them keeps every cell's key, and the cells
-already in its store. This module needs no schema or validation (ablations.grid.schema and
-ablations.grid.spec build cells); workers import it to train one.
+A cell's key is the hash of its config, where its training settings are written as
+`keyed_training` writes them: every key but those in `ADDED_KEYS`, which were added after stores
+existed and enter the key only when set to something other than their default, so that a grid
+that does not set them keeps every cell's key, and the cells already in its store. Workers
+import this module to train one cell.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from ablations.grid.schema import TrainingSettings
 from ablations.results.store import config_key
 from ablations.tasks import Task, build_task
 from ablations.tasks.registry import locate_files
@@ -24,57 +26,42 @@ from ablations.tasks.registry import locate_files
 # What places a cell in its grid, beside its swept keys: the task, size and mechanism labels
 # and the seed (what grid.include and grid.exclude rules name).
 LABEL_KEYS = ("task", "size", "mechanism", "seed")
-
-# Every training key and its default (ablations.grid.schema.Training types and bounds them).
-DEFAULT_TRAINING = {
-    "steps": 500,  # or epochs: exactly one of the two
-    "epochs": None,
-    "batch_size": 64,
-    "lr": 1e-3,
-    "weight_decay": 0.01,
-    "betas": [0.9, 0.999],  # AdamW's (beta1, beta2)
-    "warmup_steps": 50,
-    "schedule": "cosine",
-    "grad_clip": 1.0,
-    "eval_every": 50,
-    "early_stop_target": 0.0,
-    "patience": 0,
-    "device": "auto",
-    "precision": "float32",
-    "compile": False,
-    "label_smoothing": 0.0,  # of the training loss only; evaluation losses are plain
-}
-# Added after stores existed: in a cell's training only when set to another value than the
-# default, so that the cells of a grid that does not use them keep their keys.
+# Added after stores existed: in a cell's key only when set to another value than the default,
+# so that the cells of a grid that does not use them keep their keys.
 ADDED_KEYS = ("epochs", "patience", "device", "precision", "compile", "betas", "label_smoothing")
 LENGTH = ("steps", "epochs")  # one setting: setting either replaces both
-
-
-def training_settings(training: dict) -> dict:
-    """A cell's `training` with every key of `DEFAULT_TRAINING`: the added keys it leaves out
-    take their defaults."""
-    return {**DEFAULT_TRAINING, **training}
+DEFAULTS = TrainingSettings().model_dump()
 
 
 def set_training(training: dict, key: str, value: object) -> None:
-    """Set a training key; steps and epochs are one setting (setting one drops the other)."""
+    """Set a training key of settings being merged (grid < size < task < mechanism < sweep);
+    steps and epochs are one setting (setting one drops the other)."""
     if key in LENGTH:
         for length in LENGTH:
             training.pop(length, None)
     training[key] = value
 
 
-def resolve_training(given: dict) -> dict:
-    """A cell's training from the keys set: the keys of `DEFAULT_TRAINING` but `ADDED_KEYS`
-    always (but steps where epochs are set), an added key only when it is not its default."""
-    resolved = {k: v for k, v in DEFAULT_TRAINING.items() if k not in ADDED_KEYS}
-    resolved.update(given)
-    if "epochs" in given:
-        del resolved["steps"]
+def training_from(given: dict) -> TrainingSettings:
+    """The settings of the keys `given` (validated already, or read back from a store), the
+    others at their defaults; ValueError naming a key that is no training setting."""
+    unknown = sorted(set(given) - set(TrainingSettings.model_fields))
+    if unknown:
+        raise ValueError(
+            f"training keys {unknown} are not training settings; valid: "
+            f"{', '.join(TrainingSettings.model_fields)}"
+        )
+    return TrainingSettings.model_construct(**given)
+
+
+def keyed_training(training: TrainingSettings) -> dict:
+    """`training` as it keys a cell: every setting, but those of `ADDED_KEYS` at their default
+    (and epochs where unset)."""
+    keyed = training.model_dump()
     for key in ADDED_KEYS:
-        if key in resolved and resolved[key] == DEFAULT_TRAINING[key]:
-            del resolved[key]  # its default: keyed as a grid that does not name it
-    return resolved
+        if keyed[key] == DEFAULTS[key]:
+            del keyed[key]
+    return keyed
 
 
 @dataclass(frozen=True)
@@ -92,16 +79,22 @@ class Cell:
     mechanism: str  # its label
     mechanism_name: str
     mechanism_kwargs: dict
-    training: dict
+    training: TrainingSettings
     seed: int
     swept: tuple[str, ...] = ()
     folder: str = ""
 
+    def __post_init__(self) -> None:
+        if isinstance(self.training, dict):  # a config read back from a store or a file
+            object.__setattr__(self, "training", training_from(self.training))
+
     def config(self) -> dict:
-        """The resolved config that keys the cell in the results store."""
-        return {
-            f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("swept", "folder")
-        }
+        """The resolved config that keys the cell in the results store (its training as
+        `keyed_training` writes it)."""
+        config = {f.name: getattr(self, f.name) for f in fields(self)}
+        for unkeyed in ("swept", "folder"):
+            del config[unkeyed]
+        return {**config, "training": keyed_training(self.training)}
 
     def build_task(self) -> Task:
         """Its task, a relative data file looked up beside the grid file first (`locate_files`)."""
@@ -123,7 +116,7 @@ class Cell:
             return self.labels[key]
         section, _, name = key.partition(".")
         if section == "training":
-            return training_settings(self.training).get(name)
+            return getattr(self.training, name, None)
         table = {"model": self.size, "task_kwargs": self.task_kwargs}.get(section)
         return (self.mechanism_kwargs if table is None else table).get(name)
 

@@ -29,7 +29,7 @@ from ablations.grid.schema import (
     Table,
     TaskEntry,
     Tracking,
-    Training,
+    TrainingSettings,
     Valid,
 )
 
@@ -38,7 +38,7 @@ TABLES: list[tuple[str, type[Table]]] = [  # (heading, schema) in the order a gr
     ("[[tasks]]", TaskEntry),
     ("[[sizes]]", SizeEntry),
     ("[[mechanisms]]", MechanismEntry),
-    ("[training]", Training),
+    ("[training]", TrainingSettings),
     ("[model]", ModelOptions),
     ("[sweep]", Sweep),
     ("[selection]", Selection),

@@ -5,11 +5,12 @@ default and range (`Valid`, which error messages quote).
                                                    # the checks across fields and the expansion
 
 `GridFile` and its tables (`TaskEntry`, `SizeEntry`, `MechanismEntry`, `ModelOptions`,
-`Training`, `Sweep`, `Resources`, `Resume`, `GridRules`, `Selection`, `Tracking`, `Search`)
-refuse unknown keys, wrong types (a bool is not an int; an int is a float) and values out of
-range. Names are checked against the registries (tasks, mechanisms and reference models,
-norms, positions, symbol retrievers). The training defaults are ablations.grid.cell's
-`DEFAULT_TRAINING`; what the keys mean is in the grid format's description (ablations/grid/spec.py).
+`TrainingSettings`, `Sweep`, `Resources`, `Resume`, `GridRules`, `Selection`, `Tracking`,
+`Search`) refuse unknown keys, wrong types (a bool is not an int; an int is a float) and values
+out of range. Names are checked against the registries (tasks, mechanisms and reference models,
+norms, positions, symbol retrievers). Each default is written once, here (a cell's training
+settings are a `TrainingSettings`). What the keys mean: docs/grids.md; every key:
+docs/grid_reference.md, generated from these models.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from pydantic import (
     StrictStr,
 )
 
-from ablations.grid.cell import DEFAULT_TRAINING
 from ablations.grid.devices import DEVICES, RESOURCE_DEFAULTS, is_device_name
 from ablations.grid.references import REFERENCES
 from ablations.results.tracking import BACKENDS, URI_FORMS, is_tracking_uri
@@ -168,38 +168,34 @@ class SizeEntry(ModelOptions):
     n_layers: whole(1, high=1024)
 
 
-_D = DEFAULT_TRAINING
+class TrainingSettings(Table):
+    """[training]: every training key with its range and default (the only source of them).
+    Frozen: a cell's settings (`Cell.training`) are read as attributes, `cell.training.lr`."""
 
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-class Training(Table):
-    """[training]: every key with its range; its default is `DEFAULT_TRAINING`'s."""
-
-    steps: whole(1) = _D["steps"]  # or epochs: exactly one of the two
-    epochs: whole(1, "int >= 1 (an epoch: ceil(n_train / batch_size) steps)") | None = _D["epochs"]
-    batch_size: whole(1, high=2**20) = _D["batch_size"]
-    lr: finite("> 0 and < 3.4e38 (a float32)", lambda v: 0 < v < 3.4e38) = _D["lr"]
-    weight_decay: finite(">= 0", lambda v: v >= 0) = _D["weight_decay"]
-    betas: Betas = _D["betas"]  # AdamW's (beta1, beta2)
-    warmup_steps: whole(0) = _D["warmup_steps"]
-    schedule: choice(SCHEDULES) = _D["schedule"]
-    grad_clip: finite(">= 0 (the gradient-norm bound; 0: no clipping)", lambda v: v >= 0) = _D[
-        "grad_clip"
-    ]
-    eval_every: whole(1) = _D["eval_every"]
-    early_stop_target: finite("in [0, 1] (0: never stop early)", lambda v: 0 <= v <= 1) = _D[
-        "early_stop_target"
-    ]
+    steps: whole(1) = 500  # or epochs: exactly one of the two
+    epochs: whole(1, "int >= 1 (an epoch: ceil(n_train / batch_size) steps)") | None = None
+    batch_size: whole(1, high=2**20) = 64
+    lr: finite("> 0 and < 3.4e38 (a float32)", lambda v: 0 < v < 3.4e38) = 1e-3
+    weight_decay: finite(">= 0", lambda v: v >= 0) = 0.01
+    betas: Betas = [0.9, 0.999]  # AdamW's (beta1, beta2)
+    warmup_steps: whole(0) = 50
+    schedule: choice(SCHEDULES) = "cosine"
+    grad_clip: finite(">= 0 (the gradient-norm bound; 0: no clipping)", lambda v: v >= 0) = 1.0
+    eval_every: whole(1) = 50
+    early_stop_target: finite("in [0, 1] (0: never stop early)", lambda v: 0 <= v <= 1) = 0.0
     patience: whole(
         0,
         "int >= 0 (evaluations without improvement of the validation metric before "
         "stopping; 0: never)",
-    ) = _D["patience"]
-    device: rule(StrictStr, DEVICES, is_device_name) = _D["device"]
-    precision: choice(PRECISIONS) = _D["precision"]
-    compile: rule(StrictBool, "a bool (true: train the torch.compile'd model)") = _D["compile"]
-    label_smoothing: finite(
+    ) = 0
+    device: rule(StrictStr, DEVICES, is_device_name) = "auto"
+    precision: choice(PRECISIONS) = "float32"
+    compile: rule(StrictBool, "a bool (true: train the torch.compile'd model)") = False
+    label_smoothing: finite(  # of the training loss only; evaluation losses are plain
         "in [0, 1) (of the training loss; evaluation losses are plain)", lambda v: 0 <= v < 1
-    ) = _D["label_smoothing"]
+    ) = 0.0
 
 
 Values = Annotated[list[Any], Field(min_length=1), Valid("a non-empty list of values")]
@@ -222,7 +218,7 @@ class TaskEntry(Table):
     name: choice(list_tasks)
     label: Label | None = None
     kwargs: Kwargs = {}
-    training: Training = Training()
+    training: TrainingSettings = TrainingSettings()
     model: ModelOptions = ModelOptions()
     sweep: Sweep = Sweep()
 
@@ -393,7 +389,7 @@ class GridFile(Table):
     tasks: tables(TaskEntry)
     sizes: tables(SizeEntry)
     mechanisms: tables(MechanismEntry)
-    training: Training = Training()
+    training: TrainingSettings = TrainingSettings()
     model: ModelOptions = ModelOptions()
     sweep: Sweep = Sweep()
     selection: Selection | None = None
@@ -404,14 +400,14 @@ class GridFile(Table):
     search: Search | None = None
 
 
-# Added after stores existed: in a cell's training only when set to another value than the
-
-
 # The sections of a swept key ("training.lr"): the table whose field it is (None: a kwarg,
 # checked by building the task or mechanism)
 SECTIONS: dict[str, type[Table] | None] = {
-    "training": Training, "model": ModelOptions, "task_kwargs": None, "mechanism_kwargs": None,
-}  # fmt: skip
+    "training": TrainingSettings,
+    "model": ModelOptions,
+    "task_kwargs": None,
+    "mechanism_kwargs": None,
+}
 
 
 def higher_is_better(metric: str) -> bool:

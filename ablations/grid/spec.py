@@ -46,9 +46,8 @@ from ablations.grid.cell import (
     LABEL_KEYS,
     LENGTH,
     Cell,
-    resolve_training,
     set_training,
-    training_settings,
+    training_from,
 )
 from ablations.grid.cell_model import build_cell_model
 from ablations.grid.devices import DEVICES, RESOURCE_DEFAULTS, device_problem, precision_problem
@@ -69,7 +68,7 @@ from ablations.grid.schema import (
     SizeEntry,
     Sweep,
     TaskEntry,
-    Training,
+    TrainingSettings,
     Valid,
     higher_is_better,
 )
@@ -119,7 +118,7 @@ class GridSpec:
     seeds: list[int]
     store: Path  # the store's path joined to the grid file's folder
     file: GridFile  # the validated file (labels filled in)
-    training: dict  # [training] resolved as the cells of a grid without overrides hold it
+    training: TrainingSettings  # [training] as the cells of a grid without overrides hold it
     cells: list[Cell]
     swept_keys: list[str]  # every swept key (any level, or named by an include), in order
     checkpoints: bool = False
@@ -240,10 +239,11 @@ def _cell(path: Path, grid: str, base: Base, values: dict, seed: int) -> Cell:
         else:
             target = {"model": size, "task_kwargs": task_kwargs}.get(section, mech_kwargs)
             target[name] = value
-    training = resolve_training(training)
-    if "epochs" in training:  # steps per epoch: the task's training-set size in batches
+    training = training_from(training)
+    if training.epochs is not None:  # steps per epoch: the task's training-set size in batches
         n_train = _task(path, base.task.label, base.task.name, task_kwargs).n_train
-        training["steps"] = training["epochs"] * math.ceil(n_train / training["batch_size"])
+        steps = training.epochs * math.ceil(n_train / training.batch_size)
+        training = training.model_copy(update={"steps": steps})
     return Cell(
         grid, base.task.label, base.task.name, task_kwargs, size, base.mechanism.label,
         base.mechanism.name, mech_kwargs, training, seed, tuple(values),
@@ -518,7 +518,7 @@ def _check_entries(path, key: str, entries: list[TaskEntry | SizeEntry]) -> None
         taken[entry.label] = i
 
 
-def _check_length(path, where: str, training: Training) -> None:
+def _check_length(path, where: str, training: TrainingSettings) -> None:
     given = training.model_dump(exclude_unset=True)
     if "epochs" in given and "steps" in given:
         raise SpecError(
@@ -530,22 +530,21 @@ def _check_length(path, where: str, training: Training) -> None:
 
 def _check_training(path, cells: list[Cell]) -> None:
     """Each distinct training of the cells: device and precision usable on this machine."""
-    for training in {
-        json.dumps(cell.training, sort_keys=True): cell.training for cell in cells
-    }.values():
-        t = training_settings(training)
-        problem = device_problem(t["device"])
+    for device, precision in dict.fromkeys(
+        (cell.training.device, cell.training.precision) for cell in cells
+    ):
+        problem = device_problem(device)
         if problem:
             raise SpecError(
-                f"{path}: training.device = {t['device']!r} is not available on this machine: "
+                f"{path}: training.device = {device!r} is not available on this machine: "
                 f'{problem} (valid: {DEVICES}, where available; "auto" takes CUDA where a '
                 "worker has it)"
             )
-        problem = precision_problem(t["precision"], t["device"])
+        problem = precision_problem(precision, device)
         if problem:
             raise SpecError(
-                f"{path}: training.precision = {t['precision']!r} cannot be used with "
-                f"training.device = {t['device']!r}: {problem} (valid there: float32)"
+                f"{path}: training.precision = {precision!r} cannot be used with "
+                f"training.device = {device!r}: {problem} (valid there: float32)"
             )
 
 
@@ -861,7 +860,7 @@ def load_grid(
         grid.seeds,
         Path(os.path.normpath(path.parent / (grid.store or f"results/{grid.name}.sqlite"))),
         grid,
-        resolve_training(given),
+        training_from(given),
         cells,
         swept_keys,
         grid.checkpoints,

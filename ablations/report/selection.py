@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ablations.grid.cell import DEFAULT_TRAINING
+from ablations.grid.cell import DEFAULTS
 from ablations.grid.schema import higher_is_better
 from ablations.results.store import is_missing
 
@@ -145,12 +145,12 @@ def differing_settings(frame: pd.DataFrame) -> dict[str, list[str]]:
 
 def _all_settings(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[pd.Series]]:
     """Every setting of every cell of `frame` as text, one column per swept-key name (its
-    column's; the training keys in `DEFAULT_TRAINING`'s order), and the cells' (task, size
+    column's; the training keys in TrainingSettings' order), and the cells' (task, size
     label, mechanism) columns."""
     if frame.empty:
         return pd.DataFrame(index=frame.index), []
     missing = pd.Series(math.nan, index=frame.index)
-    defaults = {f"training.{k}": v for k, v in DEFAULT_TRAINING.items()}
+    defaults = {f"training.{k}": v for k, v in DEFAULTS.items()}
     columns = [c for c in frame.columns if c.startswith(SECTIONS)]
     at = next((i for i, c in enumerate(columns) if c in defaults), len(columns))
     columns = [*columns[:at], *defaults, *(c for c in columns[at:] if c not in defaults)]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ablations.grid.cell import Cell, training_settings
+from ablations.grid.cell import Cell
 from ablations.grid.plugins import import_plugins
 from ablations.results.store import error_summary
 from ablations.run.devices import attempted_device
@@ -91,7 +91,7 @@ def run_cell(
             on_checkpoint=lambda step, data: send(ResumePoint(key, step, data)),
         )
     except Exception:
-        setting = training_settings(cell.training)["device"]
+        setting = cell.training.device
         where = environment(attempted_device(setting, device))
         return CellOutcome("failed", where, error=traceback.format_exc())
     outcome = CellOutcome(result.status, result.environment, result.metrics, result.curve)

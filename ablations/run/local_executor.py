@@ -16,7 +16,7 @@ from multiprocessing.connection import wait as wait_connections
 
 import torch
 
-from ablations.grid.cell import Cell, training_settings
+from ablations.grid.cell import Cell
 from ablations.run.cell_worker import (
     CellInterrupted,
     Evaluation,
@@ -299,7 +299,7 @@ class LocalExecutor(ResumePoints):
     def _device(self, worker: _Worker, cell: Cell) -> str | None:
         """The GPU `worker` trains `cell` on, or None where the cell's own device setting
         decides (ablations.run.devices.local_placement)."""
-        return local_placement(worker.index, self.gpus, training_settings(cell.training)["device"])
+        return local_placement(worker.index, self.gpus, cell.training.device)
 
     def wait(self, handles: list, timeout: float) -> list[tuple[object, CellOutcome]]:
         """(worker, outcome) of the handles whose cell has come back (or whose process died

@@ -137,7 +137,7 @@ class Progress:
 
     def started(self, key: str, cell: Cell) -> None:
         self.pending[cell_kind(cell)] -= 1
-        steps = cell.training["steps"]
+        steps = cell.training.steps
         self.running[key] = Running(cell_label(cell), cell_kind(cell), time.monotonic(), steps)
 
     def step(self, key: str, step: int, loss: float) -> None:

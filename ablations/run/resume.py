@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 import attn_zoo
-from ablations.grid.cell import Cell, training_settings
+from ablations.grid.cell import Cell
 
 MAGIC = b"attn_zoo resume checkpoint 1\n"
 KEYS = ("config", "versions", "device_type", "threads", "loop", "model", "optimizer", "schedule",
@@ -182,7 +182,7 @@ def _trusted(data: bytes, cell: Cell, model: nn.Module, device: torch.device) ->
     if weights != {name: tuple(t.shape) for name, t in model.state_dict().items()}:
         raise ResumeError("its weights do not fit the cell's model")
     step = state["loop"].step
-    if not 1 <= step < training_settings(cell.training)["steps"]:
+    if not 1 <= step < cell.training.steps:
         raise ResumeError(f"its step {step} is not within the cell's steps")
     return state
 

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from ablations.grid.cell import Cell, training_settings
+from ablations.grid.cell import Cell
 from ablations.grid.spec import GridSpec, SpecError
 from ablations.results.store import ClaimError, ResultsStore, StoreError, config_key
 from ablations.results.tracking import TrackingPlan, check_backends, open_trackers
@@ -371,7 +371,7 @@ def drive(
         raise
     environment = {"commit": source_commit(), "plugins": plugins}
     stop = _StopSignals()  # before ray.init, which sets its own SIGTERM handler
-    device = training_settings(spec.training)["device"]  # where the local workers go
+    device = spec.training.device  # where the local workers go
     threads = cell_threads(spec.resources)
     if executor == "ray" or (workers or default_local_workers(device, threads)) > 1:
         _check_importable(spec, named)  # before any worker starts
@@ -440,8 +440,7 @@ def _slow_warning(executor: str) -> Callable[[list[Cell], Callable[[str], None]]
         if executor != "local":
             return
         for cell in cells:
-            training = training_settings(cell.training)
-            pair = (training["precision"], training["device"])
+            pair = (cell.training.precision, cell.training.device)
             slow = None if pair in warned else slow_precision(*pair)
             warned.add(pair)
             if slow is not None:

@@ -50,7 +50,7 @@ from dataclasses import replace
 from importlib.util import find_spec
 from typing import TextIO
 
-from ablations.grid.cell import Cell, training_settings
+from ablations.grid.cell import Cell
 from ablations.grid.spec import (
     Dimension,
     GridSpec,
@@ -160,7 +160,7 @@ def _pruner(spec: GridSpec, group: SearchGroup):
             n_warmup_steps=table.warmup_steps or 0,
         )
     if table.pruner == "successive_halving":
-        first = training_settings(trial_cell(spec, group, {}).training)["eval_every"]
+        first = trial_cell(spec, group, {}).training.eval_every
         return optuna.pruners.SuccessiveHalvingPruner(
             min_resource=table.min_resource or first, reduction_factor=table.reduction_factor or 4
         )

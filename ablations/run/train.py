@@ -48,8 +48,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ablations.grid.cell import Cell, training_settings
+from ablations.grid.cell import Cell
 from ablations.grid.cell_model import build_cell_model, forward
+from ablations.grid.schema import TrainingSettings
 from ablations.run.devices import compute_dtype, resolve_device
 from ablations.run.provenance import data_record
 from ablations.run.resume import LoopState, ResumeError, ResumePlan, load_state, save_state
@@ -156,14 +157,14 @@ def smoke_test(cell: Cell) -> None:
     loss.backward()
 
 
-def lr_factor(step: int, training: dict) -> float:
+def lr_factor(step: int, training: TrainingSettings) -> float:
     """Linear warmup to 1, then cosine decay to 0 (or constant)."""
-    warmup = training["warmup_steps"]
+    warmup = training.warmup_steps
     if step < warmup:
         return (step + 1) / warmup
-    if training["schedule"] == "constant":
+    if training.schedule == "constant":
         return 1.0
-    progress = (step - warmup) / max(1, training["steps"] - warmup)
+    progress = (step - warmup) / max(1, training.steps - warmup)
     return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
@@ -247,9 +248,9 @@ def train_cell(
     is ignored, with a note: the cell trains from step 0), and when `on_checkpoint(step, data)`
     is handed a new one (never after the last step). Exceptions propagate (the runner records
     them as failed cells with the traceback), a compile error included."""
-    t = training_settings(cell.training)
-    device = torch.device(resolve_device(t["device"]) if device is None else device)
-    dtype = compute_dtype(t["precision"], str(device))
+    t = cell.training
+    device = torch.device(resolve_device(t.device) if device is None else device)
+    dtype = compute_dtype(t.precision, str(device))
     torch.manual_seed(cell.seed)
     task = cell.build_task()
     data = data_record(task)  # the files as the task read them
@@ -258,9 +259,9 @@ def train_cell(
         for name, split in task.splits(cell.seed).items()
     }
     model = build_cell_model(cell, task).to(device)  # built on the CPU: the same weights anywhere
-    run = torch.compile(model) if t["compile"] else model
+    run = torch.compile(model) if t.compile else model
     opt = torch.optim.AdamW(
-        model.parameters(), lr=t["lr"], betas=tuple(t["betas"]), weight_decay=t["weight_decay"]
+        model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, t))
     gen = torch.Generator().manual_seed(cell.seed)
@@ -276,46 +277,46 @@ def train_cell(
     train = splits["train"]
     start = saved = time.perf_counter()
     status, step = "done", loop.step
-    for step in range(loop.step + 1, t["steps"] + 1):
-        batch = torch.randint(len(train.inputs), (t["batch_size"],), generator=gen).to(device)
+    for step in range(loop.step + 1, t.steps + 1):
+        batch = torch.randint(len(train.inputs), (t.batch_size,), generator=gen).to(device)
         with _autocast(device, dtype):
             logits, loss, y = forward(run, task, train.inputs[batch], train.targets[batch])
-            if t["label_smoothing"]:
-                loss = smoothed_loss(logits, y, t["label_smoothing"])
+            if t.label_smoothing:
+                loss = smoothed_loss(logits, y, t.label_smoothing)
         if not torch.isfinite(loss):
             status = "diverged"
             break
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if t["grad_clip"]:
-            nn.utils.clip_grad_norm_(model.parameters(), t["grad_clip"])
+        if t.grad_clip:
+            nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
         opt.step()
         schedule.step()
-        if step % t["eval_every"] == 0 or step == t["steps"]:
+        if step % t.eval_every == 0 or step == t.steps:
             with _autocast(device, dtype):
                 val = evaluate(run, task, splits["validation"])
             loop.val_loss, loop.val_metric = val["loss"], val["acc"]
             loop.curve.append([step, loss.item(), loop.val_loss, loop.val_metric])
             if on_progress is not None:
                 on_progress(step, loss.item())
-            target = t["early_stop_target"]
+            target = t.early_stop_target
             if target and loop.val_metric >= target:
                 break
             if loop.val_metric > loop.best:
                 loop.best, loop.stale = loop.val_metric, 0
             else:
                 loop.stale += 1
-            if t["patience"] and loop.stale >= t["patience"]:
+            if t.patience and loop.stale >= t.patience:
                 break
             if (
                 should_prune is not None
-                and step < t["steps"]
+                and step < t.steps
                 and should_prune(step, loop.val_loss, loop.val_metric)
             ):
                 status = "pruned"
                 break
         now = time.perf_counter()
-        if on_checkpoint is not None and step < t["steps"] and resume.due(step, now - saved):
+        if on_checkpoint is not None and step < t.steps and resume.due(step, now - saved):
             loop.step, loop.wall_s = step, before + now - start
             on_checkpoint(step, save_state(cell, loop, model, opt, schedule, gen, device))
             saved = time.perf_counter()
