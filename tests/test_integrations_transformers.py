@@ -23,7 +23,7 @@ from transformers import (  # noqa: E402
 )
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa: E402
 
-import attn_zoo.integrations.transformers as zt  # noqa: E402
+import attn_zoo.interop.transformers as zt  # noqa: E402
 from attn_zoo.kernels import UnsupportedCallError  # noqa: E402
 from attn_zoo.kernels.dispatch import family  # noqa: E402
 from attn_zoo.kernels.softmax import softmax_attention  # noqa: E402
@@ -331,7 +331,7 @@ def test_module_imports_without_transformers():
                     raise ModuleNotFoundError("No module named 'transformers'", name=name)
 
         sys.meta_path.insert(0, NoTransformers())
-        import attn_zoo.integrations.transformers as zt
+        import attn_zoo.interop.transformers as zt
         try:
             zt.register()
         except ModuleNotFoundError:
@@ -340,3 +340,12 @@ def test_module_imports_without_transformers():
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+def test_the_old_module_path_still_registers_with_a_deprecation_warning():
+    """attn_zoo.integrations.transformers, where register() lived before interop/ and
+    integrations/ became one package, still gives the same functions."""
+    import attn_zoo.integrations.transformers as old
+
+    with pytest.warns(DeprecationWarning, match="attn_zoo.interop.transformers"):
+        assert old.register is zt.register
