@@ -40,3 +40,10 @@ def terminal_text(text: object, limit: int = LABEL_CHARS) -> str:
     bidirectional controls `visible`, at most `limit` characters (`short_label`)."""
     escaped = CONTROL.sub(lambda match: f"\\x{ord(match[0]):02x}", str(text))
     return short_label(escaped, limit)
+
+
+def one_line(err: BaseException, limit: int = 200) -> str:
+    """'Type: first line of the message', at most `limit` characters."""
+    lines = str(err).strip().splitlines()
+    text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -14,13 +14,13 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 
 import ablations.run.train
 import attn_zoo as az
+from ablations.grid.cell_model import load_cell_model
 from ablations.grid.spec import load_grid
 from ablations.report.attention_maps import (
     MapsError,
     attention_blocks,
     cell_attention_figure,
     load_cell_maps,
-    load_cell_model,
 )
 from ablations.report.build import write_report
 from ablations.report.pages import label_file_name

@@ -352,8 +352,10 @@ def test_a_task_that_knows_its_loss_floor_gets_it_in_the_report(tmp_path):
             cell = {**config("same_pair", "small", "softmax", seed), "task": "grammar"}
             cell |= {"task_name": "grammar", "task_kwargs": {**lm, "n_train": n_train}}
             metrics, _ = outcome(0, 0, 0, seed)
+            task = build_task("grammar", **lm, n_train=n_train)  # as training records them
+            metrics |= {"test_exact": 0.1, **task.loss_floors(task.splits(seed))}
             curve = [[step, 3.0, 2.5 + 10 / step, 0.3] for step in STEPS]  # above any floor
-            store.finish(store.claim(cell), "done", {**metrics, "test_exact": 0.1}, curve)
+            store.finish(store.claim(cell), "done", metrics, curve)
         store.finish(store.claim(config("same_pair", "small", "softmax", seed)), "done",
                      *outcome(0, 0, 0, seed))  # fmt: skip
     floors = {"validation": [], "test": []}
@@ -382,6 +384,23 @@ def test_a_task_that_knows_its_loss_floor_gets_it_in_the_report(tmp_path):
     assert (tmp_path / "report" / label_file_name("loss_curves", "grammar")) in set(
         (tmp_path / "report").glob("*.png")
     )
+
+
+def test_a_cell_stored_without_its_loss_floor_gives_the_task_none(tmp_path):
+    """A store written before cells recorded their floor: the report builds no task to find
+    it, and says nothing of a floor rather than a wrong one."""
+    store = ResultsStore(tmp_path / "lm.sqlite")
+    cell = {**config("same_pair", "small", "softmax", 0), "task": "grammar"}
+    cell |= {"task_name": "grammar", "task_kwargs": {"length": 16, "n_train": 16}}
+    metrics, _ = outcome(0, 0, 0, 0)
+    curve = [[step, 3.0, 2.5 + 10 / step, 0.3] for step in STEPS]
+    store.finish(store.claim(cell), "done", {**metrics, "test_exact": 0.1}, curve)
+    (tmp_path / "report").mkdir()
+    page = report_page(store, tmp_path / "report")
+    texts = " ".join(
+        p.text for section in page.sections for p in section.parts if isinstance(p, Paragraph)
+    )
+    assert "floor" not in texts.lower()
 
 
 @pytest.mark.parametrize(("lines", "label"), [(3, "x"), (9, "x"), (30, "x"), (12, "y" * 90)])

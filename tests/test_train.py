@@ -308,3 +308,19 @@ def test_a_last_update_that_makes_the_weights_nan_is_diverged_not_done(tmp_path)
     key = store.claim(nan_cell.config())
     with pytest.raises(ValueError, match="val_loss are not finite; a result is done only"):
         store.finish(key, "done", {"val_loss": float("nan"), "val_acc": 0.5})
+
+
+def test_a_language_model_cell_records_the_loss_floor_of_its_own_splits():
+    """A finished cell of a task that knows its floor records it (the report reads it there):
+    the mean of the task's best losses on the very validation and test splits of its seed."""
+    grammar = {"length": 8, "n_train": 32, "n_validation": 8, "n_test": 8}
+    done = train_cell(
+        cell(task_name="grammar", task_kwargs=grammar, training=dict(steps=2, eval_every=2))
+    )
+    task = build_task("grammar", **grammar)
+    splits = task.splits(0)  # the cell's seed
+    for split in ("validation", "test"):
+        expected = float(task.best_losses(*splits[split][:]).mean())
+        assert done.metrics[f"loss_floor_{split}"] == expected > 0
+    plain = train_cell(cell(training=dict(steps=2, eval_every=2)))
+    assert not [name for name in plain.metrics if name.startswith("loss_floor")]

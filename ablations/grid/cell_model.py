@@ -1,7 +1,8 @@
 """The model a grid cell trains: the model family its task's kind needs (`MODEL_FOR_KIND`),
 sized and configured by the cell's `size` (ablations.grid.cell: d_model, n_layers and the model
 options), with the cell's mechanism, and the forward call of one batch. A mechanism that names
-a reference model (ablations.grid.references) builds that model instead.
+a reference model (ablations.grid.references) builds that model instead. `load_cell_model`: the
+trained model of a stored cell that kept its checkpoint.
 
 Model options of a cell's size: the `BlockConfig` fields in `BLOCK_OPTIONS` (every kind), and
 the model's own options (`KindModel.options`: pos_enc, pool, final_norm; those of the kind
@@ -12,12 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor, nn
 
 from ablations.grid.cell import Cell
 from ablations.grid.references import REFERENCES, build_reference
-from ablations.tasks import IGNORE_INDEX
+from ablations.labels import one_line
+from ablations.tasks import IGNORE_INDEX, build_task
 from attn_zoo.mechanisms.registry import MECHANISMS
 from attn_zoo.models import (
     BlockConfig,
@@ -26,6 +30,9 @@ from attn_zoo.models import (
     SequenceClassifier,
     VisionClassifier,
 )
+
+if TYPE_CHECKING:
+    from ablations.results.store import ResultsStore
 
 # BlockConfig fields a grid may set (d_model, attention and its kwargs come from the cell)
 BLOCK_OPTIONS = (
@@ -152,3 +159,27 @@ def build_cell_model(cell: Cell, task) -> nn.Module:
 def forward(model: nn.Module, task, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(logits, loss, scored targets) of one batch; seq2seq is teacher-forced."""
     return MODEL_FOR_KIND[task.kind].forward(model, task, x, y)
+
+
+class CheckpointError(RuntimeError):
+    """A cell's checkpoint file exists but cannot be loaded into the cell's model."""
+
+
+def load_cell_model(store: ResultsStore, row: dict) -> tuple[torch.nn.Module, object]:
+    """The trained model of a stored cell and its task; FileNotFoundError without checkpoint,
+    CheckpointError when it cannot be loaded (truncated, corrupt, another model's)."""
+    path = store.checkpoint_path(row["key"])
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no checkpoint for cell {row['key']} at {path}: run the grid with checkpoints = true"
+        )
+    cell = Cell(**row["config"])
+    task = build_task(cell.task_name, **cell.task_kwargs)
+    model = build_cell_model(cell, task)
+    try:
+        model.load_state_dict(torch.load(path, weights_only=True))
+    except Exception as err:  # torch raises OSError, RuntimeError, EOFError, pickle errors...
+        raise CheckpointError(
+            f"checkpoint of cell {row['key']} at {path} cannot be loaded: {one_line(err)}"
+        ) from err
+    return model, task

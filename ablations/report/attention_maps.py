@@ -3,7 +3,6 @@ attention module's weights (and relation tensors) per head, on one fixed test ex
 
     figure = cell_attention_figure(store, row)       # a row of ResultsStore.rows(), status done
     blocks = attention_blocks(store, folder)         # the report's "Attention maps" section
-    model, task = load_cell_model(store, row)        # the trained weights, for your own use
 
 In a grid that keeps checkpoints (``checkpoints = true`` in its spec), the worker that trained a
 cell records the attention maps of its trained model on one test example of its seed
@@ -23,8 +22,7 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
-from ablations.grid.cell import Cell
-from ablations.grid.cell_model import build_cell_model
+from ablations.labels import one_line
 from ablations.report.folder import new_file
 from ablations.report.pages import (
     Bullets,
@@ -38,14 +36,9 @@ from ablations.report.pages import (
 from ablations.results.cells_file import ATTENTION_FILE
 from ablations.results.store import ResultsStore, error_summary
 from ablations.steps import Steps
-from ablations.tasks import build_task
 from attn_zoo.maps import plot_attention_maps
 
 NOTE_LENGTH = 200  # at most this many characters of an error in a skipped map's note
-
-
-class CheckpointError(RuntimeError):
-    """A cell's checkpoint file exists but cannot be loaded into the cell's model."""
 
 
 class MapsError(RuntimeError):
@@ -55,26 +48,6 @@ class MapsError(RuntimeError):
     def __init__(self, message: str, reason: str):
         super().__init__(message)
         self.reason = reason
-
-
-def load_cell_model(store: ResultsStore, row: dict) -> tuple[torch.nn.Module, object]:
-    """The trained model of a stored cell and its task; FileNotFoundError without checkpoint,
-    CheckpointError when it cannot be loaded (truncated, corrupt, another model's)."""
-    path = store.checkpoint_path(row["key"])
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"no checkpoint for cell {row['key']} at {path}: run the grid with checkpoints = true"
-        )
-    cell = Cell(**row["config"])
-    task = build_task(cell.task_name, **cell.task_kwargs)
-    model = build_cell_model(cell, task)
-    try:
-        model.load_state_dict(torch.load(path, weights_only=True))
-    except Exception as err:  # torch raises OSError, RuntimeError, EOFError, pickle errors...
-        raise CheckpointError(
-            f"checkpoint of cell {row['key']} at {path} cannot be loaded: {_one_line(err)}"
-        ) from err
-    return model, task
 
 
 def load_cell_maps(store: ResultsStore, row: dict) -> dict:
@@ -90,7 +63,7 @@ def load_cell_maps(store: ResultsStore, row: dict) -> dict:
     try:
         record = torch.load(path, weights_only=True)
     except Exception as err:  # torch raises OSError, RuntimeError, EOFError, pickle errors...
-        reason = _one_line(err)
+        reason = one_line(err, NOTE_LENGTH)
         message = f"maps file of cell {row['key']} at {path} cannot be loaded: {reason}"
         raise MapsError(message, reason) from err
     problem = _record_problem(record)
@@ -119,13 +92,6 @@ def _record_problem(record: object) -> str | None:
     ):
         return "labels is neither None nor a list of str"
     return None
-
-
-def _one_line(err: BaseException) -> str:
-    """'Type: first line of the message', at most NOTE_LENGTH characters."""
-    lines = str(err).strip().splitlines()
-    text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
-    return text if len(text) <= NOTE_LENGTH else text[: NOTE_LENGTH - 3] + "..."
 
 
 def _figure(record: dict, row: dict) -> Figure:

@@ -19,8 +19,7 @@ from ablations.report.pages import (
     short_label,
 )
 from ablations.report.selection import interval, setting_text, varying_per_task
-from ablations.tasks import build_task
-from ablations.tasks.registry import TASKS
+from ablations.results.store import is_missing
 
 LINESTYLES = ["-", "--", ":", "-."]
 
@@ -133,26 +132,25 @@ def metric_name(metric: str) -> str:
     return "accuracy" if metric == "test_acc" else metric.replace("_", " ")
 
 
-def loss_floor(configs: list[dict]) -> dict[str, float] | None:
+def loss_floor(configs: list[dict], done: pd.DataFrame) -> dict[str, float] | None:
     """The lowest mean loss any model can have on the validation and test splits of the done
-    cells of one task (their `configs`), for a task that knows it (`best_losses`, e.g. the
-    grammar task's true probabilities): the mean over the splits those cells used, one per seed
-    and setting of the task's arguments. None for a task without one."""
-    settings = {
-        (config["task_name"], json.dumps(config["task_kwargs"]), int(config["seed"]))
-        for config in configs
-    }
-    floors: dict[str, list[float]] = {"validation": [], "test": []}
-    for name, kwargs, seed in sorted(settings):
-        if not hasattr(TASKS[name], "best_losses"):  # built only then: no file of it is read
-            return None
-        task = build_task(name, **json.loads(kwargs))
-        splits = task.splits(seed)
-        for split, values in floors.items():
-            values.append(float(task.best_losses(*splits[split][:]).mean()))
-    if not settings:
+    cells `done` of one task (`tidy_cells` rows; `configs`: the stored configs, by their
+    index), as their training recorded it (metrics loss_floor_validation and loss_floor_test:
+    the task's `loss_floors`): the mean over the splits those cells used, one per seed and
+    setting of the task's arguments. None where a cell recorded none (a task without one, or
+    a cell trained before floors were recorded)."""
+    floors = {}
+    for i, row in done.iterrows():
+        config = configs[i]
+        setting = (config["task_name"], json.dumps(config["task_kwargs"]), int(config["seed"]))
+        floors[setting] = (row.loss_floor_validation, row.loss_floor_test)
+    if not floors or any(is_missing(floor) for pair in floors.values() for floor in pair):
         return None
-    return {split: sum(values) / len(values) for split, values in floors.items()}
+    ordered = [floors[setting] for setting in sorted(floors)]
+    return {
+        split: sum(pair[i] for pair in ordered) / len(ordered)
+        for i, split in enumerate(("validation", "test"))
+    }
 
 
 def plot_vs_params(

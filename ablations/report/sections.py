@@ -71,7 +71,7 @@ def task_sections(
                 "setting (see Selection; not drawn where no setting finished on every seed)."
             ))  # fmt: skip
         figures, mine = [], plotted[plotted.task == task]  # (kind, label, draw): drawn later
-        floor = loss_floor([configs[i] for i in mine.index])
+        floor = loss_floor(configs, mine)
         if floor is not None:
             section.parts.append(Paragraph(
                 f"Loss floor: no model can have a mean loss below {floor['test']:.3f} on these "

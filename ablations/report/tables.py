@@ -39,6 +39,8 @@ FIELDS = {  # tidy column of a cell: its column in the store's frame (ResultsSto
     "step_ms": "metrics.step_ms",
     "diverged_at": "metrics.diverged_at",
     "pruned_at": "metrics.pruned_at",
+    "loss_floor_validation": "metrics.loss_floor_validation",
+    "loss_floor_test": "metrics.loss_floor_test",
     "error": "error",
 }
 

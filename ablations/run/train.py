@@ -254,9 +254,10 @@ def train_cell(
     torch.manual_seed(cell.seed)
     task = cell.build_task()
     data = data_record(task)  # the files as the task read them
+    made = task.splits(cell.seed)
     splits = {
         name: type(split)(split.inputs.to(device), split.targets.to(device))
-        for name, split in task.splits(cell.seed).items()
+        for name, split in made.items()
     }
     model = build_cell_model(cell, task).to(device)  # built on the CPU: the same weights anywhere
     run = torch.compile(model) if t.compile else model
@@ -340,6 +341,7 @@ def train_cell(
             tests.update({f"{name}_{k}": v for k, v in test.items()})
         if all(math.isfinite(v) for v in (val_loss, val_metric, *tests.values())):
             metrics.update(tests)
+            metrics.update(task.loss_floors(made))  # the floor under its losses, if known
         else:  # a result is done only if it is finite
             status = "diverged"
     if status in ("diverged", "pruned"):

@@ -177,6 +177,19 @@ class Task:
         """`n` examples drawn with `generator`: ``(inputs, targets)``."""
         raise NotImplementedError
 
+    def loss_floors(self, splits: dict[str, Split]) -> dict[str, float]:
+        """The lowest mean loss any model can have on the validation and test `splits`, for a
+        task that knows it (`best_losses`, e.g. the grammar's true probabilities): metrics
+        ``loss_floor_validation`` and ``loss_floor_test``, recorded with each cell that
+        finishes (reports draw them); {} for a task without one."""
+        best_losses = getattr(self, "best_losses", None)
+        if best_losses is None:
+            return {}
+        return {
+            f"loss_floor_{split}": float(best_losses(*splits[split][:]).mean())
+            for split in ("validation", "test")
+        }
+
     def splits(self, seed: int) -> dict[str, Split]:
         """Train, validation and test splits, deterministic in `seed` (`check_size` first)."""
         self.check_size()
