@@ -1,4 +1,4 @@
-"""Argument types and the help format shared by the ``attn-zoo`` command (ablations/cli.py)
+"""Argument types and the help format shared by the ``attn-zoo`` command (ablations/cli/)
 and the module commands (``python -m ablations.bench.engine_overhead``): a number in a range,
 refused with the valid range, and option help that ends with the default."""
 
