@@ -12,6 +12,7 @@ from grids import STD, tiny_grid
 
 from ablations.cli import main
 from ablations.grid.devices import device_problem, precision_problem
+from ablations.grid.schema import TrainingSettings
 from ablations.grid.spec import SpecError, load_grid
 from ablations.results.store import ResultsStore
 from ablations.run import devices, local_executor, ray_executor
@@ -161,8 +162,8 @@ def test_placements_put_one_worker_per_gpu(workers, n_gpus, device, expected):
 
 def test_the_local_executor_places_each_worker_by_its_index(monkeypatch):
     pool = LocalExecutor(3, gpus=2)
-    auto = types.SimpleNamespace(training={})  # device at its default: "auto"
-    named = types.SimpleNamespace(training={"device": "cpu"})
+    auto = types.SimpleNamespace(training=TrainingSettings())  # device at its default: "auto"
+    named = types.SimpleNamespace(training=TrainingSettings(device="cpu"))
     workers = [types.SimpleNamespace(index=i) for i in range(3)]
     assert [pool._device(w, auto) for w in workers] == ["cuda:0", "cuda:1", "cuda:0"]
     # None: the cell's own setting decides ("cpu" here; "auto" on a machine without GPUs)

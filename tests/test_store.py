@@ -15,14 +15,8 @@ import pytest
 from grids import REL, STD, tiny_grid
 
 from ablations.grid.spec import load_grid
-from ablations.results.store import (
-    ClaimError,
-    ResultsStore,
-    StoreError,
-    config_key,
-    is_missing,
-    keep_whole_numbers,
-)
+from ablations.results.frames import is_missing, keep_whole_numbers
+from ablations.results.store import ClaimError, ResultsStore, StoreError, config_key
 
 REPO = Path(__file__).resolve().parents[1]
 

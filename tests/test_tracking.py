@@ -17,7 +17,8 @@ from grids import REL, STD, tiny_grid
 from ablations.cli import main
 from ablations.grid.spec import SpecError, load_grid
 from ablations.results import tracking
-from ablations.results.store import FRAME_COLUMNS, ResultsStore, is_missing
+from ablations.results.frames import FRAME_COLUMNS, is_missing
+from ablations.results.store import ResultsStore
 from ablations.results.tracking import TrackingError, TrackingPlan
 from ablations.run.progress import cell_label
 from ablations.run.runner import run_grid

@@ -73,7 +73,8 @@ from ablations.report.tables import (
     with_cells_not_run,
 )
 from ablations.results.cells_file import CellsFile
-from ablations.results.store import ResultsStore, cells_table
+from ablations.results.frames import cells_table
+from ablations.results.store import ResultsStore
 from ablations.steps import Steps
 
 INTRO = (

@@ -19,7 +19,7 @@ from ablations.report.pages import (
     short_label,
 )
 from ablations.report.selection import interval, setting_text, varying_per_task
-from ablations.results.store import is_missing
+from ablations.results.frames import is_missing
 
 LINESTYLES = ["-", "--", ":", "-."]
 

@@ -42,7 +42,7 @@ from scipy import stats
 
 from ablations.grid.cell import DEFAULTS
 from ablations.grid.schema import higher_is_better
-from ablations.results.store import is_missing
+from ablations.results.frames import is_missing
 
 SECTIONS = ("training.", "model.", "task_kwargs.", "mechanism_kwargs.")  # of the swept keys
 GROUP = ["task", "size", "mechanism"]

@@ -18,7 +18,8 @@ from ablations.report.selection import (
     varying_per_task,
     varying_settings,
 )
-from ablations.results.store import error_summary, keep_whole_numbers
+from ablations.results.frames import keep_whole_numbers
+from ablations.results.store import error_summary
 
 FIELDS = {  # tidy column of a cell: its column in the store's frame (ResultsStore.to_dataframe)
     "key": "key",

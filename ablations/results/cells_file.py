@@ -35,7 +35,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ablations.results.store import CURVE_COLUMNS, CURVE_FIELDS, FINISHED, FRAME_COLUMNS
+from ablations.results.frames import FRAME_COLUMNS
+from ablations.results.store import CURVE_COLUMNS, CURVE_FIELDS, FINISHED
 
 OLD_PREFIX = "config."  # the config columns of files written before flat_config's names
 TEXTS = {("grid",), ("task",), ("task_name",), ("size", "label"), ("mechanism",),

@@ -155,7 +155,8 @@ def cell_run(name: str, config: dict, record: dict) -> CellRun:
     """The `CellRun` of a cell of label `name` and `config` from the `record` its outcome was
     stored with (the keyword arguments of `ResultsStore.finish`)."""
     # here, not above: `attn-zoo --help` reads BACKENDS without loading pandas
-    from ablations.results.store import CURVE_FIELDS, config_key, error_summary, flat_config
+    from ablations.results.frames import flat_config
+    from ablations.results.store import CURVE_FIELDS, config_key, error_summary
 
     metrics = {f"metrics.{k}": float(v) for k, v in (record["metrics"] or {}).items()}
     curve = [

@@ -51,14 +51,8 @@ from importlib.util import find_spec
 from typing import TextIO
 
 from ablations.grid.cell import Cell
-from ablations.grid.spec import (
-    Dimension,
-    GridSpec,
-    SearchGroup,
-    SpecError,
-    search_probe,
-    trial_cell,
-)
+from ablations.grid.search_space import Dimension, SearchGroup
+from ablations.grid.spec import GridSpec, SpecError, search_probe, trial_cell
 from ablations.results.store import FINISHED, ResultsStore, claim_is_stale
 from ablations.results.tracking import TrackingPlan, check_backends
 from ablations.run.cell_worker import Evaluation

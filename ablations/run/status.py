@@ -18,7 +18,8 @@ import pandas as pd
 
 from ablations.grid.spec import GridSpec
 from ablations.labels import terminal_text
-from ablations.results.store import ResultsStore, claim_is_stale, error_summary, is_missing
+from ablations.results.frames import is_missing
+from ablations.results.store import ResultsStore, claim_is_stale, error_summary
 
 ERROR_CHARS = 400  # at most this many characters of an error's last line in the table
 COLUMNS = ["key", "task", "size", "mechanism", "seed", "status", "steps", "test_acc", "error"]

@@ -125,19 +125,19 @@ class Shakespeare(Task):
 
     def works(self) -> tuple[tuple[str, str], ...]:
         """(file name, text) of every work, sorted by name."""
-        return _works(self.sdist)
+        return _works(_source(self.sdist))
 
     def split_works(self, split: str) -> list[str]:
         """The file names of the works of `split` ("train", "validation", "test")."""
-        return _split_works(self.sdist, split)
+        return _split_works(_source(self.sdist), split)
 
     def text(self, split: str) -> str:
         """The text of `split`'s works, each followed by a blank line."""
-        return _text(self.sdist, split)
+        return _text(_source(self.sdist), split)
 
     def alphabet(self) -> str:
         """Every character of the corpus, sorted: character i is token i."""
-        return _alphabet(self.sdist)
+        return _alphabet(_source(self.sdist))
 
     @property
     def seq_len(self) -> int:
@@ -162,7 +162,7 @@ class Shakespeare(Task):
 
     def generate(self, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """`n` training windows at positions drawn with `generator`."""
-        tokens = _tokens(self.sdist, "train")
+        tokens = _tokens(_source(self.sdist), "train")
         starts = torch.randint(len(tokens) - self.length, (n,), generator=generator)
         return self.windows(tokens, starts, self.length)
 
@@ -172,18 +172,25 @@ class Shakespeare(Task):
         self.check_size()
         out = {"train": Split(*self.generate(self.n_train, torch.Generator().manual_seed(seed)))}
         for name in ("validation", "test"):
-            tokens, n = _tokens(self.sdist, name), getattr(self, f"n_{name}")
+            tokens, n = _tokens(_source(self.sdist), name), getattr(self, f"n_{name}")
             stride = (len(tokens) - self.length - 1) // max(n - 1, 1)
             out[name] = Split(*self.windows(tokens, torch.arange(n) * stride, self.length))
         return out
 
 
-def _works(sdist: str) -> tuple[tuple[str, str], ...]:
-    return read_works(sdist_path(sdist), check=not sdist)
+def _source(sdist: str) -> tuple[Path, bool]:
+    """The file `sdist` names now (`sdist_path`: the data cache is read at each call) and
+    whether it must be the pinned one: what the cached corpora below are keyed by, so that
+    the corpus of another ATTN_ZOO_DATA is never served from an earlier one's cache."""
+    return sdist_path(sdist), not sdist
 
 
-def _split_works(sdist: str, split: str) -> list[str]:
-    names = [name for name, _ in _works(sdist)]
+def _works(source: tuple[Path, bool]) -> tuple[tuple[str, str], ...]:
+    return read_works(*source)
+
+
+def _split_works(source: tuple[Path, bool], split: str) -> list[str]:
+    names = [name for name, _ in _works(source)]
     held = {"validation": names[VALIDATION_WORKS], "test": names[TEST_WORKS]}
     if split in held:
         return held[split]
@@ -191,14 +198,14 @@ def _split_works(sdist: str, split: str) -> list[str]:
 
 
 @cache
-def _text(sdist: str, split: str) -> str:
-    keep = set(_split_works(sdist, split))
-    return "".join(text + "\n\n" for name, text in _works(sdist) if name in keep)
+def _text(source: tuple[Path, bool], split: str) -> str:
+    keep = set(_split_works(source, split))
+    return "".join(text + "\n\n" for name, text in _works(source) if name in keep)
 
 
 @cache
-def _alphabet(sdist: str) -> str:
-    return "".join(sorted(set("".join(text for _, text in _works(sdist)) + "\n")))
+def _alphabet(source: tuple[Path, bool]) -> str:
+    return "".join(sorted(set("".join(text for _, text in _works(source)) + "\n")))
 
 
 def _encode(text: str, alphabet: str) -> Tensor:
@@ -207,5 +214,5 @@ def _encode(text: str, alphabet: str) -> Tensor:
 
 
 @cache
-def _tokens(sdist: str, split: str) -> Tensor:
-    return _encode(_text(sdist, split), _alphabet(sdist))
+def _tokens(source: tuple[Path, bool], split: str) -> Tensor:
+    return _encode(_text(source, split), _alphabet(source))

@@ -1,0 +1,69 @@
+"""`--set key=value` overrides of a grid file, applied to its parsed tables before validation:
+dotted keys, list entries indexed, TOML values (``--set training.steps=50``,
+``--set 'mechanisms[1].kwargs.n_heads=2'``)."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from ablations.grid.validate import MAX_DEPTH, SpecError, check_depth, step_name
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+
+_PART = re.compile(r"([A-Za-z0-9_-]+)((?:\[\d+\])*)")
+
+
+def apply_overrides(raw: dict, overrides: list[str], path) -> dict:
+    """`key=value` strings applied to the raw spec: a dotted key whose parts may index a list
+    (``mechanisms[1].kwargs.n_heads=4``, ``sweep.training.lr=[1e-3,3e-3]``); TOML values,
+    bare words as strings. A missing table is created; a list entry must exist."""
+    for item in overrides:
+        if "=" not in item:
+            raise SpecError(f"{path}: --set {item!r} must look like key=value")
+        key, text = item.split("=", 1)
+        try:
+            value = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text
+        except RecursionError:
+            value = None  # nested too deep for the parser: refused below
+        if value is None:
+            raise SpecError(f"{path}: --set {key}: its value is nested more than {MAX_DEPTH} deep")
+        check_depth(path, f"--set {key}", value)
+        if key.count(".") >= MAX_DEPTH:
+            raise SpecError(f"{path}: --set {key[:60]}...: a key of more than {MAX_DEPTH} parts")
+        steps: list[str | int] = []
+        for part in key.split("."):
+            match = _PART.fullmatch(part)
+            if match is None:
+                raise SpecError(
+                    f"{path}: --set {key!r}: {part!r} is not a key (letters, digits, '_', '-'), "
+                    f"optionally indexed, e.g. mechanisms[0].kwargs.n_heads"
+                )
+            steps += [match[1], *(int(i) for i in re.findall(r"\d+", match[2]))]
+        target: object = raw
+        for i, step in enumerate(steps[:-1]):
+            where = step_name(steps[: i + 1])
+            if isinstance(step, int):
+                if not isinstance(target, list) or not 0 <= step < len(target):
+                    size = len(target) if isinstance(target, list) else "no"
+                    raise SpecError(f"{path}: --set {key}: {where} does not exist "
+                                    f"({step_name(steps[:i])} has {size} entries)")  # fmt: skip
+                target = target[step]
+            else:
+                if not isinstance(target, dict):
+                    raise SpecError(f"{path}: --set {key}: {step_name(steps[:i])} is not a table")
+                target = target.setdefault(step, [] if isinstance(steps[i + 1], int) else {})
+        last = steps[-1]
+        if isinstance(last, int):
+            if not isinstance(target, list) or not 0 <= last < len(target):
+                raise SpecError(f"{path}: --set {key}: {step_name(steps)} does not exist")
+        elif not isinstance(target, dict):
+            raise SpecError(f"{path}: --set {key}: {step_name(steps[:-1])} is not a table")
+        target[last] = value
+    return raw

@@ -1,0 +1,424 @@
+"""The checks a grid file gets across its fields, before anything is built or written (its
+schema, ablations/grid/schema.py, types each table): every error a one-line `SpecError` naming
+the file, the key, the bad value and the valid range or choices. Then each task is built with
+its kwargs and each (mechanism, size) pair as one attention layer, so a bad kwarg value is
+refused too, blamed on the task or the mechanism it belongs to (`check_builds`)."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import sys
+from types import UnionType
+from typing import Annotated, Union, get_args, get_origin, get_type_hints
+
+import torch
+from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
+
+if sys.version_info >= (3, 11):
+    pass
+else:  # pragma: no cover - Python 3.10
+    pass
+
+from ablations.grid.cell import (
+    LABEL_KEYS,
+    Cell,
+)
+from ablations.grid.cell_model import build_cell_model
+from ablations.grid.devices import DEVICES, device_problem, precision_problem
+from ablations.grid.references import REFERENCES
+from ablations.grid.schema import (
+    SECTIONS,
+    SEED_RANGE,
+    GridFile,
+    GridRules,
+    MechanismEntry,
+    Seed,
+    Selection,
+    SizeEntry,
+    Sweep,
+    TaskEntry,
+    TrainingSettings,
+    Valid,
+    higher_is_better,
+)
+from ablations.tasks import build_task, task_arguments
+from ablations.tasks.registry import locate_files
+from attn_zoo.mechanisms.registry import MECHANISMS
+from attn_zoo.models.block import build_attention
+
+
+class SpecError(ValueError):
+    """A grid spec that cannot run, with the file, key, value and valid choices."""
+
+
+def _fail(path, key, value, valid, what: str = "") -> SpecError:
+    valid = [str(v) for v in valid]
+    close = difflib.get_close_matches(str(value), valid, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return SpecError(
+        f"{path}: {key} = {value!r} is not valid{what}.{hint} Valid: {', '.join(valid)}"
+    )
+
+
+def check_keys(path, where, table: dict, valid, what: str = "") -> None:
+    for key in table:
+        if key not in valid:
+            raise _fail(path, f"{where}{key} (key)", key, valid, what)
+
+
+def one_line_error(err: Exception) -> str:
+    return " ".join(f"{type(err).__name__}: {err}".split())
+
+
+def _parts(annotation: object) -> tuple[object, list[Valid]]:
+    """The type under `Annotated` and `X | None`, and the `Valid`s annotating it."""
+    valids = []
+    while True:
+        if get_origin(annotation) is Annotated:
+            annotation, *meta = get_args(annotation)
+            valids += [m for m in meta if isinstance(m, Valid)]
+        elif get_origin(annotation) in (Union, UnionType) and type(None) in get_args(annotation):
+            annotation = next(a for a in get_args(annotation) if a is not type(None))
+        else:
+            return annotation, valids
+
+
+def _where(loc: tuple, root: type[BaseModel] = None) -> tuple[str, list[str], Valid | None]:
+    """For an error's location in `root` (default `GridFile`): its key as the file writes it
+    ("tasks[0].name"; a union member's tag left out), the keys its table may hold, and its
+    `Valid`."""
+    node, key, keys = root or GridFile, "", []
+    for part in loc:
+        base, _ = _parts(node)
+        if isinstance(base, type) and issubclass(base, BaseModel) and part in base.model_fields:
+            keys, node = list(base.model_fields), get_type_hints(base, include_extras=True)[part]
+            key += f".{part}" if key else part
+        elif isinstance(part, int) and get_origin(base) is list:
+            node, key = get_args(base)[0], f"{key}[{part}]"
+        elif isinstance(part, str) and get_origin(base) is dict:
+            node, key = get_args(base)[1], f"{key}.{part}"
+        else:  # the tag of a union member (int or float)
+            break
+    base, valids = _parts(node)
+    if isinstance(base, type) and issubclass(base, BaseModel):
+        keys = list(base.model_fields)
+    return key, keys, (valids[0] if valids else None)
+
+
+# A grid file's `imports` alone, validated before the rest (as GridFile types it)
+IMPORTS = create_model(
+    "Imports", imports=(get_type_hints(GridFile, include_extras=True)["imports"], [])
+)
+
+
+def spec_error(
+    path, err: ValidationError, root: type[BaseModel] | None = None, key: str | None = None
+) -> SpecError:
+    """The first error of validating against `root` (default `GridFile`) as a one-line
+    SpecError naming the key (or `key`, for a value validated alone), the value and what it
+    may be."""
+    error = err.errors()[0]
+    loc, value = error["loc"], error["input"]
+    if error["type"] == "extra_forbidden":
+        parent, keys, _ = _where(loc[:-1], root)
+        return _fail(path, f"{parent + '.' if parent else ''}{loc[-1]} (key)", loc[-1], keys)
+    if error["type"] == "missing":
+        parent = _where(loc[:-1], root)[0]
+        return SpecError(f"{path}: {parent + ' is ' if parent else ''}missing {loc[-1]!r}")
+    where, _, valid = _where(loc, root)
+    where = key or where
+    if error["type"] in ("model_type", "dict_type"):
+        return SpecError(f"{path}: {where} = {value!r} must be a table, e.g. {{ key = value }}")
+    if valid is not None and valid.choices:
+        return _fail(path, where, value, valid.options())
+    text = valid.text if valid is not None else error["msg"]
+    return SpecError(f"{path}: {where} = {value!r} must be {text}")
+
+
+MAX_DEPTH = 32  # tables and lists in a grid file or a --set value nest at most this deep
+
+
+def check_depth(path, what: str, value: object, depth: int = 0) -> None:
+    """SpecError when `value` nests tables or lists more than `MAX_DEPTH` deep."""
+    if depth > MAX_DEPTH:
+        raise SpecError(f"{path}: {what} nests tables or lists more than {MAX_DEPTH} deep")
+    children = value.values() if isinstance(value, dict) else value
+    if isinstance(value, dict | list):
+        for child in children:
+            check_depth(path, what, child, depth + 1)
+
+
+def step_name(steps: list[str | int]) -> str:
+    return "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in steps).lstrip(".")
+
+
+def check_seeds(path, seeds: list[int]) -> None:
+    first: dict[int, int] = {}
+    for i, seed in enumerate(seeds):
+        if seed in first:
+            raise SpecError(
+                f"{path}: seeds[{i}] = {seed!r} repeats seeds[{first[seed]}]; seeds must be "
+                f"distinct (got {seeds})"
+            )
+        first[seed] = i
+
+
+def _kwarg_names(entry: TaskEntry) -> list[str] | None:
+    """The kwargs a task or mechanism entry may set (None: any)."""
+    if not isinstance(entry, MechanismEntry):
+        return task_arguments(entry.name)
+    if entry.name in REFERENCES:
+        return list(REFERENCES[entry.name].kwargs)
+    valid = MECHANISMS.kwargs(entry.name)
+    if valid is None:
+        return None
+    return [k for k in valid if k not in ("d_model", "backend")]  # the model fills them in
+
+
+def check_setting(path, where: str, key: str, value: object, at: str | None = None) -> None:
+    """A swept or rule key ("training.lr", written at `where`) and one value of it (written at
+    `at`, default `where`): the section and key must exist, a training or model value be valid
+    for its key (kwargs are checked by building)."""
+    section, _, name = key.partition(".")
+    if section not in SECTIONS or not name:
+        raise _fail(path, f"{where} (key)", key, [*LABEL_KEYS, *(f"{s}.<key>" for s in SECTIONS)])
+    table = SECTIONS[section]
+    if table is None:
+        return
+    if name not in table.model_fields:
+        raise _fail(path, f"{where} (key)", name, table.model_fields)
+    try:
+        table.model_validate({name: value})
+    except ValidationError as err:
+        raise spec_error(path, err, table, at or where) from None
+
+
+def check_sweep(path, where: str, sweep: Sweep, entries: list[TaskEntry]) -> None:
+    """Each swept key exists (a kwarg: for every entry of `entries` of its kind), and its
+    values are valid and distinct."""
+    for key, values in flat_sweep(sweep).items():
+        section, _, name = key.partition(".")
+        at = f"{where}.{key}"
+        for i, value in enumerate(values):
+            check_setting(path, at, key, value, f"{at}[{i}]")
+            if any(same_value(value, other) for other in values[:i]):
+                raise SpecError(
+                    f"{path}: {at}[{i}] = {value!r} repeats a value of {at} = {values!r}; "
+                    f"a swept key's values must be distinct"
+                )
+        kind = {"task_kwargs": TaskEntry, "mechanism_kwargs": MechanismEntry}.get(section)
+        for entry in entries:
+            if kind is not None and type(entry) is kind:
+                valid = _kwarg_names(entry)
+                if valid is not None and name not in valid:
+                    what = f" for {'mechanism' if kind is MechanismEntry else 'task'} "
+                    raise _fail(path, f"{at} (key)", name, valid, what + repr(entry.label))
+
+
+def check_entries(path, key: str, entries: list[TaskEntry | SizeEntry]) -> None:
+    """Labels (defaulting to the name) unique; kwargs keys of tasks and mechanisms known;
+    their training (steps or epochs) and sweeps valid."""
+    taken: dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        where = f"{key}[{i}]"
+        if isinstance(entry, TaskEntry):
+            entry.label = entry.label or entry.name
+            valid = _kwarg_names(entry)
+            kind = "mechanism" if isinstance(entry, MechanismEntry) else "task"
+            if valid is not None:
+                what = f" for {kind} {entry.label!r}"
+                check_keys(path, f"{where}.kwargs.", entry.kwargs, valid, what)
+            check_length(path, f"{where}.training", entry.training)
+            check_sweep(path, f"{where}.sweep", entry.sweep, [entry])
+        if entry.label in taken:
+            raise SpecError(
+                f"{path}: {where}.label = {entry.label!r} repeats {key}[{taken[entry.label]}]"
+                f".label; labels must be unique within {key} (a label defaults to the name)"
+            )
+        taken[entry.label] = i
+
+
+def check_length(path, where: str, training: TrainingSettings) -> None:
+    given = training.model_dump(exclude_unset=True)
+    if "epochs" in given and "steps" in given:
+        raise SpecError(
+            f"{path}: {where}.epochs = {given['epochs']!r} and {where}.steps = "
+            f"{given['steps']!r} are both set; set exactly one of them (an epoch is "
+            f"ceil(n_train / batch_size) steps)"
+        )
+
+
+def check_training(path, cells: list[Cell]) -> None:
+    """Each distinct training of the cells: device and precision usable on this machine."""
+    for device, precision in dict.fromkeys(
+        (cell.training.device, cell.training.precision) for cell in cells
+    ):
+        problem = device_problem(device)
+        if problem:
+            raise SpecError(
+                f"{path}: training.device = {device!r} is not available on this machine: "
+                f'{problem} (valid: {DEVICES}, where available; "auto" takes CUDA where a '
+                "worker has it)"
+            )
+        problem = precision_problem(precision, device)
+        if problem:
+            raise SpecError(
+                f"{path}: training.precision = {precision!r} cannot be used with "
+                f"training.device = {device!r}: {problem} (valid there: float32)"
+            )
+
+
+def _flat_rule(rule: dict) -> dict:
+    """An include or exclude table with swept keys as written (``training.lr = 1e-3`` is
+    {"training": {"lr": 0.001}} in TOML) flattened to {"training.lr": 0.001}."""
+    flat = {}
+    for key, value in rule.items():
+        if key in SECTIONS and isinstance(value, dict):
+            flat.update({f"{key}.{name}": v for name, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def check_grid_rules(path, grid: GridRules, valid: dict[str, list]) -> tuple[list, list]:
+    """grid.exclude and grid.include: tables of axes (task, size, mechanism, seed, swept
+    keys); include names task, size, mechanism and seed (swept keys it leaves out take every
+    value). Labels must exist; an excluded seed must be one of the seeds, an included one any
+    seed; a swept key's value must be valid for its key."""
+    rules = {}
+    for kind in ("exclude", "include"):
+        rules[kind] = [_flat_rule(rule_) for rule_ in getattr(grid, kind)]
+        for i, rule_ in enumerate(rules[kind]):
+            where = f"grid.{kind}[{i}]"
+            if not rule_:
+                raise SpecError(
+                    f"{path}: {where} = {{}} must name one or more of {', '.join(LABEL_KEYS)} or "
+                    f"swept keys"
+                )
+            if kind == "include" and not set(LABEL_KEYS) <= set(rule_):
+                raise SpecError(
+                    f"{path}: {where} = {rule_!r} must name all of {', '.join(LABEL_KEYS)}"
+                )
+            for axis, value in rule_.items():
+                if axis not in LABEL_KEYS:
+                    check_setting(path, f"{where}.{axis}", axis, value)
+                    continue
+                if axis == "seed":
+                    try:
+                        TypeAdapter(Seed).validate_python(value, strict=True)
+                    except ValidationError:
+                        raise SpecError(
+                            f"{path}: {where}.seed = {value!r} must be {SEED_RANGE}"
+                        ) from None
+                    if kind == "include":
+                        continue
+                if isinstance(value, bool) or value not in valid[axis]:
+                    raise _fail(path, f"{where}.{axis}", value, valid[axis])
+    return rules["exclude"], rules["include"]
+
+
+def check_selection(path, selection: Selection | None, swept: list[str], mechanisms: list) -> None:
+    if selection is None:
+        return
+    for i, key in enumerate(selection.over):
+        if key not in swept:
+            raise _fail(path, f"selection.over[{i}]", key, swept or ["(no swept key)"])
+    labels = [m.label for m in mechanisms]
+    for i, pair in enumerate(selection.compare):
+        for j, label in enumerate(pair):
+            if label not in labels:
+                raise _fail(path, f"selection.compare[{i}][{j}]", label, labels)
+        if pair[0] == pair[1]:
+            raise SpecError(
+                f"{path}: selection.compare[{i}] = {pair!r} compares a mechanism with itself"
+            )
+    losses = [name for name in selection.reported_metrics if not higher_is_better(name)]
+    if selection.equivalence_margin is not None and 0 < len(losses) < len(
+        selection.reported_metrics
+    ):
+        raise SpecError(
+            f"{path}: selection.equivalence_margin = {selection.equivalence_margin!r} is in the "
+            f"units of every reported metric, and selection.reported = "
+            f"{selection.reported_metrics!r} mixes losses ({', '.join(losses)}) with "
+            "accuracies: valid is a margin with accuracies only or losses only"
+        )
+
+
+def checked_task(path, label: str, name: str, kwargs: dict):
+    """Task `name` built with `kwargs` (cheap: no data), a relative data file looked up beside
+    the grid file at `path` first; SpecError blaming task `label`."""
+    try:
+        return build_task(name, **locate_files(name, kwargs, path.resolve().parent))
+    except Exception as err:
+        raise SpecError(
+            f"{path}: task {label!r} (name {name!r}) cannot be built with kwargs {kwargs}: "
+            f"{one_line_error(err)}"
+        ) from err
+
+
+def check_builds(path, cells: list[Cell]) -> None:
+    """Build each task with its kwargs, each (mechanism, size) as one attention layer, then
+    each distinct model (cheap: no data, no training), turning any exception into a SpecError
+    blaming the task, the mechanism, or the model options."""
+    tasks, layers, models = {}, set(), set()
+    with torch.random.fork_rng(devices=[]):  # leave the global RNG as it was
+        for cell in cells:
+            task_id = (cell.task, json.dumps(cell.task_kwargs, sort_keys=True, default=str))
+            if task_id not in tasks:
+                tasks[task_id] = checked_task(path, cell.task, cell.task_name, cell.task_kwargs)
+                try:
+                    tasks[task_id].check_size()
+                except ValueError as err:
+                    raise SpecError(
+                        f"{path}: task {cell.task!r} (name {cell.task_name!r}) with kwargs "
+                        f"{cell.task_kwargs}: {one_line_error(err)}"
+                    ) from None
+            layer = json.dumps([cell.mechanism_name, cell.mechanism_kwargs, cell.size],
+                               sort_keys=True, default=str)  # fmt: skip
+            if layer not in layers and cell.mechanism_name not in REFERENCES:
+                layers.add(layer)
+                try:
+                    build_attention(
+                        cell.mechanism_name,
+                        cell.size["d_model"],
+                        cell.mechanism_kwargs,
+                        cell.size.get("dropout", 0.0),
+                        "auto",
+                    )
+                except Exception as err:
+                    raise SpecError(
+                        f"{path}: mechanism {cell.mechanism!r} (name {cell.mechanism_name!r}) "
+                        f"cannot be built with kwargs {cell.mechanism_kwargs} at size "
+                        f"{cell.size['label']!r} (d_model {cell.size['d_model']}): "
+                        f"{one_line_error(err)}"
+                    ) from err
+            model = f"{task_id}{layer}"
+            if model not in models:
+                models.add(model)
+                try:
+                    build_cell_model(cell, tasks[task_id])
+                except Exception as err:
+                    options = {k: v for k, v in cell.size.items() if k not in SIZE_FIELDS}
+                    raise SpecError(
+                        f"{path}: the model of task {cell.task!r}, size {cell.size['label']!r} "
+                        f"and mechanism {cell.mechanism!r} cannot be built with model options "
+                        f"{options}: {one_line_error(err)}"
+                    ) from err
+
+
+def flat_sweep(sweep: Sweep) -> dict[str, list]:
+    """An entry's or the grid's sweep as {"section.key": values}."""
+    return {
+        f"{section}.{key}": values
+        for section in SECTIONS
+        for key, values in getattr(sweep, section).items()
+    }
+
+
+def same_value(a: object, b: object) -> bool:
+    """Equal, with a bool never equal to an int (True == 1 in Python)."""
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
+SIZE_FIELDS = ("label", "d_model", "n_layers")
