@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+from typing import get_args, get_origin, get_type_hints
 
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
@@ -30,8 +31,8 @@ from ablations.grid.schema import (
     TaskEntry,
     Tracking,
     TrainingSettings,
-    Valid,
 )
+from ablations.grid.validate import annotation_parts
 
 TABLES: list[tuple[str, type[Table]]] = [  # (heading, schema) in the order a grid file reads
     ("The top level", GridFile),
@@ -51,22 +52,16 @@ TABLES: list[tuple[str, type[Table]]] = [  # (heading, schema) in the order a gr
 HEADINGS = {schema: heading for heading, schema in TABLES}
 
 
-def _valid(info: FieldInfo) -> str:
-    """What a field may be: its `Valid` text, or its choices as they are registered now."""
-    for meta in info.metadata:
-        if isinstance(meta, Valid):
-            return meta.text or "one of " + ", ".join(f"`{c}`" for c in meta.options())
-    annotation = info.annotation
-    for arg in getattr(annotation, "__args__", ()):  # X | None: X's Valid
-        for meta in getattr(arg, "__metadata__", ()):
-            if isinstance(meta, Valid):
-                return meta.text or "one of " + ", ".join(f"`{c}`" for c in meta.options())
+def _valid(schema: type[Table], name: str) -> str:
+    """What field `name` of `schema` may be: its `Valid` text, or its choices as they are
+    registered now; a table: its heading."""
+    annotation, valids = annotation_parts(get_type_hints(schema, include_extras=True)[name])
+    if not valids and get_origin(annotation) is dict:  # keys and their values: the values'
+        annotation, valids = annotation_parts(get_args(annotation)[1])
+    if valids:
+        return valids[0].text or "one of " + ", ".join(f"`{c}`" for c in valids[0].options())
     if inspect.isclass(annotation) and issubclass(annotation, Table):
         return f"a table: {HEADINGS.get(annotation, annotation.__name__)}"
-    nested = [a for a in getattr(annotation, "__args__", ()) if inspect.isclass(a)]
-    tables = [a for a in nested if issubclass(a, Table)]
-    if tables:
-        return f"a table: {HEADINGS.get(tables[0], tables[0].__name__)}"
     return str(annotation)
 
 
@@ -100,7 +95,7 @@ def grid_reference() -> str:
         lines += ["", f"## {heading}", "", " ".join(inspect.getdoc(schema).split()), ""]
         lines += ["| key | valid values | default |", "| --- | --- | --- |"]
         for name, info in schema.model_fields.items():
-            lines.append(f"| `{name}` | {_cell(_valid(info))} | {_cell(_default(info))} |")
+            lines.append(f"| `{name}` | {_cell(_valid(schema, name))} | {_cell(_default(info))} |")
     return "\n".join(lines) + "\n"
 
 

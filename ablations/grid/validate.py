@@ -71,7 +71,7 @@ def one_line_error(err: Exception) -> str:
     return " ".join(f"{type(err).__name__}: {err}".split())
 
 
-def _parts(annotation: object) -> tuple[object, list[Valid]]:
+def annotation_parts(annotation: object) -> tuple[object, list[Valid]]:
     """The type under `Annotated` and `X | None`, and the `Valid`s annotating it."""
     valids = []
     while True:
@@ -90,7 +90,7 @@ def _where(loc: tuple, root: type[BaseModel] = None) -> tuple[str, list[str], Va
     `Valid`."""
     node, key, keys = root or GridFile, "", []
     for part in loc:
-        base, _ = _parts(node)
+        base, _ = annotation_parts(node)
         if isinstance(base, type) and issubclass(base, BaseModel) and part in base.model_fields:
             keys, node = list(base.model_fields), get_type_hints(base, include_extras=True)[part]
             key += f".{part}" if key else part
@@ -100,7 +100,7 @@ def _where(loc: tuple, root: type[BaseModel] = None) -> tuple[str, list[str], Va
             node, key = get_args(base)[1], f"{key}.{part}"
         else:  # the tag of a union member (int or float)
             break
-    base, valids = _parts(node)
+    base, valids = annotation_parts(node)
     if isinstance(base, type) and issubclass(base, BaseModel):
         keys = list(base.model_fields)
     return key, keys, (valids[0] if valids else None)
