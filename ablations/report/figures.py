@@ -22,16 +22,10 @@ from ablations.report.selection import interval, setting_text, varying_per_task
 from ablations.results.frames import is_missing
 
 LINESTYLES = ["-", "--", ":", "-."]
-
-
 MARKERS = ["o", "s", "^", "D", "v"]
-
-
 FIGURE_ALTS = {"curves": "learning curves", "loss_curves": "loss curves",
                "above_floor": "validation loss above the floor",
                "vs_params": "{metric} vs parameters"}  # fmt: skip
-
-
 CURVE_COLUMNS = {"accuracy": "val_metric", "loss": "val_loss"}  # of ResultsStore.curves()
 
 

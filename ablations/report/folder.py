@@ -71,8 +71,6 @@ def recover(final: Path) -> None:
 
 
 RENAME_EXCHANGE = 2  # renameat2 flag: swap the two paths in one step (Linux 3.15)
-
-
 AT_FDCWD = -100
 
 
