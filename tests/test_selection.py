@@ -2,7 +2,11 @@
 Holm, TOST: ablations.report.selection), the grid's [selection] checks, and the report's selection
 section from a real sweep grid."""
 
+import json
 import math
+import os
+import shutil
+import sqlite3
 
 import numpy as np
 import pandas as pd
@@ -17,6 +21,7 @@ from ablations.grid.spec import load_grid
 from ablations.report import attention_maps, sections
 from ablations.report.build import write_report
 from ablations.report.selection import (
+    axis_columns,
     holm,
     interval,
     paired,
@@ -26,7 +31,10 @@ from ablations.report.selection import (
     varying_settings,
     verdicts,
 )
-from ablations.results.store import ResultsStore
+from ablations.report.tables import tidy_cells
+from ablations.results.axes import GridAxes
+from ablations.results.cells_file import CellsFile
+from ablations.results.store import ResultsStore, StoreError
 from ablations.run.runner import run_grid
 
 
@@ -377,9 +385,85 @@ def test_a_reported_metric_no_cell_has_is_an_error_naming_it(swept_store, tmp_pa
 
 
 def test_a_report_without_a_selection_has_no_selection_section(swept_store, tmp_path):
-    out = write_report(swept_store.store, tmp_path / "plain")
+    store = tmp_path / "copy.sqlite"  # the same cells, the axes recorded without a selection
+    shutil.copy(swept_store.store, store)
+    ResultsStore(store).record_axes(swept_store.name, GridAxes(("training.lr",)))
+    out = write_report(store, tmp_path / "plain")
     assert not (out / "selection.csv").exists()
     assert "Selection" not in (out / "report.md").read_text()
+
+
+def test_a_run_keeps_its_grids_axes_and_a_report_of_the_store_alone_reads_them(
+    swept_store, tmp_path
+):
+    spec = swept_store
+    recorded = ResultsStore(spec.store, readonly=True).axes()
+    assert recorded == {spec.name: GridAxes(("training.lr",), spec.selection.model_dump())}
+    given = write_report(spec.store, tmp_path / "given", selection=spec.selection)
+    alone = write_report(spec.store, tmp_path / "alone")  # no grid, no selection argument
+    for name in ("selection.csv", "paired.csv", "summary.csv"):
+        assert (alone / name).read_bytes() == (given / name).read_bytes()
+    provenance = json.loads((alone / "provenance.json").read_text())
+    assert provenance["axes"] == {spec.name: recorded[spec.name].to_json()}
+    rebuilt = tmp_path / "rebuilt"  # from the report's cells.csv alone: its provenance.json
+    main(["report", str(alone / "cells.csv"), "--out", str(rebuilt)])
+    for name in ("selection.csv", "paired.csv", "summary.csv", "cells.csv"):
+        assert (rebuilt / name).read_bytes() == (given / name).read_bytes()
+    assert json.loads((rebuilt / "provenance.json").read_text())["axes"] == provenance["axes"]
+
+
+def test_a_store_older_than_the_record_finds_its_axes_as_the_settings_that_vary(
+    swept_store, tmp_path
+):
+    store = tmp_path / "old.sqlite"
+    shutil.copy(swept_store.store, store)
+    with sqlite3.connect(store) as db:
+        db.execute("DROP TABLE grids")
+    os.chmod(store, 0o444)  # read-only: reading the axes creates nothing
+    assert ResultsStore(store, readonly=True).axes() == {}
+    out = write_report(store, tmp_path / "old")
+    assert not (out / "selection.csv").exists()  # no selection without a grid or a record
+    assert set(pd.read_csv(out / "summary.csv").setting.str.split("=").str[0]) == {"training.lr"}
+    assert json.loads((out / "provenance.json").read_text())["axes"] == {}
+
+
+def test_a_setting_no_grid_sweeps_is_kept_apart_and_named(swept_store, tmp_path):
+    store = tmp_path / "unswept.sqlite"  # as if the grid swept nothing when it last ran
+    shutil.copy(swept_store.store, store)
+    ResultsStore(store).record_axes(swept_store.name, GridAxes(()))
+    out = write_report(store, tmp_path / "unswept")
+    assert len(pd.read_csv(out / "summary.csv")) == 4  # the two learning rates not merged
+    assert (
+        "Not swept by the grid, yet varying among its cells (shown as axes): training.lr"
+        in (out / "report.md").read_text()
+    )
+    plain = write_report(swept_store.store, tmp_path / "plain")
+    assert "Not swept by the grid" not in (plain / "report.md").read_text()
+
+
+def test_the_axis_columns_follow_the_grids_order(n_train_swept):
+    frame = ResultsStore(n_train_swept.store, readonly=True).to_dataframe()
+    inferred = axis_columns(tidy_cells(frame))
+    assert sorted(inferred) == ["task_kwargs.n_train", "training.lr"]
+    for order in (inferred, inferred[::-1]):
+        cells = tidy_cells(frame, swept=order)
+        assert axis_columns(cells) == order
+        first, second = order
+        assert cells.setting.str.match(rf"{first}=.*, {second}=").all()
+
+
+def test_recorded_axes_that_are_not_axes_are_an_error_naming_the_store(swept_store, tmp_path):
+    store = tmp_path / "bad.sqlite"
+    shutil.copy(swept_store.store, store)
+    with sqlite3.connect(store) as db:
+        db.execute("UPDATE grids SET axes = ?", ('{"swept": "training.lr"}',))
+    with pytest.raises(StoreError, match=rf"{store}.*valid: .*swept"):
+        ResultsStore(store, readonly=True).axes()
+    report = write_report(swept_store.store, tmp_path / "report")
+    provenance = report / "provenance.json"
+    provenance.write_text(provenance.read_text().replace('"swept": [', '"swept": [1, '))
+    with pytest.raises(ValueError, match=r"provenance.json .*holds the axes"):
+        CellsFile(report / "cells.csv")
 
 
 def test_a_grid_report_holds_the_grids_cells_only(swept_store, tmp_path):

@@ -95,7 +95,7 @@ def run_grid(args: argparse.Namespace) -> int:
             spec = trial_spec(spec)  # a search: the trials stored so far
             check_cells(spec)
             table = _cell_table(spec)
-            print(status_text(table, spec.swept_keys))
+            print(status_text(table, spec.axes().swept))
             print(f"\n{len(table)} cells; store {spec.store}; by status:")
             print(table["status"].value_counts().to_string())
             return 0
@@ -119,7 +119,7 @@ def show_status(args: argparse.Namespace) -> int:
     spec = trial_spec(load_grid(args, args.grid, here=False))
 
     table = _cell_table(spec)
-    print(status_text(table, spec.swept_keys))
+    print(status_text(table, spec.axes().swept))
     counts = table["status"].value_counts()
     print(f"\ngrid {spec.name!r}, store {spec.store}: " + ", ".join(
         f"{n} {status}" for status, n in counts.items()

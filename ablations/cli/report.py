@@ -33,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument(
         "--grid", default=None, metavar="GRID",
         help="with a cells.csv: the grid file whose [selection] the report uses (without: "
-        "no selection section); its SHA-256 goes into the report",
+        "the one its provenance.json records, if any); its SHA-256 goes into the report",
     )  # fmt: skip
     r.add_argument("--out", default=None,
                    help="folder to write (without: reports/<grid name>)")  # fmt: skip

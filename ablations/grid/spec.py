@@ -56,6 +56,7 @@ from ablations.grid.schema import (
     Selection,
     TrainingSettings,
 )
+from ablations.results.axes import GridAxes
 from ablations.results.tracking import TrackingPlan
 from attn_zoo.registry import PluginError
 
@@ -81,6 +82,12 @@ class GridSpec:
     resume: dict = field(default_factory=lambda: dict(RESUME_DEFAULTS))  # no cell's part
     tracking: TrackingPlan | None = None  # [tracking], its uri resolved; no cell's part
     search: SearchPlan | None = None  # [search]: `cells` is empty, the trials are in the store
+
+    def axes(self) -> GridAxes:
+        """The grid's axes as a run records them with its cells (ablations/results/axes.py):
+        its swept keys and [selection]."""
+        selection = None if self.selection is None else self.selection.model_dump(mode="json")
+        return GridAxes(tuple(self.swept_keys), selection)
 
 
 def trial_cell(spec: GridSpec, group: SearchGroup, values: dict) -> Cell:

@@ -62,7 +62,7 @@ from ablations.report.folder import (
 from ablations.report.pages import Image, Page, label_colours, write_csv, write_pages
 from ablations.report.provenance import non_finite_metrics, provenance_record
 from ablations.report.sections import task_sections, train_size_sections, unfinished_section
-from ablations.report.selection import differing_settings
+from ablations.report.selection import axis_columns, differing_settings
 from ablations.report.selection_section import differing_note, selection_section
 from ablations.report.tables import (
     NO_CURVES,
@@ -72,6 +72,7 @@ from ablations.report.tables import (
     tidy_cells,
     with_cells_not_run,
 )
+from ablations.results.axes import CellSource, GridAxes, swept_of
 from ablations.results.cells_file import CellsFile
 from ablations.results.frames import cells_table
 from ablations.results.store import ResultsStore
@@ -133,7 +134,7 @@ def _page(
 
 
 def write_report(
-    store: str | Path | ResultsStore | CellsFile,
+    store: str | Path | CellSource,
     out_dir: str | Path,
     title: str | None = None,
     target: float | None = None,
@@ -144,25 +145,24 @@ def write_report(
     grid: str | Path | None = None,
     overrides: Sequence[str] = (),
 ) -> Path:
-    """Write the report of `store` (a ResultsStore or the path of its SQLite file; or a
-    report's cells.csv, ablations.results.cells_file) into the folder `out_dir`: report.md,
-    index.html, summary.csv, cells.csv, curves.csv, provenance.json and the PNG plots, with
-    attention maps of the cells that kept checkpoints (and attention.json, their blocks).
-    `grid` (the grid file's path, and its --set `overrides`) is named with its SHA-256 in the
-    header and provenance.json. A report from a cells.csv draws no attention maps but carries
-    over those of the report beside the cells.csv (its attention.json and PNG files), and
-    without a curves.csv beside it has no learning curves and no steps to target (one line of
-    the header says so). `target` is the validation accuracy for steps-to-target (default:
-    the cells' training.early_stop_target when nonzero); `note` a paragraph shown under the
-    header (e.g. the conclusion), the one text whose markdown report.md keeps (raw HTML in it
-    is escaped, see ablations.report.pages); `selection` (a grid's [selection]) adds the
-    section comparing each mechanism at its best setting (ablations.report.selection) and writes
-    selection.csv and paired.csv; `keys` limits the report to those cells (a grid's: the store's
-    other cells, e.g. of an earlier version of the grid, are left out and counted in the
-    header); given as {key: config}, the grid's cells the store does not hold are counted and
-    listed as not run, and no selection takes a setting that lacks one. `progress`
-    (ablations.steps) counts the steps: the tables, each plot and attention map, and the pages.
-    Returns `out_dir`.
+    """Write the report of `store` (a ResultsStore or the path of its SQLite file; or a report's
+    cells.csv, ablations.results.cells_file) into the folder `out_dir`: report.md, index.html,
+    summary.csv, cells.csv, curves.csv, provenance.json and the PNG plots, with attention maps of
+    the cells that kept checkpoints (and attention.json, their blocks). `grid` (the grid file's
+    path, and its --set `overrides`) is named with its SHA-256 in the header and provenance.json. A
+    report from a cells.csv draws no attention maps but carries over those of the report beside the
+    cells.csv (its attention.json and PNG files), and without a curves.csv beside it has no learning
+    curves and no steps to target (one line of the header says so). `target` is the validation
+    accuracy for steps-to-target (default: the cells' training.early_stop_target when nonzero);
+    `note` a paragraph shown under the header (e.g. the conclusion), the one text whose markdown
+    report.md keeps (raw HTML in it is escaped, see ablations.report.pages); `selection` (a grid's
+    [selection]; default: the one the runs of the cells' grid recorded, ablations/results/axes.py)
+    adds the section comparing each mechanism at its best setting (ablations.report.selection) and
+    writes selection.csv and paired.csv; `keys` limits the report to those cells (a grid's: the
+    store's other cells, e.g. of an earlier version of the grid, are left out and counted in the
+    header); given as {key: config}, the grid's cells the store does not hold are counted and listed
+    as not run, and no selection takes a setting that lacks one. `progress` (ablations.steps) counts
+    the steps: the tables, each plot and attention map, and the pages. Returns `out_dir`.
 
     The folder belongs to the report and is written whole or not at all: the report is written
     into a new hidden sibling folder (``.<name>.partial-<pid>-<random>``), which then replaces
@@ -196,11 +196,11 @@ def write_report(
     return Path(out_dir)
 
 
-def open_store(store: str | Path | ResultsStore | CellsFile) -> ResultsStore | CellsFile:
+def open_store(store: str | Path | CellSource) -> CellSource:
     """`store`, or the ResultsStore at that path opened read-only (a .csv path: its
     CellsFile): a report creates and changes nothing beside its folder (FileNotFoundError
     without a store, StoreError for a file that is not one)."""
-    if isinstance(store, (ResultsStore, CellsFile)):
+    if not isinstance(store, str | Path):
         return store
     if Path(store).suffix == ".csv":
         return CellsFile(store)
@@ -209,8 +209,17 @@ def open_store(store: str | Path | ResultsStore | CellsFile) -> ResultsStore | C
     return ResultsStore(store, readonly=True)
 
 
+def recorded_selection(axes: dict[str, GridAxes], grids: list[str]) -> Selection | None:
+    """The [selection] the runs of every grid of `grids` recorded (results/axes.py), where they
+    recorded one and the same; None otherwise (no selection section)."""
+    tables = [axes[name].selection for name in grids if name in axes]
+    if len(tables) != len(grids) or not tables or tables[0] is None:
+        return None
+    return Selection.model_validate(tables[0]) if tables.count(tables[0]) == len(tables) else None
+
+
 def report_page(
-    store: str | Path | ResultsStore | CellsFile,
+    store: str | Path | CellSource,
     folder: str | Path,
     title: str | None = None,
     target: float | None = None,
@@ -235,7 +244,12 @@ def report_page(
     frame, curves = cells_table(records), store.curves()
     non_finite = non_finite_metrics(store)
     frame["non_finite"] = [non_finite.get(key, "") for key in frame.key]
-    cells = tidy_cells(frame).assign(family=[task_family(config) for config in configs])
+    grids = list(dict.fromkeys(frame.get("grid", pd.Series()).dropna()))
+    axes = {name: recorded for name, recorded in store.axes().items() if name in grids}
+    swept = swept_of(axes, grids)  # None: a store older than the record; the axes then vary
+    if selection is None:  # the report of a store or cells.csv alone: as its grids' runs chose
+        selection = recorded_selection(axes, grids)
+    cells = tidy_cells(frame, swept).assign(family=[task_family(config) for config in configs])
     summary = summary_table(frame, curves, target)
 
     progress = progress or Steps()
@@ -245,12 +259,18 @@ def report_page(
     if curves is not None:  # the report's cells' only
         write_csv(curves[curves.key.isin(frame.key)], new_file(folder, "curves.csv"))
     write_csv(summary, new_file(folder, "summary.csv"))
-    provenance = provenance_record(store, curves, grid, overrides)
+    provenance = provenance_record(store, curves, grid, overrides, axes)
     text = json.dumps(provenance, indent=2, ensure_ascii=False) + "\n"
     new_file(folder, "provenance.json").write_text(text, encoding="utf-8")
     page = _page(frame, cells, title, note, provenance)
     if left_out:
         page.facts.insert(2, f"Left out: {left_out} cells of the store that are not in the grid")
+    unswept = [key for key in axis_columns(cells) if swept is not None and key not in swept]
+    if unswept:  # kept apart all the same: their cells are no seeds of one setting
+        page.facts.append(
+            f"Not swept by the grid, yet varying among its cells (shown as axes): "
+            f"{', '.join(unswept)} (cells of an earlier version of the grid?)"
+        )
 
     differing = differing_settings(frame)  # e.g. a mechanism with its own learning rate
     colours = label_colours(cells.mechanism.dropna())
@@ -279,7 +299,7 @@ def report_page(
             section.parts.append(Image(name, alt))
         progress.advance()
 
-    if isinstance(store, ResultsStore):  # the maps files lie beside the store
+    if store.draws_maps:  # the maps files lie beside the store
         page.sections.extend(attention_sections(store, folder, keys, chosen_keys, progress))
     elif store.attention is not None:  # a cells.csv: the maps of the report beside it
         page.sections.extend(carried_attention_sections(store.attention, folder))

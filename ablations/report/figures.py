@@ -18,7 +18,7 @@ from ablations.report.pages import (
     plot_title,
     short_label,
 )
-from ablations.report.selection import interval, setting_text, varying_per_task
+from ablations.report.selection import axis_columns, interval, setting_text, varying_per_task
 from ablations.results.frames import is_missing
 
 LINESTYLES = ["-", "--", ":", "-."]
@@ -77,15 +77,10 @@ def plot_curves(
     return figure
 
 
-def setting_columns(cells: pd.DataFrame) -> list[str]:
-    """The axis columns of `cells` (`tidy_cells`): named as swept, with a "."."""
-    return [c for c in cells.columns if "." in c]
-
-
 def selected_axes(cells: pd.DataFrame, selection: Selection) -> list[str]:
     """The axis columns of `cells` that `selection` chooses a setting of: its `over`, or every
     axis where it names none."""
-    columns = setting_columns(cells)
+    columns = axis_columns(cells)
     return [c for c in selection.over or columns if c in columns]
 
 
@@ -99,7 +94,7 @@ def curve_panels(
     if selection is None:
         return [(task, done)]
     over = selected_axes(done, selection)
-    varying = varying_per_task(done, setting_columns(done)).get(task, [])
+    varying = varying_per_task(done, axis_columns(done)).get(task, [])
     others = [c for c in varying if c not in over]
     if not others:
         return [(task, done)]

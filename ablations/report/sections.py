@@ -27,10 +27,9 @@ from ablations.report.figures import (
     plot_vs_params,
     plot_vs_train_size,
     selected_axes,
-    setting_columns,
 )
 from ablations.report.pages import Paragraph, Section, Table, label_file_name
-from ablations.report.selection import setting_text, varying_per_task
+from ablations.report.selection import axis_columns, setting_text, varying_per_task
 from ablations.report.selection_section import differing_note
 from ablations.report.tables import cell_detail, task_table, train_size_table
 
@@ -109,7 +108,7 @@ def train_size_sections(
     an epoch count resolves to) where n_train varies among the finished cells `done` (with a
     selection: each mechanism at its selected setting, per n_train, and the first reported
     `metric`): the table and plot of `metric` against n_train."""
-    others = [c for c in setting_columns(cells) if c not in N_TRAIN_AXES]
+    others = [c for c in axis_columns(cells) if c not in N_TRAIN_AXES]
     described = "Test accuracy"
     if selection is not None:
         over = selected_axes(cells, selection)

@@ -107,6 +107,12 @@ def holm(p_values: pd.Series) -> pd.Series:
     return scaled.clip(upper=1.0).cummax().reindex(p_values.index)
 
 
+def axis_columns(cells: pd.DataFrame) -> list[str]:
+    """The setting columns of `cells` (ablations.report.tables.tidy_cells): named as a grid
+    sweeps them, "<section>.<key>" (`SECTIONS`); no other column of its has a dot."""
+    return [c for c in cells.columns if c.startswith(SECTIONS)]
+
+
 def varying_settings(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per cell of `frame` (`ResultsStore.to_dataframe()`), one column per setting
     that varies within some (task, size label, mechanism) of the store, by their
@@ -199,9 +205,9 @@ def select(
     diverged"; '' for none), the chosen setting's mean `metric` (`chosen_on`), the `reported`
     metric's mean, low, high and n, and its cells' `seeds` and `rows` (index labels of
     `cells`)."""
-    axis_columns = [c for c in cells.columns if "." in c]
-    over = [key for key in over if key in axis_columns]
-    others = [key for key in axis_columns if key not in over]
+    axes = axis_columns(cells)
+    over = [key for key in over if key in axes]
+    others = [key for key in axes if key not in over]
     sign = 1 if higher_is_better(metric) else -1
     rows = []
     shown = varying_per_task(cells, others)

@@ -70,13 +70,15 @@ SUMMARY_COLUMNS = [
 SPLIT_SIZES = ("n_train", "n_validation", "n_test")
 
 
-def tidy_cells(df: pd.DataFrame) -> pd.DataFrame:
+def tidy_cells(df: pd.DataFrame, swept: list[str] | None = None) -> pd.DataFrame:
     """One tidy row per cell (the index of `df`, a `ResultsStore.to_dataframe()`): key, labels,
     status (a done cell with a NaN or infinite metric, named in the `non_finite` column of `df`
     that `non_finite_metrics` gives, counts as diverged), the numbers the report uses, the settings
     the cells vary in beyond task, size, mechanism and seed
     (ablations.report.selection.varying_settings: one column each, named as swept, e.g.
-    "training.lr") and `setting`, their values as one text ('' where none varies)."""
+    "training.lr"; the grid's `swept` keys first, in their order, where its run recorded them:
+    ablations/results/axes.py) and `setting`, their values as one text ('' where none varies).
+    `axis_columns` names the setting columns."""
     missing = pd.Series(float("nan"), index=df.index)
     cells = {column: df.get(field, missing) for column, field in FIELDS.items()}
     cells.update({  # the metrics of a task's other test splits: test_ood_acc, ...
@@ -86,6 +88,9 @@ def tidy_cells(df: pd.DataFrame) -> pd.DataFrame:
     })  # fmt: skip
     cells["non_finite"] = df.get("non_finite", pd.Series("", index=df.index)).fillna("")
     settings = varying_settings(df)
+    if swept is not None:
+        first = [key for key in swept if key in settings.columns]
+        settings = settings[first + [key for key in settings.columns if key not in first]]
     cells = pd.concat([pd.DataFrame(cells, index=df.index), settings], axis=1)
     cells["status"] = cells.status.mask((cells.status == "done") & (cells.non_finite != ""),
                                         "diverged")  # fmt: skip

@@ -9,12 +9,14 @@ metrics, environment, error, started, finished, curve) and `curves()`, None wher
 curves.csv lies beside it (the report then leaves out what needs curves: learning curves and
 steps to target), and `attention`: the attention-map blocks of the report beside it and the
 PNG files they name (its attention.json: a report from a cells.csv cannot draw maps, so it
-carries these over), None without one. Every value comes back as the store held it: a text
-as written (ablations.report.pages.csv_text's leading "'" taken off), whole numbers as ints, other
-numbers as floats, True and False as bools, lists as lists, a config's keys sorted at every
-level; a done cell's metrics named in the `non_finite` column as NaN where the file leaves
-them empty (a CSV cell cannot tell NaN from missing). Labels (grid, task, task_name, size,
-mechanism, mechanism_name), keys, statuses and errors stay texts.
+carries these over), None without one; `axes()`: the grids' axes the provenance.json beside it
+records (results/axes.py; {} for a report written before it did).
+Every value comes back as the store held it: a text as written
+(ablations.report.pages.csv_text's leading "'" taken off), whole numbers as ints, other numbers
+as floats, True and False as bools, lists as lists, a config's keys sorted at every level; a
+done cell's metrics named in the `non_finite` column as NaN where the file leaves them empty (a
+CSV cell cannot tell NaN from missing). Labels (grid, task, task_name, size, mechanism,
+mechanism_name), keys, statuses and errors stay texts.
 
 Columns: key, status, error, started, finished, non_finite, "metrics.<name>",
 "environment.<name>" and the config named as `cells_table` names it ("training.lr", "size",
@@ -35,6 +37,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ablations.results.axes import GridAxes, axes_from_json
 from ablations.results.frames import FRAME_COLUMNS
 from ablations.results.store import CURVE_COLUMNS, CURVE_FIELDS, FINISHED
 
@@ -105,6 +108,8 @@ class CellsFile:
     FileNotFoundError without the file, ValueError for a file that is not a cells.csv (see
     the module)."""
 
+    draws_maps = False  # results/axes.py's CellSource: the report's maps are carried over
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
         if not self.path.is_file():
@@ -122,6 +127,7 @@ class CellsFile:
         self._curves = self._read_curves(self.path.with_name("curves.csv"))
         self._rows = self._read_rows(table)
         self.attention = read_attention(self.path.with_name(ATTENTION_FILE))
+        self._axes = read_axes(self.path.with_name("provenance.json"))
         self.recorded_environment = None
         report = self.path.with_name("report.md")
         if any(lacks_environment(row) for row in self._rows) and report.is_file():
@@ -194,6 +200,25 @@ class CellsFile:
         """The learning curves as `ResultsStore.curves()` gives them (from the curves.csv
         beside the file), or None without one."""
         return self._curves
+
+    def axes(self) -> dict[str, GridAxes]:
+        """The grids' axes as the provenance.json beside the file records them."""
+        return self._axes
+
+
+def read_axes(path: Path) -> dict[str, GridAxes]:
+    """The grids' axes a report's provenance.json at `path` records ({} without the file or
+    without its "axes": a report written before it recorded them); ValueError naming the file
+    for one that is not a report's provenance."""
+    if not path.is_file():
+        return {}
+    try:
+        provenance = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not a report's provenance.json: {err}") from None
+    if not isinstance(provenance, dict):
+        raise ValueError(f"{path} is not a report's provenance.json: not a JSON object")
+    return axes_from_json(provenance.get("axes", {}), str(path))
 
 
 def read_attention(path: Path) -> tuple[list[list], dict[str, bytes]] | None:

@@ -52,6 +52,7 @@ from urllib.parse import quote
 
 import pandas as pd
 
+from ablations.results.axes import GridAxes, axes_from_json
 from ablations.results.frames import cells_table
 
 STATUSES = ("running", "done", "failed", "diverged", "pruned")
@@ -76,6 +77,8 @@ CREATE TABLE IF NOT EXISTS cells (
     heartbeat REAL
 )
 """
+# A grid's axes (results/axes.py), recorded by each run of it: swept keys and [selection].
+GRIDS_SCHEMA = "CREATE TABLE IF NOT EXISTS grids (name TEXT PRIMARY KEY, axes TEXT NOT NULL)"
 # Columns added after the first schema: a store written before them gets them on opening.
 ADDED_COLUMNS = {"owner": "TEXT", "heartbeat": "REAL"}
 # Columns every store has: a cells table without them is not a results store.
@@ -187,6 +190,9 @@ class ResultsStore:
     owner of this handle's claims; `lease` the seconds after which a claim without heartbeat
     is stale."""
 
+    draws_maps = True  # results/axes.py's CellSource: the maps files lie beside the store
+    attention = None  # no maps carried over from a report
+
     def __init__(self, path: str | Path, readonly: bool = False, lease: float = LEASE):
         self.path = Path(path)
         self.readonly = readonly
@@ -215,6 +221,7 @@ class ResultsStore:
                 db.execute("PRAGMA journal_mode=WAL")
             with self._connect(write=True) as db:
                 db.execute(SCHEMA)
+                db.execute(GRIDS_SCHEMA)
                 present = {row[1] for row in db.execute("PRAGMA table_info(cells)")}
                 for column, kind in ADDED_COLUMNS.items():
                     if column not in present:
@@ -507,6 +514,28 @@ class ResultsStore:
             for column in ADDED_COLUMNS:  # a read-only store of the old schema lacks them
                 row.setdefault(column, None)
             yield row
+
+    def record_axes(self, grid: str, axes: GridAxes) -> None:
+        """Record grid `grid`'s axes (its swept keys and [selection]), replacing what an
+        earlier version of the grid recorded."""
+        with self._connect(write=True) as db:
+            db.execute(
+                "INSERT OR REPLACE INTO grids (name, axes) VALUES (?, ?)",
+                (grid, json.dumps(axes.to_json(), sort_keys=True)),
+            )
+
+    def axes(self) -> dict[str, GridAxes]:
+        """{grid name: GridAxes} as the runs of each grid recorded them ({} for a store written
+        before they were); StoreError for a record that is not one."""
+        with self._connect() as db:
+            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
+            rows = (
+                db.execute("SELECT name, axes FROM grids").fetchall() if "grids" in tables else []
+            )
+        try:
+            return axes_from_json({name: json.loads(axes) for name, axes in rows}, str(self.path))
+        except ValueError as err:
+            raise StoreError(str(err)) from None
 
     def to_dataframe(self) -> pd.DataFrame:
         """One row per cell, in the order the cells started: key, status, error, started,

@@ -352,6 +352,7 @@ def drive(
     if mixed is not None:
         store.close()
         raise SpecError(f"{spec.path}: {mixed}")
+    store.record_axes(spec.name, spec.axes())  # read back by the report (results/axes.py)
     store.remove_dead_partials()
 
     def say(line: str) -> None:

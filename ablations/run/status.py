@@ -23,7 +23,7 @@ from ablations.results.store import ResultsStore, claim_is_stale, error_summary
 
 ERROR_CHARS = 400  # at most this many characters of an error's last line in the table
 COLUMNS = ["key", "task", "size", "mechanism", "seed", "status", "steps", "test_acc", "error"]
-# between mechanism and seed: the grid's swept keys (GridSpec.swept_keys), where it has any
+# between mechanism and seed: the grid's swept keys (GridSpec.axes, as a run records them)
 
 
 def grid_status(spec: GridSpec) -> pd.DataFrame:
@@ -51,7 +51,7 @@ def grid_status(spec: GridSpec) -> pd.DataFrame:
                 "error": error_summary(error) if error else None,
             }
         )
-    columns = [*COLUMNS[:4], *spec.swept_keys, *COLUMNS[4:]]
+    columns = [*COLUMNS[:4], *spec.axes().swept, *COLUMNS[4:]]
     return pd.DataFrame(records, columns=columns).astype({"steps": "Int64", "test_acc": float})
 
 
