@@ -78,6 +78,8 @@ def test_a_multi_game_file_keeps_the_game_asked_for(tmp_path):
          r"lacks the fields \['tasks'\]"),
         ({"images": np.zeros((2, 36, 36), int), "labels": np.zeros((2, 1), int),
           "tasks": np.zeros((2, 1), int)}, "want images \\(n, H, W, 3\\)"),
+        ({"images": np.array(7), "labels": np.zeros((2, 1), int),  # 0-d: len() would fail
+          "tasks": np.zeros((2, 1), int)}, r"images \(\), labels \(2, 1\).*want images"),
         ({"images": np.full((2, 36, 36, 3), 300), "labels": np.zeros((2, 1), int),
           "tasks": np.zeros((2, 1), int)}, r"integers in \[0, 255\]"),
         ({"images": np.zeros((2, 36, 36, 3), int), "labels": np.full((2, 1), 2),

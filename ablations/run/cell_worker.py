@@ -16,6 +16,7 @@ from ablations.grid.cell import Cell
 from ablations.grid.plugins import import_plugins
 from ablations.results.store import error_summary
 from ablations.run.devices import attempted_device
+from ablations.run.provenance import plugin_record
 from ablations.run.resume import ResumePlan, ResumePoint
 from ablations.run.train import CellOutcome, environment, train_cell
 
@@ -83,6 +84,7 @@ def run_cell(
         import_plugins(imports)
         result = train_cell(
             cell,
+            plugins=plugin_record(imports),  # a resume checkpoint of other plugins is not taken
             on_progress=lambda step, loss: send((key, step, loss)),
             keep_state=keep_state,
             keep_maps=keep_state,

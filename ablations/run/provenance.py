@@ -70,7 +70,7 @@ def plugin_record(imports: Sequence[str]) -> dict[str, str | None]:
     return record
 
 
-def _short(record: dict) -> str:
+def short_record(record: dict) -> str:
     """{name: digest} as "{mine.py: 1a2b3c4d5e6f, ...}" ("{}" for none)."""
     items = (f"{Path(k).name}: {(v or 'no file')[:12]}" for k, v in record.items())
     return "{" + ", ".join(items) + "}"
@@ -95,8 +95,8 @@ def mixed_provenance(cells: Iterable[Cell], results: ResultsStore, plugins: dict
             map(str, plugins.values())
         ):
             return (
-                f"{what} was trained with the plugins {_short(recorded)}, this run imports "
-                f"{_short(plugins)}: other code under the same names would be mixed with it; "
+                f"{what} was trained with the plugins {short_record(recorded)}, this run imports "
+                f"{short_record(plugins)}: other code under the same names would be mixed with it; "
                 "run with the same plugins (imports, --import) or give this run another store"
             )
         if env.get("data"):
@@ -105,8 +105,8 @@ def mixed_provenance(cells: Iterable[Cell], results: ResultsStore, plugins: dict
                 data[task] = data_record(cell.build_task())
             if list(env["data"].values()) != list(data[task].values()):
                 return (
-                    f"{what} was trained on the data files {_short(env['data'])}, this run "
-                    f"reads {_short(data[task])}: results of other data would be mixed under "
+                    f"{what} was trained on the data files {short_record(env['data'])}, this run "
+                    f"reads {short_record(data[task])}: results of other data would be mixed under "
                     "one key; restore those files or give this run another store"
                 )
     return None

@@ -4,22 +4,26 @@ that was never interrupted (bitwise on CPU: every part trains with the same torc
 which `load_state` checks).
 
     plan = ResumePlan(every_steps=0, every_seconds=300.0, data=None)   # what a worker is given
-    data = save_state(cell, loop, model, optimizer, schedule, batches, device)
-    loop = load_state(data, cell, model, optimizer, schedule, batches, device)  # or ResumeError
+    data = save_state(cell, loop, model, optimizer, schedule, batches, device, inputs)
+    loop = load_state(data, cell, model, optimizer, schedule, batches, device, inputs)
 
-A checkpoint holds everything the training loop (ablations.run.train) carries from one step to the
-next: the model's weights, the optimizer's and LR schedule's state, every random state (torch's
-CPU generator and the device's, Python's `random`, NumPy's, and the generator that draws the
-batches: the position in the data order) and the `LoopState` (step, curve so far, last
-validation metrics, early-stopping state, training seconds). It is no part of the cell's
-config or key: how often checkpoints are taken changes no result.
+A checkpoint holds the inputs that can change a result besides the cell's config (its `inputs`: the
+digests of the data files the task read and of the plugin files imported, and torch's global state,
+ablations/run/torch_state.py) and everything the training loop (ablations.run.train) carries from
+one step to the next: the model's weights, the optimizer's and LR schedule's state, every random
+state (torch's CPU generator and the device's, Python's `random`, NumPy's, and the generator that
+draws the batches: the position in the data order) and the `LoopState` (step, curve so far, last
+validation metrics, early-stopping state, training seconds). It is no part of the cell's config or
+key: how often checkpoints are taken changes no result.
 
 Its bytes are `MAGIC`, the SHA-256 of the payload, then the payload (torch.save of a dict of
 tensors and plain values, read back with `weights_only=True`). `load_state` trusts only a
-checkpoint whose checksum holds and that was written for the same cell config, by the same
-torch and attn_zoo, on the same kind of device, with the same torch thread count
-(`torch.get_num_threads()`), before the cell's last step; it raises `ResumeError` (the cell
-trains from step 0, its note saying why) before it changes anything. The thread count changes
+checkpoint whose checksum holds and that was written for the same cell config, from the same
+inputs (a data file or plugin edited since, or another default dtype, would mix two
+trainings under one result), by the same torch and attn_zoo, on the same kind of device, with
+the same torch thread count (`torch.get_num_threads()`), before the cell's last step; it
+raises `ResumeError` (the cell trains from step 0, its note saying which input changed)
+before it changes anything. The thread count changes
 how a CPU sums (a cell checkpointed with 2 threads and resumed with 1 ended with val_loss
 1.6354334, not the uninterrupted 1.6354336), so a checkpoint of another count is not resumed:
 a resumed result is always the uninterrupted one.
@@ -39,10 +43,16 @@ from torch import nn
 
 import attn_zoo
 from ablations.grid.cell import Cell
+from ablations.run.provenance import short_record
 
-MAGIC = b"attn_zoo resume checkpoint 1\n"
-KEYS = ("config", "versions", "device_type", "threads", "loop", "model", "optimizer", "schedule",
-        "rng")  # fmt: skip
+MAGIC = b"attn_zoo resume checkpoint 2\n"  # 2: with the cell's inputs
+KEYS = ("config", "inputs", "versions", "device_type", "threads", "loop", "model", "optimizer",
+        "schedule", "rng")  # fmt: skip
+INPUTS = {  # a checkpoint's inputs, and how a changed one is named
+    "data": "its data files",
+    "plugins": "the plugin files",
+    "torch": "torch's global state",
+}
 RNG_STATES = ("torch", "device", "python", "numpy", "batches")  # the random states kept
 
 
@@ -136,12 +146,16 @@ def save_state(
     schedule: torch.optim.lr_scheduler.LRScheduler,
     batches: torch.Generator,
     device: torch.device,
+    inputs: dict,
 ) -> bytes:
-    """The resume checkpoint of `cell` after step `loop.step`: its bytes (see the module)."""
+    """The resume checkpoint of `cell` after step `loop.step`, trained from `inputs` (`INPUTS`:
+    {"data": {path: sha256}, "plugins": {name: sha256}, "torch": torch_state()}): its bytes (see
+    the module)."""
     buffer = io.BytesIO()
     torch.save(
         {
             "config": _config(cell),
+            "inputs": json.dumps(inputs, sort_keys=True),
             "versions": _versions(),
             "device_type": device.type,
             "threads": torch.get_num_threads(),
@@ -157,7 +171,25 @@ def save_state(
     return MAGIC + hashlib.sha256(payload).digest() + payload
 
 
-def _trusted(data: bytes, cell: Cell, model: nn.Module, device: torch.device) -> dict:
+def _changed_input(recorded: dict, inputs: dict) -> str | None:
+    """How a checkpoint's inputs (`recorded`) differ from this training's, by `INPUTS`' names:
+    "its data files changed since it was written: {boards.npz: 1a2b3c4d5e6f} then,
+    {boards.npz: 9f8e7d6c5b4a} now"; None if none did. Files count by content (a plugin may
+    move), torch's state by each setting ("float32_matmul_precision high then, highest now")."""
+    for what, name in INPUTS.items():
+        was, now = recorded.get(what, {}), inputs.get(what, {})
+        if what == "torch":
+            keys = [key for key in dict.fromkeys([*was, *now]) if was.get(key) != now.get(key)]
+            differ = [f"{key} {was.get(key)} then, {now.get(key)} now" for key in keys]
+            if differ:
+                return f"{name} changed since it was written: {'; '.join(differ)}"
+        elif list(was.values()) != list(now.values()):
+            then, here = short_record(was), short_record(now)
+            return f"{name} changed since it was written: {then} then, {here} now"
+    return None
+
+
+def _trusted(data: bytes, cell: Cell, model: nn.Module, device: torch.device, inputs: dict) -> dict:
     """The checkpoint in `data` once every check of the module's holds; else ResumeError."""
     if not data.startswith(MAGIC):
         raise ResumeError("not an attn_zoo resume checkpoint")
@@ -175,6 +207,9 @@ def _trusted(data: bytes, cell: Cell, model: nn.Module, device: torch.device) ->
         raise ResumeError(f"unreadable: {type(err).__name__}: {first}") from None
     if state["config"] != _config(cell):
         raise ResumeError("written for another cell config")
+    changed = _changed_input(json.loads(state["inputs"]), json.loads(json.dumps(inputs)))
+    if changed is not None:
+        raise ResumeError(changed)
     here = {"versions": _versions(), "device_type": device.type, "threads": torch.get_num_threads()}
     for what, value in here.items():
         if state[what] != value:
@@ -195,11 +230,13 @@ def load_state(
     schedule: torch.optim.lr_scheduler.LRScheduler,
     batches: torch.Generator,
     device: torch.device,
+    inputs: dict,
 ) -> LoopState:
     """Put `cell`'s training back where the checkpoint `data` left it: the model, optimizer,
     schedule and random states restored; its `LoopState` returned. ResumeError, before
-    anything changes, for a checkpoint that is not trusted (see the module)."""
-    state = _trusted(data, cell, model, device)
+    anything changes, for a checkpoint that is not trusted (see the module), or written from
+    other `inputs` (`save_state`'s) than this training's."""
+    state = _trusted(data, cell, model, device, inputs)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     schedule.load_state_dict(state["schedule"])

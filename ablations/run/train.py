@@ -54,6 +54,7 @@ from ablations.grid.schema import TrainingSettings
 from ablations.run.devices import compute_dtype, resolve_device
 from ablations.run.provenance import data_record
 from ablations.run.resume import LoopState, ResumeError, ResumePlan, load_state, save_state
+from ablations.run.torch_state import changes, reset_torch_state, torch_state
 from ablations.tasks import IGNORE_INDEX
 from attn_zoo.maps import recording_attention
 
@@ -236,6 +237,7 @@ def train_cell(
     resume: ResumePlan | None = None,
     on_checkpoint=None,
     should_prune=None,
+    plugins: dict | None = None,
 ) -> CellResult:
     """Train and evaluate `cell`; `on_progress(step, loss)` is called at each evaluation;
     `should_prune(step, val_loss, val_metric)` at each evaluation after which the cell would
@@ -246,11 +248,16 @@ def train_cell(
     placement), default the cell's `training.device` resolved here (`resolve_device`).
     `resume` (ablations.run.resume): the checkpoint to start from, if any (one that is not trusted
     is ignored, with a note: the cell trains from step 0), and when `on_checkpoint(step, data)`
-    is handed a new one (never after the last step). Exceptions propagate (the runner records
+    is handed a new one (never after the last step); `plugins`: the digests of the plugin files
+    imported (ablations.run.provenance.plugin_record), which a checkpoint must match with the
+    data files' and torch's global state (ablations/run/torch_state.py: put back to torch's
+    defaults first, with a note). Exceptions propagate (the runner records
     them as failed cells with the traceback), a compile error included."""
     t = cell.training
     device = torch.device(resolve_device(t.device) if device is None else device)
     dtype = compute_dtype(t.precision, str(device))
+    notes = [f"torch's global state put back to its defaults: {', '.join(changed)}"
+             for changed in [reset_torch_state()] if changed]  # fmt: skip
     torch.manual_seed(cell.seed)
     task = cell.build_task()
     data = data_record(task)  # the files as the task read them
@@ -260,6 +267,14 @@ def train_cell(
         for name, split in made.items()
     }
     model = build_cell_model(cell, task).to(device)  # built on the CPU: the same weights anywhere
+    changed = changes(torch_state())
+    if changed:  # the model would train under another state than its config says
+        raise RuntimeError(
+            f"building the cell's model changed torch's global state ({', '.join(changed)}): "
+            "a mechanism or task must not change process-wide settings such as the default "
+            "dtype (ablations/run/torch_state.py); set them per tensor, or in the grid"
+        )
+    inputs = {"data": data, "plugins": dict(plugins or {}), "torch": torch_state()}  # resume's
     run = torch.compile(model) if t.compile else model
     opt = torch.optim.AdamW(
         model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay
@@ -267,10 +282,10 @@ def train_cell(
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, t))
     gen = torch.Generator().manual_seed(cell.seed)
     resume = resume or ResumePlan()
-    loop, notes = LoopState(), []
+    loop = LoopState()
     if resume.data is not None:
         try:
-            loop = load_state(resume.data, cell, model, opt, schedule, gen, device)
+            loop = load_state(resume.data, cell, model, opt, schedule, gen, device, inputs)
             notes.append(f"resumed from its checkpoint at step {loop.step}")
         except ResumeError as err:
             notes.append(f"resume checkpoint ignored ({err}); trained from step 0")
@@ -319,7 +334,7 @@ def train_cell(
         now = time.perf_counter()
         if on_checkpoint is not None and step < t.steps and resume.due(step, now - saved):
             loop.step, loop.wall_s = step, before + now - start
-            on_checkpoint(step, save_state(cell, loop, model, opt, schedule, gen, device))
+            on_checkpoint(step, save_state(cell, loop, model, opt, schedule, gen, device, inputs))
             saved = time.perf_counter()
     if status == "done" and not all(torch.isfinite(p).all() for p in model.parameters()):
         status = "diverged"  # the last update made the weights non-finite

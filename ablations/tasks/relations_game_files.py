@@ -105,7 +105,7 @@ def _load_boards(path: Path, game: int, state: tuple[int, int] | None) -> tuple[
             f"{_gib(memory_limit())} (half of this machine's memory)"
         )
     images, labels, games = arrays
-    n = len(images)
+    n = len(images) if images.ndim else 0  # a 0-d array has no length: refused below
     if images.ndim != 4 or images.shape[3] != 3 or labels.shape != (n, 1) or games.shape != (n, 1):
         raise ValueError(
             f"{path}: images {images.shape}, labels {labels.shape}, tasks {games.shape}; want "

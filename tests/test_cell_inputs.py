@@ -1,0 +1,172 @@
+"""A cell's result depends on its config and recorded inputs alone: torch's global state is put
+back to its defaults before every cell (ablations/run/torch_state.py), a model whose building
+changes it fails its cell, and a resume checkpoint is taken only when the data files, plugin
+files and torch state it was written from are this run's (ablations/run/resume.py). Runs are
+real processes (the CLI, with worker processes) where the state of a process matters."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from grids import STD, tiny_grid
+from test_relations_game_files import write_boards
+
+from ablations.grid.spec import load_grid
+from ablations.results.store import ResultsStore
+from ablations.run import train
+from ablations.run.progress import cell_label
+from ablations.run.provenance import plugin_record
+from ablations.run.resume import ResumePlan
+from ablations.run.torch_state import DEFAULTS, torch_state
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMING = ("wall_s", "step_ms")
+TRAINING = {"steps": 30, "eval_every": 10}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Cells train with one thread here, as a grid's worker does (the results compare)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def exact(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k not in TIMING}
+
+
+def cli(grid: Path, *extra: str) -> subprocess.CompletedProcess:
+    """`attn-zoo ablate run GRID` in a child process with 2 worker processes."""
+    command = [sys.executable, "-m", "ablations.cli", "ablate", "run", str(grid), "--workers", "2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [*command, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def the_row(grid: Path) -> dict:
+    (row,) = ResultsStore(load_grid(grid).store, readonly=True).rows()
+    return row
+
+
+def with_imports(grid: Path, *plugins: Path) -> None:
+    """`grid` importing the plugin files `plugins` (its first line)."""
+    names = ", ".join(f'"{plugin}"' for plugin in plugins)
+    grid.write_text(f"imports = [{names}]\n" + grid.read_text())
+
+
+def test_a_plugin_that_sets_float64_as_default_trains_no_cell_in_float64(tmp_path):
+    """The plugin's float64 default is put back for the cell (with a note): its result is the
+    float32 one its store records (the hostile pass: val_loss 0.6506 in float64, 0.8311)."""
+    plugin = tmp_path / "float64_default.py"
+    plugin.write_text("import torch\n\ntorch.set_default_dtype(torch.float64)\n")
+    grid = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training=TRAINING)
+    with_imports(grid, plugin)
+    try:
+        (cell,) = load_grid(grid).cells  # imports the plugin here too
+    finally:
+        torch.set_default_dtype(torch.float32)
+    result = cli(grid)
+    note = "torch's global state put back to its defaults: default_dtype float64 -> float32"
+    assert f"note: {cell_label(cell)}: {note}" in result.stdout
+    row, reference = the_row(grid), train.train_cell(cell)  # float32, in this process
+    assert row["environment"]["dtype"] == "float32"
+    assert exact(row["metrics"]) == exact(reference.metrics)
+    assert row["curve"] == reference.curve
+
+
+def test_a_model_whose_building_changes_torchs_global_state_fails_its_cell(tmp_path, monkeypatch):
+    grid = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training=TRAINING)
+    (cell,) = load_grid(grid).cells
+    real = train.build_cell_model
+
+    def build_in_float64(*args):
+        torch.set_default_dtype(torch.float64)  # as a mechanism's __init__ could
+        return real(*args)
+
+    monkeypatch.setattr(train, "build_cell_model", build_in_float64)
+    try:
+        with pytest.raises(RuntimeError, match=r"default_dtype float64 -> float32.*per tensor"):
+            train.train_cell(cell)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert torch_state() == DEFAULTS
+
+
+def planted_checkpoint(grid: Path, plugins: dict | None = None) -> None:
+    """A resume checkpoint of `grid`'s one cell at step 10, from the files as they are now,
+    where a killed run would have left it."""
+    spec = load_grid(grid)
+    (cell,) = spec.cells
+    points = []
+    train.train_cell(cell, resume=ResumePlan(every_steps=10), plugins=plugins,
+                     on_checkpoint=lambda step, data: points.append(data))  # fmt: skip
+    with ResultsStore(spec.store) as store:
+        file = store.resume_path(cell.key)
+    file.parent.mkdir()
+    file.write_bytes(points[0])
+
+
+def assert_trained_from_zero(grid: Path, result, changed: str) -> None:
+    (cell,) = load_grid(grid).cells
+    row, reference = the_row(grid), train.train_cell(cell)  # on the files as they are now
+    note = f"note: {cell_label(cell)}: resume checkpoint ignored ({changed} changed since it"
+    assert note in result.stdout
+    assert "resumed_from_step" not in row["environment"]
+    assert exact(row["metrics"]) == exact(reference.metrics)
+    assert row["curve"] == reference.curve
+
+
+def test_a_checkpoint_is_not_resumed_after_its_data_file_changed(tmp_path):
+    write_boards(tmp_path / "train.npz", 40)
+    files = {"train_file": str(tmp_path / "train.npz")}
+    task = {"name": "relations_game_files", "kwargs": {**files, "n_train": 20,
+            "n_validation": 8, "n_test": 8}}  # fmt: skip
+    size = {"label": "s", "d_model": 16, "n_layers": 1}
+    grid = tiny_grid(tmp_path, tasks=[task], sizes=[size], mechanisms=[STD], seeds=[0],
+                     training=TRAINING)  # fmt: skip
+    planted_checkpoint(grid)
+    write_boards(tmp_path / "train.npz", 40, seed=1)  # the same shapes, other boards
+    result = cli(grid, "--set", "resume.every_steps=10")
+    assert_trained_from_zero(grid, result, "its data files")
+
+
+def test_a_checkpoint_is_not_resumed_after_its_plugin_changed(tmp_path):
+    plugin = tmp_path / "helper_plugin.py"
+    plugin.write_text("SCALE = 1.0\n")
+    grid = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training=TRAINING)
+    with_imports(grid, plugin)
+    planted_checkpoint(grid, plugin_record(load_grid(grid).imports))
+    plugin.write_text("SCALE = 2.0  # edited after the kill\n")
+    result = cli(grid, "--set", "resume.every_steps=10")
+    assert_trained_from_zero(grid, result, "the plugin files")
+
+
+def test_the_same_inputs_resume_and_another_torch_state_does_not(tmp_path, monkeypatch):
+    grid = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training=TRAINING)
+    (cell,) = load_grid(grid).cells
+    points = []
+    train.train_cell(cell, resume=ResumePlan(every_steps=10),
+                     on_checkpoint=lambda step, data: points.append(data))  # fmt: skip
+    resumed = train.train_cell(cell, resume=ResumePlan(data=points[0]))
+    assert resumed.notes == ["resumed from its checkpoint at step 10"]
+    other = {**torch_state(), "float32_matmul_precision": "medium"}  # as if written under it
+    with monkeypatch.context() as patch:
+        patch.setattr(train, "torch_state", lambda: other)
+        patch.setattr(train, "changes", lambda state: [])
+        points.clear()
+        train.train_cell(cell, resume=ResumePlan(every_steps=10),
+                         on_checkpoint=lambda step, data: points.append(data))  # fmt: skip
+    ignored = train.train_cell(cell, resume=ResumePlan(data=points[0]))
+    assert ignored.notes == [
+        "resume checkpoint ignored (torch's global state changed since it was written: "
+        "float32_matmul_precision medium then, highest now); trained from step 0"
+    ]
+    assert ignored.curve == train.train_cell(cell).curve
