@@ -162,6 +162,36 @@ def test_set_on_a_missing_entry_names_it(tmp_path, overrides, fragments):
 
 
 @pytest.mark.parametrize(
+    ("override", "where", "hint"),
+    [
+        ("mechanisms[0].training.lr=3e-3", "[sweep]", "mechanisms[0].sweep.training.lr=[3e-3]"),
+        ("training.lr=3e-3", "[sweep]", "sweep.training.lr=[3e-3]"),
+        ("mechanisms[1].model.pos_enc=rope", "[sweep]", "mechanisms[1].sweep.model.pos_enc=[rope]"),
+    ],
+)
+def test_a_set_that_a_sweep_overrides_is_refused_with_the_set_that_works(
+    tmp_path, override, where, hint
+):
+    """`ablate best` prints such lines for a second-stage grid: the grid's [sweep] of the same
+    key used to win silently, every cell at the swept values."""
+    path = grid(tmp_path, SWEEP)
+    with pytest.raises(SpecError) as err:
+        load_grid(path, [override])
+    assert f"--set {override} is overridden where {where} sweeps" in str(err.value)
+    assert f"--set '{hint}'" in str(err.value)
+    if override.startswith("mechanisms[0]"):  # the hint does what the line meant
+        cells = load_grid(path, [hint.replace("=[3e-3]", "=[0.003]")]).cells
+        assert {c.training.lr for c in cells if c.mechanism == "std"} == {3e-3}
+        assert {c.training.lr for c in cells if c.mechanism == "rel"} == {1e-3, 3e-3}
+
+
+def test_a_set_no_sweep_reaches_applies(tmp_path):
+    path = grid(tmp_path, '[sweep]\nmodel.pos_enc = ["learned", "rope"]\n')
+    cells = load_grid(path, ["mechanisms[0].training.lr=3e-3"]).cells
+    assert {c.training.lr for c in cells if c.mechanism == "std"} == {3e-3}
+
+
+@pytest.mark.parametrize(
     ("extra", "fragments"),
     [
         ("[sweep]\ntraining.lrr = [1e-3]\n", ["sweep.training.lrr (key)", "Did you mean 'lr'"]),

@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 import sys
 
-from ablations.grid.validate import MAX_DEPTH, SpecError, check_depth, step_name
+from ablations.grid.schema import GridFile
+from ablations.grid.validate import MAX_DEPTH, SpecError, check_depth, flat_sweep, step_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -16,6 +17,21 @@ else:  # pragma: no cover - Python 3.10
 
 
 _PART = re.compile(r"([A-Za-z0-9_-]+)((?:\[\d+\])*)")
+
+
+def _steps(key: str, path) -> list[str | int]:
+    """The parts of --set's dotted `key`, list indexes as ints: ["mechanisms", 1, "kwargs",
+    "n_heads"]; SpecError for a part that is not a key."""
+    steps: list[str | int] = []
+    for part in key.split("."):
+        match = _PART.fullmatch(part)
+        if match is None:
+            raise SpecError(
+                f"{path}: --set {key!r}: {part!r} is not a key (letters, digits, '_', '-'), "
+                f"optionally indexed, e.g. mechanisms[0].kwargs.n_heads"
+            )
+        steps += [match[1], *(int(i) for i in re.findall(r"\d+", match[2]))]
+    return steps
 
 
 def apply_overrides(raw: dict, overrides: list[str], path) -> dict:
@@ -37,15 +53,7 @@ def apply_overrides(raw: dict, overrides: list[str], path) -> dict:
         check_depth(path, f"--set {key}", value)
         if key.count(".") >= MAX_DEPTH:
             raise SpecError(f"{path}: --set {key[:60]}...: a key of more than {MAX_DEPTH} parts")
-        steps: list[str | int] = []
-        for part in key.split("."):
-            match = _PART.fullmatch(part)
-            if match is None:
-                raise SpecError(
-                    f"{path}: --set {key!r}: {part!r} is not a key (letters, digits, '_', '-'), "
-                    f"optionally indexed, e.g. mechanisms[0].kwargs.n_heads"
-                )
-            steps += [match[1], *(int(i) for i in re.findall(r"\d+", match[2]))]
+        steps = _steps(key, path)
         target: object = raw
         for i, step in enumerate(steps[:-1]):
             where = step_name(steps[: i + 1])
@@ -67,3 +75,36 @@ def apply_overrides(raw: dict, overrides: list[str], path) -> dict:
             raise SpecError(f"{path}: --set {key}: {step_name(steps[:-1])} is not a table")
         target[last] = value
     return raw
+
+
+def check_overrides_apply(grid: GridFile, overrides: list[str], path) -> None:
+    """SpecError for a --set of a fixed setting that a sweep replaces in the cells it would set
+    (a sweep beats a fixed value, ablations/grid/expand.py): ``--set
+    'mechanisms[0].training.lr=3e-3'`` in a grid that sweeps training.lr would change nothing.
+    The message names the sweep and the --set that does take effect."""
+    for item in overrides:
+        steps = _steps(item.split("=", 1)[0], path)
+        if steps[:1] in (["tasks"], ["mechanisms"]) and len(steps) == 4:
+            table, index, section, name = steps
+            section = {"kwargs": f"{table[:-1]}_kwargs"}.get(section, section)
+        elif len(steps) == 2:
+            (section, name), table, index = steps, None, None
+        else:
+            continue  # not a fixed setting of the cells (a sweep, a label, seeds, ...)
+        key = f"{section}.{name}"
+        levels = {"[sweep]": grid.sweep}  # every sweep that reaches cells the --set reaches
+        for other in ("tasks", "mechanisms"):
+            for i, entry in enumerate(getattr(grid, other)):
+                if other != table or i == index:
+                    levels[f"{other}[{i}].sweep"] = entry.sweep
+        for where, sweep in levels.items():
+            values = flat_sweep(sweep).get(key)
+            if values is None:
+                continue
+            value = item.split("=", 1)[1]
+            scope = f"{table}[{index}].sweep.{key}" if table else f"sweep.{key}"
+            raise SpecError(
+                f"{path}: --set {item} is overridden where {where} sweeps {key} (over "
+                f"{values}): a sweep beats a fixed value; to run {value} alone, "
+                f"--set '{scope}=[{value}]'"
+            )

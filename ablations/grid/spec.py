@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from ablations.grid.expand import cell_of, expand, swept_keys_of
-from ablations.grid.overrides import apply_overrides
+from ablations.grid.overrides import apply_overrides, check_overrides_apply
 from ablations.grid.search_space import SearchGroup, SearchPlan, check_search
 from ablations.grid.validate import (
     IMPORTS,
@@ -57,6 +57,7 @@ from ablations.grid.schema import (
     TrainingSettings,
 )
 from ablations.results.axes import GridAxes
+from ablations.results.store import ResultsStore
 from ablations.results.tracking import TrackingPlan
 from attn_zoo.registry import PluginError
 
@@ -101,6 +102,21 @@ def search_probe(plan: SearchPlan) -> dict:
     return {d.key: d.choices[0] if d.choices else d.low for d in plan.space}
 
 
+def _plugins_hint(path: Path, raw: dict, imported: list[str], error: str) -> str:
+    """For an error naming a name that is not registered: the plugins the grid's store records
+    for its cells and this load did not import (" (its store's cells were run with plugins:
+    try --import mine.py)"); "" otherwise, or where the store cannot be read."""
+    if " is not valid. Valid: " not in error or not isinstance(raw.get("store"), str):
+        return ""
+    try:
+        recorded = ResultsStore(path.parent / raw["store"], readonly=True).plugins()
+    except (OSError, ValueError):  # no store, or not one: the error says enough
+        return ""
+    missing = [name for name in recorded if name not in imported]
+    imports = " ".join(f"--import {name}" for name in missing)
+    return f" (its store's cells were run with plugins: try {imports})" if missing else ""
+
+
 def load_grid(
     path: str | Path,
     overrides: list[str] | None = None,
@@ -132,7 +148,9 @@ def load_grid(
     try:
         grid = GridFile.model_validate(raw)
     except ValidationError as err:
-        raise spec_error(path, err) from None
+        error = spec_error(path, err)
+        raise SpecError(f"{error}{_plugins_hint(path, raw, plugins, str(error))}") from None
+    check_overrides_apply(grid, overrides or [], path)
     check_seeds(path, grid.seeds)
     for key in ("tasks", "sizes", "mechanisms"):
         check_entries(path, key, getattr(grid, key))

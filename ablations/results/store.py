@@ -515,6 +515,12 @@ class ResultsStore:
                 row.setdefault(column, None)
             yield row
 
+    def plugins(self) -> list[str]:
+        """The plugins the cells were run with (each cell's environment records them,
+        ablations/run/provenance.py), in the order first met."""
+        environments = (row["environment"] or {} for row in self.rows())
+        return list(dict.fromkeys(name for env in environments for name in env.get("plugins", {})))
+
     def record_axes(self, grid: str, axes: GridAxes) -> None:
         """Record grid `grid`'s axes (its swept keys and [selection]), replacing what an
         earlier version of the grid recorded."""
