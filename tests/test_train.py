@@ -143,6 +143,7 @@ def test_seq2seq_is_teacher_forced_and_scored_on_the_next_target():
     assert torch.equal(seen["decoder_in"][~padded], y[:, :-1][~padded])
 
 
+@pytest.mark.slow  # 300 steps each (about 60 s together): `make test-slow`
 @pytest.mark.parametrize(
     ("task", "kwargs", "metric", "floor"),
     [
