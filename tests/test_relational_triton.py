@@ -181,6 +181,7 @@ def interpreted():
 
 
 @needs_triton
+@pytest.mark.slow  # one child process interprets every case (about 45 s): `make test-slow`
 @pytest.mark.parametrize("check", list(CHECKS))
 def test_interpreted_kernel_agrees_with_naive(interpreted, check):
     assert interpreted["_interpreted"] == "yes", "the child did not run the Triton interpreter"
