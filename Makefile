@@ -67,7 +67,7 @@ docs-screenshot: install
 # The main job: train the demo grid (resumable: run it again to finish or skip), write its report.
 demo: install
 	$(BIN)/attn-zoo ablate run ablations/grids/demo.toml
-	$(BIN)/attn-zoo report ablations/grids/demo.toml --out reports/demo --target 0.9
+	$(BIN)/attn-zoo report --require-clean ablations/grids/demo.toml --out reports/demo --target 0.9
 
 # The demo's conclusions under a wider sweep: learning rates 3e-4 to 3e-2 (the demo: 1e-3 and
 # 3e-3) and 6 seeds (the demo: 3), the same cells otherwise (270 cells, 23 min on 2 CPU
@@ -76,7 +76,7 @@ DEMO_LR_CHECK = --set store=../../results/demo_lr_check.sqlite \
 	--set 'sweep.training.lr=[3e-4,1e-3,3e-3,1e-2,3e-2]' --set 'seeds=[0,1,2,3,4,5]'
 demo-lr-check: install
 	$(BIN)/attn-zoo ablate run ablations/grids/demo.toml $(DEMO_LR_CHECK)
-	$(BIN)/attn-zoo report ablations/grids/demo.toml $(DEMO_LR_CHECK) --out reports/demo_lr_check \
+	$(BIN)/attn-zoo report --require-clean ablations/grids/demo.toml $(DEMO_LR_CHECK) --out reports/demo_lr_check \
 		--target 0.9 --title "Ablation report: demo, learning rates 3e-4 to 3e-2, 6 seeds" \
 		--note "$$(cat ablations/grids/demo_lr_check.conclusion.md)"
 
@@ -85,14 +85,14 @@ demo-lr-check: install
 # ablations/grids/demo_mqar_probes.conclusion.md.
 demo-mqar-probes: install
 	$(BIN)/attn-zoo ablate run ablations/grids/demo_mqar_probes.toml
-	$(BIN)/attn-zoo report ablations/grids/demo_mqar_probes.toml --out reports/demo_mqar_probes \
+	$(BIN)/attn-zoo report --require-clean ablations/grids/demo_mqar_probes.toml --out reports/demo_mqar_probes \
 		--target 0.9 --note "$$(cat ablations/grids/demo_mqar_probes.conclusion.md)"
 
 # torch.compile against eager on the demo's cells, one seed (18 cells, 6 min on 2 idle cores:
 # wall times compare only on an otherwise idle machine; the README's compile numbers).
 demo-compile: install
 	$(BIN)/attn-zoo ablate run ablations/grids/demo_compile.toml
-	$(BIN)/attn-zoo report ablations/grids/demo_compile.toml --out reports/demo_compile
+	$(BIN)/attn-zoo report --require-clean ablations/grids/demo_compile.toml --out reports/demo_compile
 
 # The example reports in reports/, one command each. The relational games under the paper's
 # protocol, ours and the paper's own models (498 cells, about 3 hours on 2 CPU cores); the
@@ -100,7 +100,7 @@ demo-compile: install
 # ablations/grids/relational_games.conclusion.md, and shown at the top of the report.
 relational-games: install
 	$(BIN)/attn-zoo ablate run ablations/grids/relational_games.toml
-	$(BIN)/attn-zoo report ablations/grids/relational_games.toml --out reports/relational_games \
+	$(BIN)/attn-zoo report --require-clean ablations/grids/relational_games.toml --out reports/relational_games \
 		--note "$$(cat ablations/grids/relational_games.conclusion.md)"
 
 # "between" on DeepMind's own boards (ablations/data/relations_game/), ours and the paper's
@@ -110,7 +110,7 @@ relational-games: install
 # ablations/grids/relations_game_between.conclusion.md.
 relations-game-between: install
 	$(BIN)/attn-zoo ablate run ablations/grids/relations_game_between.toml
-	$(BIN)/attn-zoo report ablations/grids/relations_game_between.toml \
+	$(BIN)/attn-zoo report --require-clean ablations/grids/relations_game_between.toml \
 		--out reports/relations_game_between \
 		--note "$$(cat ablations/grids/relations_game_between.conclusion.md)"
 
@@ -119,35 +119,35 @@ relations-game-between: install
 # match_pattern.conclusion.md.
 match-pattern: install
 	$(BIN)/attn-zoo ablate run ablations/grids/match_pattern.toml
-	$(BIN)/attn-zoo report ablations/grids/match_pattern.toml --out reports/match_pattern \
+	$(BIN)/attn-zoo report --require-clean ablations/grids/match_pattern.toml --out reports/match_pattern \
 		--target 0.9 --note "$$(cat ablations/grids/match_pattern.conclusion.md)"
 
 # Dual attention's ceiling on match_pattern (lr 3e-3 and 1e-2, 16,000 steps, 5 seeds; 10 cells,
 # about 10 min on 2 idle cores); its conclusion is ablations/grids/match_pattern_dual.conclusion.md.
 match-pattern-dual: install
 	$(BIN)/attn-zoo ablate run ablations/grids/match_pattern_dual.toml
-	$(BIN)/attn-zoo report ablations/grids/match_pattern_dual.toml --out reports/match_pattern_dual \
+	$(BIN)/attn-zoo report --require-clean ablations/grids/match_pattern_dual.toml --out reports/match_pattern_dual \
 		--target 0.9 --note "$$(cat ablations/grids/match_pattern_dual.conclusion.md)"
 
 # The Fastformer claim (additive vs standard vs linear attention on a language model, about
 # 48 min on 2 cores); its conclusion is ablations/grids/fastformer_lm.conclusion.md, written by hand.
 fastformer-lm: install
 	$(BIN)/attn-zoo ablate run ablations/grids/fastformer_lm.toml
-	$(BIN)/attn-zoo report ablations/grids/fastformer_lm.toml --out reports/fastformer_lm \
+	$(BIN)/attn-zoo report --require-clean ablations/grids/fastformer_lm.toml --out reports/fastformer_lm \
 		--note "$$(cat ablations/grids/fastformer_lm.conclusion.md)"
 
 # The same comparison at the character level (128-character contexts, 36 cells, about 1 h 40
 # min on 2 cores); its conclusion is ablations/grids/fastformer_char.conclusion.md.
 fastformer-char: install
 	$(BIN)/attn-zoo ablate run ablations/grids/fastformer_char.toml
-	$(BIN)/attn-zoo report ablations/grids/fastformer_char.toml --out reports/fastformer_char \
+	$(BIN)/attn-zoo report --require-clean ablations/grids/fastformer_char.toml --out reports/fastformer_char \
 		--note "$$(cat ablations/grids/fastformer_char.conclusion.md)"
 
 # Twice the steps for standard and additive attention at lr 1e-2 and 3e-2 (12 cells, 47 min
 # on 2 cores); its conclusion is ablations/grids/fastformer_char_long.conclusion.md.
 fastformer-char-long: install
 	$(BIN)/attn-zoo ablate run ablations/grids/fastformer_char_long.toml
-	$(BIN)/attn-zoo report ablations/grids/fastformer_char_long.toml --out reports/fastformer_char_long \
+	$(BIN)/attn-zoo report --require-clean ablations/grids/fastformer_char_long.toml --out reports/fastformer_char_long \
 		--note "$$(cat ablations/grids/fastformer_char_long.conclusion.md)"
 
 # Run-to-run variance from the thread count alone: the demo grid with 1 and with 2 torch threads
@@ -181,7 +181,7 @@ WORKERS ?= 1
 fastformer-shakespeare: shakespeare-data
 	ATTN_ZOO_DATA=$(ATTN_ZOO_DATA) $(BIN)/attn-zoo ablate run \
 		ablations/grids/fastformer_shakespeare.toml --workers $(WORKERS)
-	ATTN_ZOO_DATA=$(ATTN_ZOO_DATA) $(BIN)/attn-zoo report ablations/grids/fastformer_shakespeare.toml \
+	ATTN_ZOO_DATA=$(ATTN_ZOO_DATA) $(BIN)/attn-zoo report --require-clean ablations/grids/fastformer_shakespeare.toml \
 		--out reports/fastformer_shakespeare \
 		--note "$$(cat ablations/grids/fastformer_shakespeare.conclusion.md)"
 
@@ -190,7 +190,7 @@ fastformer-shakespeare: shakespeare-data
 fastformer-shakespeare-small: shakespeare-data
 	ATTN_ZOO_DATA=$(ATTN_ZOO_DATA) $(BIN)/attn-zoo ablate run \
 		ablations/grids/fastformer_shakespeare_small_lr.toml --workers 2
-	ATTN_ZOO_DATA=$(ATTN_ZOO_DATA) $(BIN)/attn-zoo report \
+	ATTN_ZOO_DATA=$(ATTN_ZOO_DATA) $(BIN)/attn-zoo report --require-clean \
 		ablations/grids/fastformer_shakespeare_small_lr.toml \
 		--out reports/fastformer_shakespeare_small_lr \
 		--note "$$(cat ablations/grids/fastformer_shakespeare_small_lr.conclusion.md)"

@@ -43,6 +43,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     r.add_argument("--title", default=None, help="page title (without: from the grid name)")
     r.add_argument("--note", default=None, help="a paragraph under the header, e.g. a conclusion")
+    r.add_argument(
+        "--require-clean", action="store_true",
+        help="refuse (naming the cells) unless every finished cell ran from one commit with "
+        "no uncommitted change to the code",
+    )  # fmt: skip
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="overrides of the grid spec given as source or as --grid "
                    "(repeatable)")  # fmt: skip
@@ -101,7 +106,7 @@ def report(args: argparse.Namespace) -> int:
             write_report(
                 store, out, title=args.title, target=args.target, note=args.note,
                 selection=selection, keys=keys, progress=progress, grid=grid,
-                overrides=args.set if grid is not None else (),
+                overrides=args.set if grid is not None else (), require_clean=args.require_clean,
             )  # fmt: skip
         print(f"wrote {out}/report.md, {out}/index.html and the CSVs and plots beside them")
         for warning in log_report(tracking, name, store.path, out):

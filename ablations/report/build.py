@@ -60,7 +60,12 @@ from ablations.report.folder import (
     replace_folder,
 )
 from ablations.report.pages import Image, Page, label_colours, write_csv, write_pages
-from ablations.report.provenance import non_finite_metrics, provenance_record
+from ablations.report.provenance import (
+    code_versions,
+    non_finite_metrics,
+    provenance_record,
+    unclean_code,
+)
 from ablations.report.sections import task_sections, train_size_sections, unfinished_section
 from ablations.report.selection import axis_columns, differing_settings
 from ablations.report.selection_section import differing_note, selection_section
@@ -122,8 +127,10 @@ def _page(
         overrides = " ".join(f"--set {o}" for o in provenance["overrides"])
         facts.append(f"Grid file: {provenance['grid_file']}, SHA-256 {provenance['grid_sha256']}"
                      + (f", with {overrides}" if overrides else ""))  # fmt: skip
+    code = "; ".join(f"{n} cells at {version}" for version, n in provenance["code"].items())
     facts += [
         f"Cells: {len(cells)} ({statuses})",
+        f"Code: {code or 'no cell ran'}",
         f"Environment: {'; '.join(provenance['environment']) or 'not recorded'}",
         f"Generated: {provenance['generated']}",
     ]
@@ -144,6 +151,7 @@ def write_report(
     progress: Steps | None = None,
     grid: str | Path | None = None,
     overrides: Sequence[str] = (),
+    require_clean: bool = False,
 ) -> Path:
     """Write the report of `store` (a ResultsStore or the path of its SQLite file; or a report's
     cells.csv, ablations.results.cells_file) into the folder `out_dir`: report.md, index.html,
@@ -162,7 +170,9 @@ def write_report(
     store's other cells, e.g. of an earlier version of the grid, are left out and counted in the
     header); given as {key: config}, the grid's cells the store does not hold are counted and listed
     as not run, and no selection takes a setting that lacks one. `progress` (ablations.steps) counts
-    the steps: the tables, each plot and attention map, and the pages. Returns `out_dir`.
+    the steps: the tables, each plot and attention map, and the pages. `require_clean` refuses
+    (ValueError) cells that did not all run from one clean commit
+    (ablations.report.provenance.unclean_code). Returns `out_dir`.
 
     The folder belongs to the report and is written whole or not at all: the report is written
     into a new hidden sibling folder (``.<name>.partial-<pid>-<random>``), which then replaces
@@ -175,6 +185,10 @@ def write_report(
     of .md, .html, .csv, .png and .json files holding report.md (FileExistsError otherwise).
     A cells.csv inside `out_dir` is read whole before the folder is replaced."""
     store = open_store(store)
+    if require_clean:  # before anything is written
+        problem = unclean_code([row for row in store.rows() if keys is None or row["key"] in keys])
+        if problem is not None:
+            raise ValueError(f"--require-clean: {problem}")
     final = Path(out_dir).resolve()
     recover(final)
     check_replaceable(final)
@@ -259,7 +273,7 @@ def report_page(
     if curves is not None:  # the report's cells' only
         write_csv(curves[curves.key.isin(frame.key)], new_file(folder, "curves.csv"))
     write_csv(summary, new_file(folder, "summary.csv"))
-    provenance = provenance_record(store, curves, grid, overrides, axes)
+    provenance = provenance_record(store, curves, grid, overrides, axes, code_versions(records))
     text = json.dumps(provenance, indent=2, ensure_ascii=False) + "\n"
     new_file(folder, "provenance.json").write_text(text, encoding="utf-8")
     page = _page(frame, cells, title, note, provenance)

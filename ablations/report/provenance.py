@@ -5,6 +5,8 @@ the date; and the done cells stored with non-finite metrics."""
 from __future__ import annotations
 
 import math
+import re
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pandas as pd
 from ablations.report.pages import generated_now
 from ablations.results.axes import CellSource, GridAxes
 from ablations.results.cells_file import lacks_environment
+from ablations.results.store import FINISHED
 from ablations.run.provenance import file_sha256
 
 
@@ -38,6 +41,46 @@ def _environments(store: CellSource) -> list[str]:
     return seen
 
 
+def code_version(row: dict) -> str | None:
+    """The code a cell ran from, as its environment records it (ablations.run.provenance.
+    source_state): "3a5da2dc57e9" (a clean commit), "3a5da2dc57e9-dirty (diff 9c921c857893)",
+    "an unknown commit", or "no recorded commit" (a store written before commits were
+    recorded); None for a cell that never ran."""
+    if row["status"] not in FINISHED:
+        return None
+    env = row["environment"] or {}
+    commit = env.get("commit")
+    if commit is None:
+        return "no recorded commit"
+    if commit == "unknown":
+        return "an unknown commit"
+    name = commit.removesuffix("-dirty")[:12] + ("-dirty" if commit.endswith("-dirty") else "")
+    return f"{name} (diff {env['diff_sha256'][:12]})" if env.get("diff_sha256") else name
+
+
+def code_versions(rows: list[dict]) -> dict[str, int]:
+    """How many of the finished cells of `rows` ran from each `code_version`, most first."""
+    counts = Counter(filter(None, map(code_version, rows)))
+    return dict(counts.most_common())
+
+
+def unclean_code(rows: list[dict]) -> str | None:
+    """Why the finished cells of `rows` are not all from one clean commit (a dirty tree, no
+    recorded commit, or several commits), naming up to 5 cells of each version past the
+    first; None when they are."""
+    versions = code_versions(rows)
+    dirty = [v for v in versions if not re.fullmatch(r"[0-9a-f]{12}", v)]
+    if not dirty and len(versions) <= 1:
+        return None
+    named = []
+    for version in [v for v in versions if v in dirty] or list(versions)[1:]:
+        keys = [row["key"] for row in rows if code_version(row) == version]
+        more = f", ... ({len(keys)} cells)" if len(keys) > 5 else ""
+        named.append(f"{version}: {', '.join(keys[:5])}{more}")
+    counts = ", ".join(f"{n} at {v}" for v, n in versions.items())
+    return f"the cells come from {counts}; not one clean commit ({'; '.join(named)})"
+
+
 def non_finite_metrics(store: CellSource) -> dict[str, str]:
     """Per key of a done cell with NaN or infinite metrics (a store written before training
     recorded such a cell as diverged), those metrics' names: 'val_loss, test_loss'."""
@@ -56,6 +99,7 @@ def provenance_record(
     grid: str | Path | None,
     overrides: Sequence[str],
     axes: dict[str, GridAxes],
+    code: dict[str, int],
 ) -> dict:
     """What the report was built from, as provenance.json holds it: `source` (the store's or
     cells.csv's path), `curves` (whether it had learning curves), `attention_carried` (whether a
@@ -73,6 +117,7 @@ def provenance_record(
         "grid_sha256": digest,
         "overrides": list(overrides),
         "axes": {name: grid_axes.to_json() for name, grid_axes in axes.items()},
+        "code": code,
         "environment": _environments(store),
         "generated": generated_now(),
     }

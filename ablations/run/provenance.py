@@ -1,6 +1,11 @@
-"""What a cell's result depends on beyond its key: the data files its task read and the plugin
-files its run imported, each recorded by SHA-256 in the cell's environment, and a run refused
-before training when finished cells of its grid were made from other ones.
+"""What a cell's result depends on beyond its key: the source tree it ran from, the data files
+its task read and the plugin files its run imported, each recorded in the cell's environment,
+and a run refused before training when finished cells of its grid were made from other ones.
+
+    environment["commit"]   the git commit of the source tree ("-dirty" appended where it has
+                            uncommitted changes; "unknown" outside a git checkout), and
+    environment["diff_sha256"]  for a dirty tree, the SHA-256 of its changes (`source_state`):
+                            two cells of one dirty commit ran the same code only if it is equal
 
     environment["data"]     {path: sha256} of each file the task read (`Task.data_files`),
                             recorded by the worker that trained the cell
@@ -23,7 +28,9 @@ import hashlib
 import importlib.util
 import json
 import os
+import subprocess
 from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from functools import cache
 from pathlib import Path
 
@@ -48,6 +55,39 @@ def _sha256(path: str, size: int, mtime_ns: int) -> str:
         for block in iter(lambda: file.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+CODE = ("attn_zoo", "ablations", "pyproject.toml")  # what a cell's result can depend on
+
+
+def source_state(here: Path | None = None) -> dict[str, str]:
+    """The code this package runs (or the checkout holding `here`), as git sees it: {"commit": the
+    checkout's commit, + "-dirty" where `CODE` differs from it (tracked changes, or untracked files
+    git does not ignore), "diff_sha256": the SHA-256 of those differences (`git diff HEAD --binary
+    -- CODE`, then each untracked file's path and bytes), only where dirty}; {"commit": "unknown"}
+    outside a git checkout. Changes elsewhere (reports, docs, tests) change no result: not
+    counted."""
+    here = here or Path(__file__).resolve().parent
+
+    def git(*args: str) -> bytes | None:
+        out = subprocess.run(["git", "-C", str(here), *args], capture_output=True)
+        return out.stdout if out.returncode == 0 else None
+
+    commit = (git("rev-parse", "HEAD") or b"").decode().strip()
+    if not commit:
+        return {"commit": "unknown"}
+    root = Path((git("rev-parse", "--show-toplevel") or b"").decode().strip())
+    diff = git("-C", str(root), "diff", "HEAD", "--binary", "--", *CODE) or b""
+    listed = git("-C", str(root), "ls-files", "--others", "--exclude-standard", "-z", "--", *CODE)
+    untracked = [name for name in (listed or b"").split(b"\0") if name]
+    if not diff and not untracked:
+        return {"commit": commit}
+    digest = hashlib.sha256(diff)
+    for name in untracked:
+        digest.update(name + b"\0")
+        with suppress(OSError):  # removed since git listed it
+            digest.update((root / os.fsdecode(name)).read_bytes())
+    return {"commit": f"{commit}-dirty", "diff_sha256": digest.hexdigest()}
 
 
 def data_record(task) -> dict[str, str]:

@@ -47,7 +47,6 @@ from __future__ import annotations
 import errno
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -64,7 +63,7 @@ from ablations.run.cell_worker import Evaluation
 from ablations.run.devices import cell_threads, default_local_workers, slow_precision
 from ablations.run.executors import make_executor
 from ablations.run.progress import COUNTED, Progress, cell_label, make_progress
-from ablations.run.provenance import mixed_provenance, plugin_record
+from ablations.run.provenance import mixed_provenance, plugin_record, source_state
 from ablations.run.resume import ResumePlan, ResumePoint
 from ablations.run.status import grid_status
 from ablations.run.train import LOST, CellOutcome, smoke_test
@@ -84,20 +83,6 @@ class GridInterrupted(KeyboardInterrupt, SystemExit):
         super().__init__(summary)
         self.code = 128 + signum
         self.signum, self.summary, self.counts = signum, summary, counts
-
-
-def source_commit() -> str:
-    """The git commit of this source tree (+ "-dirty" with local changes), or "unknown"."""
-    here = Path(__file__).resolve().parent
-
-    def git(*args: str) -> str:
-        out = subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True)
-        return out.stdout.strip() if out.returncode == 0 else ""
-
-    commit = git("rev-parse", "HEAD")
-    if not commit:
-        return "unknown"
-    return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def check_cells(spec: GridSpec) -> None:
@@ -370,7 +355,7 @@ def drive(
     except BaseException:
         store.close()
         raise
-    environment = {"commit": source_commit(), "plugins": plugins}
+    environment = {**source_state(), "plugins": plugins}
     stop = _StopSignals()  # before ray.init, which sets its own SIGTERM handler
     device = spec.training.device  # where the local workers go
     threads = cell_threads(spec.resources)

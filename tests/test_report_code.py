@@ -1,0 +1,69 @@
+"""A report says which code its cells ran from (each cell's recorded commit and, for a dirty
+tree, the digest of its changes: ablations.run.provenance.source_state), and `--require-clean`
+refuses cells that did not all run from one clean commit, naming them."""
+
+import json
+
+import pytest
+from grids import STD, tiny_grid
+
+from ablations.cli import main
+from ablations.grid.spec import load_grid
+from ablations.report.build import write_report
+from ablations.results.store import ResultsStore
+from ablations.run.provenance import source_state
+from ablations.run.runner import run_grid
+
+CLEAN, OTHER = "a" * 40, "b" * 40
+
+
+def store_of(tmp_path, commits: list[dict]) -> ResultsStore:
+    """A store whose cells (one per environment of `commits`) are done."""
+    spec = load_grid(tiny_grid(tmp_path, seeds=list(range(len(commits))), mechanisms=[STD]))
+    store = ResultsStore(spec.store)
+    for cell, env in zip(spec.cells, commits, strict=True):
+        store.finish(store.claim(cell.config()), "done", {"test_acc": 0.5}, [], env)
+    return store
+
+
+def test_the_header_counts_the_cells_of_each_commit(tmp_path):
+    dirty = {"commit": f"{OTHER}-dirty", "diff_sha256": "c" * 64}
+    store = store_of(tmp_path, [{"commit": CLEAN}, {"commit": CLEAN}, dirty, {}])
+    out = write_report(store, tmp_path / "report")
+    code = json.loads((out / "provenance.json").read_text())["code"]
+    assert code == {"aaaaaaaaaaaa": 2, "bbbbbbbbbbbb-dirty (diff cccccccccccc)": 1,
+                    "no recorded commit": 1}  # fmt: skip
+    assert ("- Code: 2 cells at aaaaaaaaaaaa; 1 cells at bbbbbbbbbbbb-dirty (diff cccccccccccc); "
+            "1 cells at no recorded commit") in (out / "report.md").read_text()  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("commits", "fragment"),
+    [
+        ([{"commit": CLEAN}, {"commit": f"{CLEAN}-dirty", "diff_sha256": "d" * 64}],
+         "aaaaaaaaaaaa-dirty (diff dddddddddddd): "),
+        ([{"commit": CLEAN}, {"commit": OTHER}], "bbbbbbbbbbbb: "),
+        ([{"commit": CLEAN}, {}], "no recorded commit: "),
+    ],
+)  # fmt: skip
+def test_require_clean_refuses_mixed_or_dirty_code_naming_the_cells(tmp_path, commits, fragment):
+    store = store_of(tmp_path, commits)
+    odd = [row["key"] for row in store.rows()][1]
+    with pytest.raises(SystemExit) as err:
+        main(["report", str(store.path), "--out", str(tmp_path / "r"), "--require-clean"])
+    assert "--require-clean: the cells come from " in str(err.value)
+    assert f"{fragment}{odd}" in str(err.value)
+    assert not (tmp_path / "r").exists()  # refused before anything was written
+
+
+def test_a_run_records_its_code_and_one_clean_commit_passes(tmp_path):
+    spec = load_grid(tiny_grid(tmp_path, seeds=[0], mechanisms=[STD],
+                               training={"steps": 4, "eval_every": 2}))  # fmt: skip
+    run_grid(spec, workers=1)
+    (row,) = ResultsStore(spec.store, readonly=True).rows()
+    here = source_state()
+    assert {k: row["environment"].get(k) for k in here} == here
+    (tmp_path / "clean").mkdir()
+    clean = store_of(tmp_path / "clean", [{"commit": CLEAN}] * 2)
+    main(["report", str(clean.path), "--out", str(tmp_path / "r"), "--require-clean"])
+    assert (tmp_path / "r" / "report.md").is_file()
