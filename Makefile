@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-slow lint install docs grid-reference docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check demo-mqar-probes demo-compile relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long shakespeare-data fastformer-shakespeare fastformer-shakespeare-small thread-variance engine-overhead benchmarks bench \
+.PHONY: test test-slow lint install docs grid-reference pinned-numerics docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check demo-mqar-probes demo-compile relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long shakespeare-data fastformer-shakespeare fastformer-shakespeare-small thread-variance engine-overhead benchmarks bench \
 	clean
 
 # --no-compile: no bytecode for the ~20,000 installed modules at install time (a module's is
@@ -36,6 +36,12 @@ test: lint
 # interpreter (about 12 more CPU minutes).
 test-slow: install
 	$(BIN)/python -m pytest -n 2 --dist worksteal -m slow
+
+# The pinned cells' numbers rewritten (tests/test_pinned_numerics.py, which fails on any change),
+# with why: a dated line in tests/numerics_log.md.
+pinned-numerics: install
+	@test -n "$(REASON)" || { echo 'usage: make pinned-numerics REASON="why they changed"'; exit 2; }
+	$(BIN)/python tests/test_pinned_numerics.py --write "$(REASON)"
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict: any warning (a broken link,
 # a reference to a name the code does not define, a missing included file) fails the build.
