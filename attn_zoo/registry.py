@@ -10,26 +10,117 @@
     NORMS.describe("rmsnorm")        # its summary line and the kwargs it accepts
 
 Mechanisms, kernel families, symbol retrievers, positional encodings, norms, feed-forward
-activations and the ablation tasks are all registries of this type. This module is the bottom
-layer of the library: it imports nothing from attn_zoo.
+activations and the ablation tasks are all registries of this type. A taken name is refused
+unless the replacement is explicit (``register(name, entry, replace=True)``); every replacement
+in any registry is recorded (`replaced_names`, for each cell's environment). A plugin is
+imported inside `importing_plugin`: its prints go to stderr, and a failed import leaves nothing
+it registered behind. This module is the bottom layer of the library: it imports nothing from
+attn_zoo.
 """
 
 from __future__ import annotations
 
 import difflib
 import inspect
+import os
+import sys
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, redirect_stdout
+from functools import partial
 from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
 PLUGIN_GROUP = "attn_zoo.plugins"  # the entry-point group installed packages register through
 _plugins_loaded = False
+_replaced: list[tuple[str, str]] = []  # (registry, name) of each replacement, in order
+# While plugins import (`importing_plugin`, nested): (the module whose code made a change, how
+# to undo the change), for every change to any registry
+_changes: list[tuple[str | None, Callable[[], None]]] = []
+_importing = 0
 
 
 class PluginError(ImportError):
     """A plugin (an entry point of `PLUGIN_GROUP`, or a module a grid or the CLI names) that
     cannot be imported; the message names it and says why in one line."""
+
+
+def replaced_names() -> list[tuple[str, str]]:
+    """(registry, name) of every entry this process replaced (``register(..., replace=True)``
+    on a taken name, in any registry), in order: results under such a name may come from
+    another entry than the built-in one."""
+    return list(_replaced)
+
+
+def record_change(
+    registry: str, name: str, undo: Callable[[], None], replaced: bool = False
+) -> None:
+    """What a registry calls after adding, replacing or removing its entry `name`: a
+    replacement (`replaced`) is recorded for `replaced_names`, and `undo` (which puts the
+    registry back as it was) runs if a plugin being imported fails (`importing_plugin`).
+    `registry`: its kind, as errors name it ("mechanism", "softmax backend", ...)."""
+    if replaced:
+        _replaced.append((registry, name))
+    if not _importing:
+        return
+
+    def take_back() -> None:
+        undo()
+        if replaced:
+            _replaced.remove((registry, name))
+
+    _changes.append((_module_running(), take_back))
+
+
+def _module_running() -> str | None:
+    """The name of the module whose top-level code made the current call (None if none)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name != "<module>":
+        frame = frame.f_back
+    return None if frame is None else frame.f_globals.get("__name__")
+
+
+def check_not_shadowed() -> None:
+    """PluginError if the module `attn_zoo` is not this package: a folder named attn_zoo (a
+    clone of the repository, a results folder) or an attn_zoo.py in the working folder or
+    beside the script comes first on sys.path and hides it (``python -m`` and scripts put
+    theirs there), and a plugin's ``attn_zoo.register_mechanism`` is then missing."""
+    here = os.path.dirname(os.path.realpath(__file__))
+    module = sys.modules.get("attn_zoo")
+    found = getattr(module, "__file__", None)
+    if module is None or (found is not None and os.path.dirname(os.path.realpath(found)) == here):
+        return
+    folder = found or next(iter(getattr(module, "__path__", [])), "?")  # a namespace package
+    raise PluginError(
+        f"`import attn_zoo` finds {folder}, not the attn_zoo package ({here}): a folder or "
+        f"file of that name in the working folder or beside the script comes first on "
+        f"sys.path and hides the package; rename {folder} or run from another folder"
+    )
+
+
+@contextmanager
+def importing_plugin() -> Iterator[None]:
+    """The block imports a plugin: first `check_not_shadowed`; its prints go to stderr (a
+    command's stdout stays what the command prints, e.g. `ablate best`'s --set lines); if it
+    raises, every registry change made by the code of a module that the failure left
+    unimported (the plugin, modules that failed with it) is undone in every registry, so that
+    importing it again raises the same error, not "already registered". Modules that were
+    imported whole keep theirs (a re-import does not run them again)."""
+    global _importing
+    check_not_shadowed()
+    start = len(_changes)
+    _importing += 1
+    try:
+        with redirect_stdout(sys.stderr):
+            yield
+    except BaseException:
+        for module, take_back in reversed(_changes[start:]):
+            if module not in sys.modules:
+                take_back()
+        raise
+    finally:
+        _importing -= 1
+        del _changes[start:]
 
 
 def load_entry_point_plugins() -> list[str]:
@@ -45,7 +136,8 @@ def load_entry_point_plugins() -> list[str]:
     loaded = []
     for entry in entry_points(group=PLUGIN_GROUP):
         try:
-            entry.load()
+            with importing_plugin():
+                entry.load()
         except Exception as err:
             _plugins_loaded = False  # the next question raises again, not a silent miss
             raise PluginError(
@@ -66,15 +158,24 @@ def unknown_name_error(kind: str, name: object, valid: Iterable[str]) -> ValueEr
 
 def keyword_arguments(entry: Callable) -> list[str] | None:
     """The keyword arguments `entry` (a class or a function) accepts, in order; None when it
-    takes **kwargs (anything goes)."""
-    target = entry.__init__ if isinstance(entry, type) else entry
-    params = list(inspect.signature(target).parameters.values())
-    if isinstance(entry, type):
-        params = params[1:]  # self
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
+    takes **kwargs (anything goes). A class's __init__ that takes **kwargs passes them to its
+    base's (``super().__init__(d_model, n_heads, **kwargs)``, as a plugin extending a mechanism
+    does): the keyword arguments of the __init__ methods up its MRO count too, to the first
+    without **kwargs (None if there is none)."""
     keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [p.name for p in params if p.kind in keyword]
+    if isinstance(entry, type):
+        inits = [vars(c)["__init__"] for c in entry.__mro__ if "__init__" in vars(c)]
+    else:
+        inits = [entry]
+    names: list[str] = []
+    for init in inits:
+        params = list(inspect.signature(init).parameters.values())
+        if isinstance(entry, type):
+            params = params[1:]  # self
+        names += [p.name for p in params if p.kind in keyword and p.name not in names]
+        if all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in params):
+            return names
+    return None
 
 
 class Registry(Generic[T]):
@@ -88,8 +189,11 @@ class Registry(Generic[T]):
         self.kind, self.base = kind, base
         self._entries: dict[str, T] = {}
 
-    def register(self, name: str, entry: T | None = None) -> Callable[[T], T] | T:
-        """Register `entry` as `name`; without `entry`, a decorator. A name is registered once."""
+    def register(
+        self, name: str, entry: T | None = None, *, replace: bool = False
+    ) -> Callable[[T], T] | T:
+        """Register `entry` as `name`; without `entry`, a decorator. A taken name is refused,
+        unless `replace` (recorded: `replaced_names`)."""
 
         def add(entry: T) -> T:
             if not isinstance(name, str) or not name:
@@ -100,9 +204,18 @@ class Registry(Generic[T]):
                 raise TypeError(
                     f"{self.kind} {name!r}: {entry!r} must subclass {self.base.__name__}"
                 )
-            if name in self._entries:
-                raise ValueError(f"{self.kind} {name!r} is already registered: {self[name]!r}")
+            taken = name in self._entries
+            if taken and not replace:
+                raise ValueError(
+                    f"{self.kind} {name!r} is already registered: {self._entries[name]!r}; "
+                    "pass replace=True to replace it (recorded: attn_zoo.registry.replaced_names)"
+                )
+            if taken:
+                undo = partial(self._entries.__setitem__, name, self._entries[name])
+            else:
+                undo = partial(self._entries.pop, name)
             self._entries[name] = entry
+            record_change(self.kind, name, undo, replaced=taken)
             return entry
 
         return add if entry is None else add(entry)
@@ -131,9 +244,12 @@ class Registry(Generic[T]):
         return sorted(self._entries)
 
     def unregister(self, name: str) -> T:
-        """Remove `name` (for tests and plugins that replace an entry); returns the entry."""
-        self[name]  # noqa: B018  (the unknown-name error)
-        return self._entries.pop(name)
+        """Remove `name` (for tests; a plugin replaces an entry with ``register(...,
+        replace=True)``, which is recorded); returns the entry."""
+        entry = self[name]
+        del self._entries[name]
+        record_change(self.kind, name, partial(self._entries.__setitem__, name, entry))
+        return entry
 
     def kwargs(self, name: str) -> list[str] | None:
         """The keyword arguments `build(name, ...)` accepts; None when any are."""

@@ -39,6 +39,8 @@ class SlidingWindowAttention(StandardAttention):
     supports_cache = False  # the band needs absolute positions; no KV cache here
 
     def __init__(self, d_model: int, n_heads: int, window: int = 8, **kwargs):
+        # kwargs: StandardAttention's (n_kv_heads, dropout, ...), handed on whole; built by
+        # name, a kwarg that neither __init__ takes is a ValueError naming the closest one
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"window={window!r}: must be an integer >= 1")
         super().__init__(d_model, n_heads, **kwargs)

@@ -12,11 +12,13 @@ a name with a path separator or ending in ".py" is a file, resolved against the 
 folder; any other name is a module, looked up on sys.path and then in that folder. A file is
 imported once however it is named (``imports = ["mine.py"]`` and ``--import mine``): one that a
 module of this process was loaded from is not imported again. A module that cannot be imported
-is one `PluginError` naming it, raised before any cell runs. The resolved names
-(`GridSpec.imports`) travel with the cells to the executors' worker processes and Ray tasks,
-which import them before training; each cell records them with their files' SHA-256
-(ablations.run.provenance). Installed packages need none of this: their
-entry points (group "attn_zoo.plugins") are loaded by every registry (attn_zoo/registry.py).
+is one `PluginError` naming it, raised before any cell runs, and leaves nothing it registered
+behind (importing it again raises the same error); what a plugin prints as it is imported goes
+to stderr, so that a command's stdout is what the command prints (`importing_plugin`). The
+resolved names (`GridSpec.imports`) travel with the cells to the executors' worker processes
+and Ray tasks, which import them before training; each cell records them with their files'
+SHA-256 (ablations.run.provenance). Installed packages need none of this: their entry points
+(group "attn_zoo.plugins") are loaded by every registry (attn_zoo/registry.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from attn_zoo.registry import PluginError, load_entry_point_plugins
+from attn_zoo.registry import PluginError, importing_plugin, load_entry_point_plugins
 
 
 def is_file(name: str) -> bool:
@@ -46,7 +48,7 @@ def resolve(names: Sequence[str], folder: Path | None = None) -> list[str]:
         beside = folder / (name.replace(".", "/") + ".py")
         if is_file(name):
             resolved.append(str((folder / Path(name).expanduser()).resolve()))
-        elif _find(name) is None and beside.is_file():
+        elif not _on_path(name) and beside.is_file():
             resolved.append(str(beside.resolve()))
         else:
             resolved.append(name)
@@ -69,11 +71,14 @@ def import_plugins(names: Sequence[str], folder: Path | None = None, where: str 
             ) from err
 
 
-def _find(name: str) -> object:
-    try:  # a dotted name imports its parent, which may fail: `_import` reports that
-        return importlib.util.find_spec(name)
+def _on_path(name: str) -> bool:
+    """Whether module `name` is found on sys.path: finding a dotted name imports its parent
+    package, and one that fails to import counts (`_import` then reports its error)."""
+    try:
+        with importing_plugin():  # a parent that fails leaves nothing registered
+            return importlib.util.find_spec(name) is not None
     except (Exception, SystemExit):
-        return None
+        return True
 
 
 def _loaded(path: str) -> bool:
@@ -89,12 +94,16 @@ def _loaded(path: str) -> bool:
 
 
 def _import(name: str) -> None:
-    """Import module `name`, or the file at path `name` as a module named after its path;
-    nothing when its file is already loaded, under any module name."""
+    """Import module `name`, or the file at path `name` as a module named after its path,
+    inside `importing_plugin`; nothing when its file is already loaded, under any module
+    name."""
     if not is_file(name):
-        spec = None if name in sys.modules else _find(name)
-        if spec is None or not spec.origin or not _loaded(spec.origin):
-            importlib.import_module(name)
+        if name in sys.modules:
+            return
+        with importing_plugin():  # finding a dotted name imports its parent package
+            spec = importlib.util.find_spec(name)
+            if spec is None or not spec.origin or not _loaded(spec.origin):
+                importlib.import_module(name)
         return
     path = Path(name)
     digest = hashlib.sha256(str(path).encode()).hexdigest()[:8]
@@ -106,8 +115,9 @@ def _import(name: str) -> None:
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[module_name]
-        raise
+    with importing_plugin():
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[module_name]  # before `importing_plugin` undoes what it registered
+            raise

@@ -212,14 +212,15 @@ T = TypeVar("T", bound=type[Task])
 TASKS: Registry[type[Task]] = Registry("task", base=Task)
 
 
-def register_task(name: str) -> Callable[[T], T]:
-    """Class decorator: make a `Task` dataclass buildable as `build_task(name, ...)`."""
+def register_task(name: str, replace: bool = False) -> Callable[[T], T]:
+    """Class decorator: make a `Task` dataclass buildable as `build_task(name, ...)`. A taken
+    name is refused unless `replace`, which is recorded (`attn_zoo.registry.replaced_names`)."""
 
     def decorate(cls: T) -> T:
         if getattr(cls, "kind", None) not in KINDS:
             kind = getattr(cls, "kind", None)
             raise ValueError(f"task {name!r} has kind {kind!r}; valid: {', '.join(KINDS)}")
-        return TASKS.register(name, cls)
+        return TASKS.register(name, cls, replace=replace)
 
     return decorate
 

@@ -18,9 +18,11 @@ from attn_zoo.registry import Registry
 MECHANISMS: Registry[type[AttentionMechanism]] = Registry("mechanism", base=AttentionMechanism)
 
 
-def register_mechanism(name: str) -> Callable[[type], type]:
-    """Class decorator: make `cls` buildable as `name`."""
-    return MECHANISMS.register(name)
+def register_mechanism(name: str, replace: bool = False) -> Callable[[type], type]:
+    """Class decorator: make `cls` buildable as `name`. A taken name (a built-in's, another
+    plugin's) is refused unless `replace`, which is recorded
+    (`attn_zoo.registry.replaced_names`)."""
+    return MECHANISMS.register(name, replace=replace)
 
 
 def mechanism_class(name: str) -> type[AttentionMechanism]:

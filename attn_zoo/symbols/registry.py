@@ -11,10 +11,11 @@ from attn_zoo.registry import Registry
 SYMBOL_RETRIEVERS: Registry[type[nn.Module]] = Registry("symbol_retrieval", base=nn.Module)
 
 
-def register_symbol_retriever(name: str) -> Callable[[type], type]:
+def register_symbol_retriever(name: str, replace: bool = False) -> Callable[[type], type]:
     """Class decorator: make a retriever buildable as `name`. Its constructor's first
-    argument is the symbol width (the model's d_model)."""
-    return SYMBOL_RETRIEVERS.register(name)
+    argument is the symbol width (the model's d_model). A taken name is refused unless
+    `replace`, which is recorded (`attn_zoo.registry.replaced_names`)."""
+    return SYMBOL_RETRIEVERS.register(name, replace=replace)
 
 
 def list_symbol_retrievers() -> list[str]:

@@ -8,6 +8,14 @@ A kernel of your own against the float64 naive backend, on drawn problems:
     @given(attention_problems())
     def test_my_kernel(problem):
         assert_backends_agree(problem, kernels={"mine": my_kernel})
+
+A mechanism of your own against its float64 naive path, masks drawn (key padding and per
+query, boolean and additive):
+
+    @given(mechanism_problems())
+    def test_my_mechanism(problem):
+        assert_mechanism_backends_agree("mine", {"d_model": 16, "n_heads": 2},
+                                        **problem.arguments())
 """
 
 from attn_zoo.testing.agreement import (
@@ -21,8 +29,10 @@ from attn_zoo.testing.problems import (
     LAYOUTS,
     MASK_KINDS,
     MASK_MODS,
+    MECHANISM_MASKS,
     SCORE_MODS,
     AttentionProblem,
+    MechanismProblem,
     RelationalProblem,
     torch_threads,
 )
@@ -33,6 +43,7 @@ from attn_zoo.testing.strategies import (
     attention_problems,
     block_edges,
     lengths,
+    mechanism_problems,
     relational_problems,
 )
 
@@ -43,8 +54,10 @@ __all__ = [
     "LAYOUTS",
     "MASK_KINDS",
     "MASK_MODS",
+    "MECHANISM_MASKS",
     "OUTPUT_TOLERANCE",
     "AttentionProblem",
+    "MechanismProblem",
     "RelationalProblem",
     "SCORE_MODS",
     "assert_backends_agree",
@@ -55,6 +68,7 @@ __all__ = [
     "lengths",
     "load_profile",
     "mechanism_lengths",
+    "mechanism_problems",
     "relational_problems",
     "torch_threads",
 ]

@@ -17,7 +17,10 @@ stayed within 1 e on 324 float32 problems. A wrong kernel errs by the order of t
 themselves. Modules run in eval mode (no dropout). Without a `length`, every length where one
 of its kernels' backends changes is checked (`mechanism_lengths`: 1, 9 and the `block_edges`
 of each declared block size), so a backend that mishandles a partial last block cannot pass
-on short inputs alone.
+on short inputs alone. Masks are drawn by default (key padding and per query, boolean and
+additive, rows that see no key among them: `MECHANISM_MASKS`), one kind per length in turn
+besides the call without a mask, so a backend that drops or misreads the mask cannot pass
+either; a mask the mechanism itself refuses is skipped.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from attn_zoo.kernels.dispatch import UnsupportedCallError, family
 from attn_zoo.mechanisms.base import AttentionMechanism
 from attn_zoo.mechanisms.registry import build, list_backends
 from attn_zoo.testing.agreement import Cotangent, cotangent_from, disagreements
+from attn_zoo.testing.problems import MECHANISM_MASKS, check_mechanism_mask, mechanism_mask
 from attn_zoo.testing.strategies import block_edges
 
 
@@ -57,6 +61,15 @@ def _outputs_and_grads(module, x, cotangent: Cotangent, **call) -> dict:
     return result
 
 
+def drawn_calls(lengths: Sequence[int], masks: Sequence[str], seed: int) -> list[tuple[int, str]]:
+    """(length, mask kind) of each call the kit draws: every length without a mask ("none"),
+    then the kinds of `masks` in turn over the lengths (from the `seed`-th), every kind at
+    least once."""
+    turns = range(max(len(lengths), len(masks))) if masks else ()
+    drawn = [(lengths[i % len(lengths)], masks[(i + seed) % len(masks)]) for i in turns]
+    return [*((n, "none") for n in lengths), *drawn]
+
+
 def assert_mechanism_backends_agree(
     mechanism: str,
     kwargs: Mapping,
@@ -69,47 +82,90 @@ def assert_mechanism_backends_agree(
     backends: Sequence[str] | None = None,
     seed: int = 0,
     shape: Sequence[int] | None = None,
+    masks: Sequence[str] = MECHANISM_MASKS,
 ) -> dict[str, str]:
-    """Build `mechanism` with `kwargs`, run each backend on one random input (batch, length,
+    """Build `mechanism` with `kwargs`, run each backend on random inputs (batch, length,
     d_model) and check output and gradients against the float64 ``naive`` backend (atol grown
-    by twice the ``naive`` backend's own error in `dtype`: see the module). Without
-    `length` (and `shape`), at every length of `mechanism_lengths` in turn (an `attn_mask` or
-    `symbols` then needs its `length`).
+    by twice the ``naive`` backend's own error in `dtype`: see the module). Without `length`
+    (and `shape`), at every length of `mechanism_lengths` (an `attn_mask` or `symbols` then
+    needs its `length`).
+
+    masks: without an `attn_mask`, the kinds of mask drawn besides the call without one
+    (`MECHANISM_MASKS`: key padding and per query, boolean and additive float, rows that see
+    no key among them; `problems.mechanism_mask`), in turn over the lengths (`drawn_calls`:
+    every kind at least once, each at a given `length`). A drawn mask the mechanism refuses
+    (its naive backend raises ValueError or UnsupportedCallError: gla takes none, linear
+    attention's kernels refuse masks per query) is skipped, and so is a backend on a drawn
+    mask its capabilities refuse. ``masks=()``: no mask drawn.
 
     shape: the input's shape instead of (batch, length, d_model), for mechanisms whose input
     has another rank or layout (axial attention, MSA attention); `batch` and `length` are then
-    unused.
+    unused, and no mask is drawn (pass `attn_mask`).
 
     Each backend runs twice: with autograd (output and gradients checked) and under
     torch.no_grad (output checked: a backend may serve it by other, forward-only kernels).
 
-    backends: names to check, each must serve at least one of the two calls (else
-    UnsupportedCallError); default: every name `list_backends(mechanism)` gives, those that
-    serve neither reported as skipped. Returns {backend: "ok", "ok (refused with grad:
-    <reason>)" where only the call without grad is served, or "skipped: <reason>"}; raises
-    AssertionError on a disagreement.
+    backends: names to check, each must serve at least one of the two calls without a drawn
+    mask (else UnsupportedCallError); default: every name `list_backends(mechanism)` gives,
+    those that serve neither reported as skipped. Returns {backend: its first "ok" over the
+    calls, or "ok (refused with grad: <reason>)" where only the call without grad is served,
+    else "skipped: <reason>"}; raises AssertionError on a disagreement.
     """
+    for i, kind in enumerate(masks):
+        check_mechanism_mask(kind, f"masks[{i}]")
+    if length is None and shape is None and (attn_mask is not None or symbols is not None):
+        raise ValueError("attn_mask and symbols are for one length: pass length= too")
     torch.manual_seed(seed)
     module = build(mechanism, backend="naive", **kwargs).eval().to(dtype)
-    if length is None and shape is None:
-        if attn_mask is not None or symbols is not None:
-            raise ValueError("attn_mask and symbols are for one length: pass length= too")
-        call = dict(batch=batch, is_causal=is_causal, dtype=dtype, backends=backends, seed=seed)
-        for n in mechanism_lengths(module):
-            report = assert_mechanism_backends_agree(mechanism, kwargs, length=n, **call)
-        return report
-    gen = torch.Generator().manual_seed(seed)
-    shape = (batch, length, kwargs["d_model"]) if shape is None else tuple(shape)
-    x = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
-    call = {"attn_mask": attn_mask, "is_causal": is_causal}
+    call = {"is_causal": is_causal}
     if symbols is not None:
-        call["symbols"] = symbols.to(dtype)
+        call["symbols"] = symbols
+    if shape is not None or attn_mask is not None:
+        given = tuple(shape) if shape is not None else (batch, length, kwargs["d_model"])
+        call["attn_mask"] = attn_mask
+        return _agree(mechanism, kwargs, module, given, call, None, dtype, backends, seed)
+    lengths = [length] if length is not None else mechanism_lengths(module)
+    merged: dict[str, str] = {}  # each backend's first "ok" over the calls, else its first
+    for n, kind in drawn_calls(lengths, masks, seed):
+        call["attn_mask"] = mechanism_mask(kind, batch, n, torch.Generator().manual_seed(seed))
+        drawn = None if kind == "none" else kind
+        inputs = (batch, n, kwargs["d_model"])
+        report = _agree(mechanism, kwargs, module, inputs, call, drawn, dtype, backends, seed)
+        for name, status in (report or {}).items():
+            ok_now = status.startswith("ok") and not merged.get(name, "").startswith("ok")
+            if name not in merged or ok_now:
+                merged[name] = status
+    return merged
+
+
+def _agree(
+    mechanism: str,
+    kwargs: Mapping,
+    module: AttentionMechanism,
+    shape: tuple[int, ...],
+    call: dict,
+    drawn: str | None,
+    dtype: torch.dtype,
+    backends: Sequence[str] | None,
+    seed: int,
+) -> dict[str, str] | None:
+    """The check on one input of `shape` and one `call` (its mask drawn of kind `drawn`, or
+    given): {backend: status}; None where the mechanism refuses a drawn mask."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+    floats = [k for k, v in call.items() if torch.is_tensor(v) and v.is_floating_point()]
+    call = {**call, **{k: call[k].to(dtype) for k in floats}}  # float masks too: in `dtype`
+    module.backend = "naive"
     reference = copy.deepcopy(module).double()
-    ref_call = {**call, "symbols": call["symbols"].double()} if symbols is not None else call
+    ref_call = {**call, **{k: call[k].double() for k in floats}}
     cotangent = cotangent_from(gen)
-    want = _outputs_and_grads(reference, x.double(), cotangent, **ref_call)
-    module.backend = "naive"  # the error of `dtype` itself on this problem: atol grows by 2x it
-    floor = _outputs_and_grads(module, x, cotangent, **call)
+    try:
+        want = _outputs_and_grads(reference, x.double(), cotangent, **ref_call)
+    except (ValueError, UnsupportedCallError):
+        if drawn is None:
+            raise
+        return None  # a mask the mechanism does not take
+    floor = _outputs_and_grads(module, x, cotangent, **call)  # `dtype`'s own error: atol 2x it
 
     want[PLAIN], floor[PLAIN] = want["output"], floor["output"]
     report = {}
@@ -126,17 +182,18 @@ def assert_mechanism_backends_agree(
         except UnsupportedCallError as err:
             refused["without grad"] = err
         if len(refused) == 2:
-            if backends is not None:
+            if backends is not None and drawn is None:
                 raise refused["with grad"]
             report[name] = f"skipped: {refused['with grad']}"
             continue
         checked = {key: tensor for key, tensor in want.items() if key in got}
         if failures := disagreements(checked, got, dtype, floor):
+            mask = call["attn_mask"]
+            masked = "none" if mask is None else f"{drawn or 'given'} {tuple(mask.shape)}"
             raise AssertionError(
                 f"mechanism {mechanism!r} backend {name!r} disagrees with the float64 naive "
                 f"reference ({dtype}):\n  " + "\n  ".join(failures) + f"\nkwargs: {dict(kwargs)}, "
-                f"input {tuple(x.shape)}, causal {is_causal}, "
-                f"mask {None if attn_mask is None else tuple(attn_mask.shape)}, seed {seed}"
+                f"input {tuple(x.shape)}, causal {call['is_causal']}, mask {masked}, seed {seed}"
             )
         report[name] = "ok" + "".join(f" (refused {how}: {err})" for how, err in refused.items())
     return report

@@ -3,7 +3,8 @@
 A problem is drawn by Hypothesis (`strategies.attention_problems`) and shrinks to a readable
 repr; `inputs(dtype)` rebuilds the same tensors from its seed every time, new ones each call,
 laid out in memory as its ``layout`` says (`LAYOUTS`: q, k, v and the mask alike; the values do
-not depend on it).
+not depend on it). A `MechanismProblem` describes one call of a whole mechanism the same way
+(`strategies.mechanism_problems`), its mask one of `MECHANISM_MASKS` (`mechanism_mask`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import torch
 from attn_zoo.kernels.softmax.mods import MODS
 
 MASK_KINDS = ("none", "random", "key_padding", "empty_rows", "additive")
+# A mechanism's masks (`mechanism_mask`): key padding and per query, boolean and additive float
+MECHANISM_MASKS = ("padding", "per_query", "float_padding", "float_per_query")
 CAUSAL = (False, True, "top_left", "bottom_right")
 LAYOUTS = ("contiguous", "transposed", "strided")  # see `lay_out`
 # The kit's own mods (mods.py), by name, with arguments small enough to matter at short
@@ -78,6 +81,34 @@ def make_mask(kind: str, b: int, h: int, n: int, m: int, gen: torch.Generator):
     if kind == "empty_rows":  # about a third of the query rows see no key at all
         mask &= torch.rand(b, h, n, 1, generator=gen) < 0.67
     return mask
+
+
+def check_mechanism_mask(kind: str, argument: str = "mask") -> None:
+    """ValueError naming `argument` unless `kind` is "none" or one of `MECHANISM_MASKS`."""
+    if kind not in ("none", *MECHANISM_MASKS):
+        raise ValueError(f"{argument}={kind!r}: valid kinds are {('none', *MECHANISM_MASKS)}")
+
+
+def mechanism_mask(kind: str, batch: int, length: int, gen: torch.Generator) -> torch.Tensor | None:
+    """A mask of `kind` for a mechanism's call on x (batch, length, d_model), or None for
+    "none". "padding": boolean (batch, 1, 1, length), each sequence keeping a random prefix of
+    its keys, the first sequence fewer than all (none at length 1: its rows see no key);
+    "per_query": boolean (batch, 1, length, length), random, about a third of the query rows
+    seeing no key; "float_padding", "float_per_query": the same as additive float masks
+    (float64, values in [-2, 2], -inf where masked)."""
+    check_mechanism_mask(kind)
+    if kind == "none":
+        return None
+    if kind.endswith("padding"):
+        kept = torch.randint(0, length + 1, (batch, 1, 1, 1), generator=gen)
+        kept[0] = torch.randint(0, length, (), generator=gen)  # at least one key hidden
+        keep = torch.arange(length).view(1, 1, 1, length) < kept
+    else:
+        keep = make_mask("empty_rows", batch, 1, length, length, gen)
+    if not kind.startswith("float"):
+        return keep
+    bias = 4 * torch.rand(keep.shape, generator=gen, dtype=torch.float64) - 2
+    return bias.masked_fill(~keep, float("-inf"))
 
 
 @contextmanager
@@ -289,3 +320,39 @@ class RelationalProblem:
             rel_activation=self.rel_activation,
         )
         return inputs
+
+
+@dataclass(frozen=True)
+class MechanismProblem:
+    """One call of a mechanism on x (batch, length, d_model), for
+    `assert_mechanism_backends_agree`: a mask of kind `mask` ("none" or one of
+    `MECHANISM_MASKS`: `mechanism_mask`), causal or not, in `dtype`, drawn from `seed`."""
+
+    batch: int = 2
+    length: int = 9
+    mask: str = "none"
+    is_causal: bool = False
+    dtype: torch.dtype = torch.float32
+    seed: int = 0
+
+    def __post_init__(self):
+        check_mechanism_mask(self.mask)
+
+    def attn_mask(self) -> torch.Tensor | None:
+        """The mask of the call, as the kit draws it (`mechanism_mask`, from `seed`)."""
+        gen = torch.Generator().manual_seed(self.seed)
+        return mechanism_mask(self.mask, self.batch, self.length, gen)
+
+    def arguments(self) -> dict:
+        """The problem as keyword arguments of the kit:
+        ``assert_mechanism_backends_agree(name, kwargs, **problem.arguments())`` checks each
+        backend on the call without a mask and with the problem's (skipped where the mechanism
+        refuses it)."""
+        return dict(
+            batch=self.batch,
+            length=self.length,
+            masks=() if self.mask == "none" else (self.mask,),
+            is_causal=self.is_causal,
+            dtype=self.dtype,
+            seed=self.seed,
+        )

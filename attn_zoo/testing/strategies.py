@@ -11,6 +11,8 @@ mean cost stays that of the former batches of 1 or 2); q, k, v and the mask cont
 mask's broadcast dimensions then expanded with stride 0); torch runs with 1 or 2 threads (a
 problem's ``threads``). Score and mask mods are drawn where asked for: the kit's
 (``score_mods=ALL_SCORE_MODS``, ``mask_mods=ALL_MASK_MODS``) and a user's functions.
+`mechanism_problems` draws calls of a whole mechanism the same way: lengths with 1, odd ones
+and block edges, masks of every `MECHANISM_MASKS` kind (rows that see no key among them).
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from attn_zoo.testing.problems import (
     LAYOUTS,
     MASK_KINDS,
     MASK_MODS,
+    MECHANISM_MASKS,
     SCORE_MODS,
     AttentionProblem,
+    MechanismProblem,
     RelationalProblem,
 )
 
@@ -154,4 +158,33 @@ def relational_problems(
         seed=draw(st.integers(0, 2**31 - 1)),
         threads=draw(st.sampled_from(threads)),
         layout=draw(st.sampled_from(layouts)),
+    )
+
+
+@st.composite
+def mechanism_problems(
+    draw,
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,),
+    max_len: int = 40,
+    max_batch: int = 3,
+    masks: tuple[str, ...] = ("none", *MECHANISM_MASKS),
+    causal: tuple[bool, ...] = (False, True),
+    block_sizes: Sequence[int] = (),
+) -> MechanismProblem:
+    """Draw a `MechanismProblem` (one call of a mechanism on x (batch, length, d_model)) for
+    `assert_mechanism_backends_agree`; narrow it with the arguments (`masks`: "none" and kinds
+    of `MECHANISM_MASKS`; `causal`, e.g. ``(True,)`` for a causal-only mechanism;
+    `block_sizes` as in `attention_problems`)::
+
+        @given(mechanism_problems())
+        def test_mine(problem):
+            assert_mechanism_backends_agree("mine", kwargs, **problem.arguments())
+    """
+    return MechanismProblem(
+        batch=draw(st.integers(1, max_batch)),
+        length=draw(lengths(max_len, block_sizes)),
+        mask=draw(st.sampled_from(masks)),
+        is_causal=draw(st.sampled_from(causal)),
+        dtype=draw(st.sampled_from(dtypes)),
+        seed=draw(st.integers(0, 2**31 - 1)),
     )
