@@ -170,3 +170,18 @@ def test_the_same_inputs_resume_and_another_torch_state_does_not(tmp_path, monke
         "float32_matmul_precision medium then, highest now); trained from step 0"
     ]
     assert ignored.curve == train.train_cell(cell).curve
+
+
+def test_a_plugin_that_replaces_a_built_in_name_is_recorded_in_each_cell(tmp_path):
+    plugin = tmp_path / "my_standard.py"
+    plugin.write_text(
+        "from attn_zoo import register_mechanism\n"
+        "from attn_zoo.mechanisms.standard import StandardAttention\n\n"
+        "@register_mechanism('standard', replace=True)\n"
+        "class MyStandard(StandardAttention):\n"
+        "    pass\n"
+    )
+    grid = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training={"steps": 4, "eval_every": 2})
+    with_imports(grid, plugin)
+    cli(grid)  # the plugin is imported in the driver and in each worker
+    assert the_row(grid)["environment"]["replaced"] == ["mechanism standard"]

@@ -57,6 +57,7 @@ from ablations.run.resume import LoopState, ResumeError, ResumePlan, load_state,
 from ablations.run.torch_state import changes, reset_torch_state, torch_state
 from ablations.tasks import IGNORE_INDEX
 from attn_zoo.maps import recording_attention
+from attn_zoo.registry import replaced_names
 
 
 @dataclass
@@ -109,7 +110,9 @@ class CellOutcome:
 def environment(device: str | None = None, dtype: str | None = None) -> dict:
     """Versions, machine and threads of this process, and, when known, the device a cell
     trained on ("cpu", "cuda:0", ...; with "device_name" for a GPU) and its compute dtype
-    ("float32", or "bfloat16" under autocast)."""
+    ("float32", or "bfloat16" under autocast); "replaced": the registry entries a plugin
+    replaced in this process (attn_zoo.registry.replaced_names: "mechanism standard"), where
+    any was: a name in the config then means another entry than the built-in one."""
     import attn_zoo
 
     env = {
@@ -126,6 +129,9 @@ def environment(device: str | None = None, dtype: str | None = None) -> dict:
                 env["device_name"] = torch.cuda.get_device_name(torch.device(device))
     if dtype is not None:
         env["dtype"] = dtype
+    replaced = replaced_names()
+    if replaced:
+        env["replaced"] = [f"{registry} {name}" for registry, name in replaced]
     return env
 
 
