@@ -22,6 +22,7 @@ from ablations.report import attention_maps, sections
 from ablations.report.build import write_report
 from ablations.report.selection import (
     axis_columns,
+    detectable_effect,
     holm,
     interval,
     paired,
@@ -115,12 +116,12 @@ def test_tost_on_a_hand_worked_case():
         assert (tost_p(values, margin) < 0.05) == (-margin < low and high < margin)
 
 
-def family(rows, margin=None):
+def family(rows, margin=None, effect=None):
     """`verdicts` of a made-up family: rows of (a, b, mean, p, tost_p[, reported]), reported
-    test_acc where a row leaves it out."""
+    test_acc where a row leaves it out; 5 seeds whose differences have sd 0.04."""
     rows = [(*row, "test_acc") if len(row) == 5 else row for row in rows]
     frame = pd.DataFrame(rows, columns=["a", "b", "mean", "p", "tost_p", "reported"])
-    return verdicts(frame, margin)
+    return verdicts(frame.assign(n=5, sd=0.04), margin, effect)
 
 
 def test_verdicts_use_the_holm_adjusted_p_and_say_equivalent_only_with_a_margin():
@@ -133,16 +134,45 @@ def test_verdicts_use_the_holm_adjusted_p_and_say_equivalent_only_with_a_margin(
     ]
     plain = family(rows)
     assert plain.p_holm.tolist()[:4] == pytest.approx([0.004, 0.012, 0.04, 0.30])
-    assert plain.verdict.tolist() == ["x ahead", "y ahead", "x ahead", "no clear difference", "-"]
+    assert plain.verdict.tolist()[:3] == ["x ahead", "y ahead", "x ahead"]
+    assert plain.verdict[3].startswith("no clear difference (detectable ±")
+    assert plain.verdict[4] == "-"
     rows[2] = ("x", "y", 0.05, 0.03, 0.9)  # 0.03 x 2 = 0.06: not below 0.05 after Holm
     with_margin = family(rows, margin=0.02)
-    assert with_margin.verdict.tolist() == [
-        "x ahead", "y ahead", "no clear difference", "equivalent within ±0.02", "-"
-    ]  # fmt: skip
+    assert with_margin.verdict.tolist()[:2] == ["x ahead", "y ahead"]
+    assert with_margin.verdict[2].startswith("no clear difference")
+    assert with_margin.verdict.tolist()[3:] == ["equivalent within ±0.02", "-"]
     assert with_margin.tost_p_holm.tolist()[:4] == pytest.approx([1.0, 1.0, 1.0, 0.004])
     both = family([("x", "y", 0.01, 0.001, 0.001)], margin=0.02)
     assert both.verdict.tolist() == ["x ahead, by less than 0.02"]
     assert not family(rows).verdict.str.contains("equivalent|by less").any()  # no margin
+
+
+@pytest.mark.parametrize(
+    ("sd", "n", "level"), [(0.04, 5, 0.05 / 4), (0.03, 10, 0.05), (1.0, 3, 0.01)]
+)
+def test_the_detectable_effect_is_found_with_80_percent_power_by_simulation(sd, n, level):
+    """Independently of the noncentral t: 20,000 made-up designs whose true difference is the
+    detectable effect; the paired t test at `level` finds it in 80% of them (±1.5%)."""
+    effect = detectable_effect(sd, n, level)
+    rng = np.random.default_rng(0)
+    differences = rng.normal(effect, sd, size=(20_000, n))
+    found = stats.ttest_1samp(differences, 0.0, axis=1).pvalue < level
+    assert found.mean() == pytest.approx(0.8, abs=0.015)
+    assert detectable_effect(sd, n, level / 10) > effect  # a stricter level needs a larger one
+    assert detectable_effect(0.0, n, level) == 0.0
+    assert math.isnan(detectable_effect(sd, 1, level))
+
+
+def test_a_no_clear_difference_smaller_than_the_effect_of_interest_reads_underpowered():
+    """Found on relations_game_between: 5 seeds, differences with sd 0.03-0.08, detectable
+    effects of 0.05-0.14, read as 'no clear difference' beside the paper's gaps."""
+    rows = [("x", "y", 0.02, 0.40, 0.9), ("x", "y", 0.01, 0.50, 0.9)]
+    d = family(rows).detectable[0]
+    assert d == pytest.approx(detectable_effect(0.04, 5, 0.05 / 2))
+    small, large = family(rows, effect=d / 2), family(rows, effect=d * 2)
+    assert small.verdict[0] == f"underpowered (detectable ±{d:.3g} > ±{d / 2:g} of interest)"
+    assert large.verdict[0] == f"no clear difference (detectable ±{d:.3g})"
 
 
 def test_a_verdict_on_a_loss_names_the_mechanism_with_the_lower_loss():
@@ -172,21 +202,35 @@ def test_paired_rows_name_the_metric_they_differ_in():
     [("0", "= 0 must"), ("-0.01", "= -0.01 must"), ("nan", "= nan must"), ("inf", "= inf must"),
      ("'0.02'", "= '0.02' must"), ("true", "= True must"), ("[0.02]", "= [0.02] must")],
 )  # fmt: skip
-def test_a_bad_equivalence_margin_is_refused_naming_it_and_what_is_valid(tmp_path, value, fragment):
+@pytest.mark.parametrize("key", ["equivalence_margin", "effect_of_interest"])
+def test_a_bad_margin_or_effect_is_refused_naming_it_and_what_is_valid(
+    tmp_path, value, fragment, key
+):
     path = tiny_grid(tmp_path)
-    path.write_text(path.read_text() + f"[selection]\nequivalence_margin = {value}\n")
-    assert_refused(
-        path, [f"selection.equivalence_margin {fragment}", "a finite float > 0", "units"]
-    )
+    path.write_text(path.read_text() + f"[selection]\n{key} = {value}\n")
+    assert_refused(path, [f"selection.{key} {fragment}", "a finite float > 0", "units"])
 
 
-def test_an_equivalence_margin_is_refused_for_accuracies_and_losses_together(tmp_path):
+@pytest.mark.parametrize("key", ["equivalence_margin", "effect_of_interest"])
+def test_a_margin_or_effect_is_refused_for_accuracies_and_losses_together(tmp_path, key):
     path = tiny_grid(tmp_path)
     path.write_text(path.read_text() + '[selection]\nreported = ["test_acc", "test_loss"]\n'
-                    "equivalence_margin = 0.02\n")  # fmt: skip
-    assert_refused(path, ["selection.equivalence_margin = 0.02", "mixes losses (test_loss)"])
+                    f"{key} = 0.02\n")  # fmt: skip
+    assert_refused(path, [f"selection.{key} = 0.02", "mixes losses (test_loss)"])
     path.write_text(path.read_text().replace('"test_loss"', '"test_exact"'))
-    assert load_grid(path).selection.equivalence_margin == 0.02
+    assert getattr(load_grid(path).selection, key) == 0.02
+
+
+def test_a_report_gives_each_comparison_its_detectable_effect(swept_store, tmp_path):
+    selection = swept_store.selection.model_copy(update={"effect_of_interest": 1e-6})
+    out = write_report(swept_store.store, tmp_path / "power", selection=selection)
+    pairs = pd.read_csv(out / "paired.csv")
+    (row,) = pairs.itertuples()
+    assert row.detectable == pytest.approx(detectable_effect(row.sd, row.n, 0.05))
+    assert row.effect_of_interest == 1e-6
+    assert row.verdict.startswith(("underpowered (detectable ±", "rel ahead", "std ahead"))
+    text = (out / "report.md").read_text()
+    assert "detectable (80% power)" in text and "effect_of_interest is ±1e-06" in text
 
 
 def cells_frame(rows):

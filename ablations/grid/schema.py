@@ -285,7 +285,9 @@ class Selection(Table):
     reporting `reported` there (one test metric or a list); `compare` names [a, b] mechanism
     pairs whose paired difference (a - b, seed by seed, each at its own best setting) the
     report gives; `equivalence_margin` (in the reported metrics' units; optional) lets it call
-    a difference "equivalent within ±margin" (ablations.report.selection.verdicts)."""
+    a difference "equivalent within ±margin" (ablations.report.selection.verdicts);
+    `effect_of_interest` (same units; optional: the smallest difference that matters, e.g. a
+    paper's gap) makes a comparison whose detectable effect is larger read "underpowered"."""
 
     over: Annotated[list[StrictStr], Valid('a list of swept keys, e.g. ["training.lr"]')] = []
     metric: choice(SELECTION_METRICS) = "val_acc"
@@ -298,6 +300,10 @@ class Selection(Table):
     ] = []
     equivalence_margin: (
         finite("> 0, in the reported metrics' units, e.g. 0.02 (test accuracy)", lambda v: v > 0)
+        | None
+    ) = None
+    effect_of_interest: (
+        finite("> 0, in the reported metrics' units, e.g. 0.05 (test accuracy)", lambda v: v > 0)
         | None
     ) = None
 

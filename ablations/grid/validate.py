@@ -334,15 +334,15 @@ def check_selection(path, selection: Selection | None, swept: list[str], mechani
                 f"{path}: selection.compare[{i}] = {pair!r} compares a mechanism with itself"
             )
     losses = [name for name in selection.reported_metrics if not higher_is_better(name)]
-    if selection.equivalence_margin is not None and 0 < len(losses) < len(
-        selection.reported_metrics
-    ):
-        raise SpecError(
-            f"{path}: selection.equivalence_margin = {selection.equivalence_margin!r} is in the "
-            f"units of every reported metric, and selection.reported = "
-            f"{selection.reported_metrics!r} mixes losses ({', '.join(losses)}) with "
-            "accuracies: valid is a margin with accuracies only or losses only"
-        )
+    for key in ("equivalence_margin", "effect_of_interest"):
+        value = getattr(selection, key)
+        if value is not None and 0 < len(losses) < len(selection.reported_metrics):
+            raise SpecError(
+                f"{path}: selection.{key} = {value!r} is in the units of every reported "
+                f"metric, and selection.reported = {selection.reported_metrics!r} mixes losses "
+                f"({', '.join(losses)}) with accuracies: valid is a value with accuracies "
+                "only or losses only"
+            )
 
 
 def checked_task(path, label: str, name: str, kwargs: dict):

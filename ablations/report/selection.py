@@ -38,7 +38,7 @@ import math
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import optimize, stats
 
 from ablations.grid.cell import DEFAULTS
 from ablations.grid.schema import higher_is_better
@@ -273,9 +273,34 @@ def setting_problems(runs: pd.DataFrame, seeds: set, metrics: list[str]) -> str:
 
 
 ALPHA = 0.05  # the family-wise error rate of a report's verdicts
+POWER = 0.8  # the chance of detecting a difference the size of `detectable_effect`
 PAIRED_COLUMNS = [
-    "task", "size", "others", "a", "b", "mean", "low", "high", "n", "p", "tost_p", "reported"
+    "task", "size", "others", "a", "b", "mean", "low", "high", "n", "sd", "p", "tost_p",
+    "reported",
 ]  # fmt: skip
+
+
+def detectable_effect(sd: float, n: int, level: float, power: float = POWER) -> float:
+    """The minimum detectable effect of a two-sided paired t test at `level` over n seeds whose
+    differences have standard deviation `sd`: the true mean difference δ > 0 it detects with
+    probability `power`, P(|T| > t(1 − level/2, n−1)) = power for T noncentral t with n − 1
+    degrees of freedom and noncentrality δ√n/sd (the spread observed standing in for the
+    true one). NaN for n < 2; 0 for sd = 0."""
+    if n < 2 or pd.isna(sd):
+        return math.nan
+    if sd == 0:
+        return 0.0
+    df, critical = n - 1, stats.t.ppf(1 - level / 2, n - 1)
+
+    def shortfall(effect: float) -> float:
+        shift = effect * math.sqrt(n) / sd
+        below = stats.nct.sf(critical, df, -shift)  # P(T < -critical), by symmetry: the
+        return stats.nct.sf(critical, df, shift) + below - power  # cdf's far tail gives NaN
+
+    high = sd
+    while shortfall(high) < 0:
+        high *= 2
+    return optimize.brentq(shortfall, 0.0, high, xtol=1e-12 * sd)
 
 
 def paired(
@@ -288,7 +313,8 @@ def paired(
 ) -> pd.DataFrame:
     """`a` minus `b` (mechanism labels), each at its best setting (`select`'s rows), seed by
     seed over the seeds both have: per task, size and other axes, the mean difference of
-    `reported`, its 95% paired interval, n, the paired t test's two-sided p-value (`t_test_p`)
+    `reported`, its 95% paired interval, n, the differences' standard deviation (`sd`), the
+    paired t test's two-sided p-value (`t_test_p`)
     and, with an equivalence `margin` (in `reported`'s units), the TOST p-value (`tost_p`;
     NaN without), and `reported` (the metric: which sign of the difference is better)."""
     rows = []
@@ -303,24 +329,33 @@ def paired(
         mean, low, high, n = interval(differences)
         rows.append({
             "task": task, "size": size, "others": others, "a": a, "b": b, "mean": mean,
-            "low": low, "high": high, "n": n, "p": t_test_p(differences),
+            "low": low, "high": high, "n": n, "sd": _t_parts(differences)[1],
+            "p": t_test_p(differences),
             "tost_p": math.nan if margin is None else tost_p(differences, margin),
             "reported": reported,
         })  # fmt: skip
     return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
 
 
-def verdicts(pairs: pd.DataFrame, margin: float | None = None) -> pd.DataFrame:
+def verdicts(
+    pairs: pd.DataFrame, margin: float | None = None, effect: float | None = None
+) -> pd.DataFrame:
     """`pairs` (`paired`'s rows, one family: every difference a report shows, its index
-    unique) with `p_holm` and `tost_p_holm` (`holm` over the family, each test apart) and a
-    `verdict` at family-wise level `ALPHA`: "<a> ahead" or "<b> ahead" where p_holm < ALPHA (a
-    where the mean a − b is better in the row's `reported` metric: above 0 for an accuracy,
-    below 0 for a loss; ", by less than m" where the TOST also holds), else "equivalent within
-    ±m" where tost_p_holm < ALPHA (only with a `margin` m), else "no clear difference" (which
-    is no evidence of no difference); "-" where n < 2 (no test)."""
+    unique) with `p_holm` and `tost_p_holm` (`holm` over the family, each test apart), the
+    `detectable` effect of each (`detectable_effect` at level ALPHA / m, m the family's tests:
+    the strictest level Holm's procedure applies, so a difference that large is called with
+    at least `POWER` chance) and a `verdict` at family-wise level `ALPHA`: "<a> ahead" or "<b>
+    ahead" where p_holm < ALPHA (a where the mean a − b is better in the row's `reported`
+    metric: above 0 for an accuracy, below 0 for a loss; ", by less than m" where the TOST
+    also holds), else "equivalent within ±m" where tost_p_holm < ALPHA (only with a `margin`
+    m), else "underpowered (detectable ±d > ±e of interest)" where the `effect` of interest e
+    is below the detectable one d, else "no clear difference (detectable ±d)": no evidence of
+    no difference; "-" where n < 2 (no test)."""
     p_holm, tost_holm = holm(pairs.p), holm(pairs.tost_p)
+    level = ALPHA / max(int(pairs.p.notna().sum()), 1)
+    detectable = [detectable_effect(row.sd, row.n, level) for row in pairs.itertuples()]
     words = []
-    for row, p, tost in zip(pairs.itertuples(), p_holm, tost_holm, strict=True):
+    for row, p, tost, d in zip(pairs.itertuples(), p_holm, tost_holm, detectable, strict=True):
         equivalent = margin is not None and tost < ALPHA  # False for NaN: no test
         if pd.isna(p):
             words.append("-")
@@ -330,6 +365,9 @@ def verdicts(pairs: pd.DataFrame, margin: float | None = None) -> pd.DataFrame:
             words.append(f"{ahead}, by less than {margin:g}" if equivalent else ahead)
         elif equivalent:
             words.append(f"equivalent within ±{margin:g}")
+        elif effect is not None and d > effect:
+            words.append(f"underpowered (detectable ±{d:.3g} > ±{effect:g} of interest)")
         else:
-            words.append("no clear difference")
-    return pairs.assign(p_holm=p_holm, tost_p_holm=tost_holm, verdict=words)
+            words.append(f"no clear difference (detectable ±{d:.3g})")
+    return pairs.assign(p_holm=p_holm, tost_p_holm=tost_holm, detectable=detectable,
+                        verdict=words)  # fmt: skip

@@ -15,8 +15,9 @@ from ablations.report.pages import Paragraph, Section, Table, write_csv
 from ablations.report.selection import paired, select, verdicts
 from ablations.report.tables import interval_text
 
-PAIRED_CSV = ["task", "size", "others", "a", "b", "mean", "low", "high", "n", "p", "p_holm",
-              "tost_p", "tost_p_holm", "verdict", "margin", "reported"]  # fmt: skip
+PAIRED_CSV = ["task", "size", "others", "a", "b", "mean", "low", "high", "n", "sd", "p",
+              "p_holm", "tost_p", "tost_p_holm", "detectable", "effect_of_interest", "verdict",
+              "margin", "reported"]  # fmt: skip
 
 
 def differing_note(task: str, settings: list[str]) -> Paragraph:
@@ -60,6 +61,7 @@ def selection_section(
             ignore_index=True,
         ),
         margin,
+        selection.effect_of_interest,
     )
     write_csv(
         pd.concat([c.assign(reported=name) for name, c in chosen.items()]).drop(
@@ -67,7 +69,8 @@ def selection_section(
         ),
         new_file(folder, "selection.csv"),
     )
-    write_csv(family.assign(margin=margin)[PAIRED_CSV], new_file(folder, "paired.csv"))
+    family = family.assign(margin=margin, effect_of_interest=selection.effect_of_interest)
+    write_csv(family[PAIRED_CSV], new_file(folder, "paired.csv"))
     first = chosen[reported[0]]  # the settings: the same for every reported metric
     better = "highest" if higher_is_better(metric) else "lowest"
     parts: list = [Paragraph(
@@ -113,7 +116,9 @@ def selection_section(
             marks[column] = best.to_numpy()
         parts.append(Table(data, marks))
     if selection.compare:
-        parts.append(Paragraph(_paired_method(family, reported, margin)))
+        parts.append(
+            Paragraph(_paired_method(family, reported, margin, selection.effect_of_interest))
+        )
         head = family[family.reported == reported[0]].reset_index(drop=True)
         table = pd.DataFrame({
             "task": head.task.astype(str),
@@ -130,6 +135,9 @@ def selection_section(
             ]
             table[f"{prefix}p"] = pair.p.map(_p_text)
             table[f"{prefix}p Holm"] = pair.p_holm.map(_p_text)
+            table[f"{prefix}detectable (80% power)"] = pair.detectable.map(
+                lambda d: "-" if pd.isna(d) else f"±{d:.3g}"
+            )
             if margin is not None:
                 table[f"{prefix}TOST p Holm"] = pair.tost_p_holm.map(_p_text)
             table[f"{prefix}verdict"] = pair.verdict
@@ -147,7 +155,9 @@ def _p_text(p: float) -> str:
     return "-" if pd.isna(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
-def _paired_method(family: pd.DataFrame, reported: list[str], margin: float | None) -> str:
+def _paired_method(
+    family: pd.DataFrame, reported: list[str], margin: float | None, effect: float | None
+) -> str:
     """How the paired differences of `family` (`verdicts`' rows, every metric's) are
     computed and judged: the paragraph above their table, with the family's size."""
     size = int(family.p.notna().sum())
@@ -176,6 +186,13 @@ def _paired_method(family: pd.DataFrame, reported: list[str], margin: float | No
         "chance of any false 'ahead' in this report at most 5%. Verdict: 'a ahead' or 'b "
         "ahead' (the better one: d > 0 favours a in an accuracy, d < 0 in a loss) where "
         "p Holm < 0.05, so an interval that excludes 0 can "
-        f"still be no clear difference. {equivalence} 'No clear difference' is not evidence "
-        "of no difference. Data: paired.csv."
-    )
+        f"still be no clear difference. {equivalence} Detectable (80% power): the smallest "
+        "true difference this design finds with an 80% chance, by the paired t test at "
+        f"0.05/{size} (Holm's strictest level) with the spread of these differences "
+        "(noncentral t); a difference smaller than it can go unseen. "
+        + (f"The grid's selection.effect_of_interest is ±{effect:g}: where the detectable "
+           "effect is larger, the comparison reads 'underpowered', not 'no clear difference'. "
+           if effect is not None else
+           "The grid sets no selection.effect_of_interest (the difference that matters). ")
+        + "'No clear difference' is not evidence of no difference. Data: paired.csv."
+    )  # fmt: skip
