@@ -159,6 +159,24 @@ def test_markdown_escapes_labels_titles_and_notes(tmp_path):
         assert (out / link).is_file()
     page = (out / "index.html").read_text()
     assert "<script>" not in page and "&lt;script&gt;alert(2)&lt;/script&gt;" in page
+    assert "<strong>bold</strong> stays" in page and "<li>and lists stay</li>" in page
+    assert "**" not in page  # the conclusion's markdown rendered, not shown as text
+
+
+def test_a_notes_links_reach_only_the_reports_own_files(tmp_path):
+    store = ResultsStore(tmp_path / "links.sqlite")
+    add_done(store, config(), 0.8)
+    note = (
+        "[the summary](summary.csv), [away](http://evil.example/x), [up](../links.sqlite), "
+        "[script](javascript:alert(1)), <http://evil.example/auto> and ![i](summary.csv)"
+    )
+    page = (write_report(store, tmp_path / "out", note=note) / "index.html").read_text()
+    assert '<a href="summary.csv">the summary</a>' in page
+    assert '!<a href="summary.csv">i</a>' in page  # no image: a link to the report's file
+    assert page.count("<a ") == 2 and '<img src="summary.csv' not in page
+    for shown in ("[away](http://evil.example/x)", "[up](../links.sqlite)",
+                  "[script](javascript:alert(1))", "&lt;http://evil.example/auto&gt;"):  # fmt: skip
+        assert shown in page
 
 
 def test_every_text_of_the_page_model_is_escaped_on_both_pages(tmp_path):

@@ -7,15 +7,16 @@ and `Section`s; a section has a heading and parts, in order: `Paragraph`, `Bulle
 (a DataFrame of the cells' texts and a boolean DataFrame of the cells shown in bold) and
 `Image` (a PNG in the report's folder: linked from the markdown, embedded in the HTML).
 
-Every text is plain text, shown as written on both pages: the HTML template autoescapes it, and
-the markdown template's filter writes it on one line (newlines become spaces), the HTML special
-characters (& < >) as entities and a backslash before every character markdown would read as
-code, emphasis, a link or image, a table cell or a bare URL (`_markdown_text`): a label like
-'![x](http://evil.example/t.png)' is shown as written, never as a remote image or link. The
-`note` is the one text whose markdown is intended: report.md keeps its markdown and its lines,
-with only & < > escaped (so raw HTML tags show as text); index.html shows it as escaped text,
-one paragraph per blank-line-separated part. CSVs: `write_csv` (no text cell read as a formula).
-Plots: `plot_text`, `plot_title` and `short_label` (no label widens a figure without bound).
+Every text is plain text, shown as written on both pages: the HTML template autoescapes it, and the
+markdown template's filter writes it on one line (newlines become spaces), the HTML special
+characters (& < >) as entities and a backslash before every character markdown would read as code,
+emphasis, a link or image, a table cell or a bare URL (`_markdown_text`): a label like
+'![x](http://evil.example/t.png)' is shown as written, never as a remote image or link. The `note`
+is the one text whose markdown is intended: report.md keeps its markdown and its lines, with only &
+< > escaped (so raw HTML tags show as text); index.html renders it (`note_html`: CommonMark without
+raw HTML or images, links only to the report's own files). CSVs: `write_csv` (no text cell read as a
+formula). Plots: `plot_text`, `plot_title` and `short_label` (no label widens a figure without
+bound).
 
 File names: `file_name` for names the code chose (bench suites), `label_file_name` for labels
 a user wrote (tasks, families, cells): a slug and a hash of the exact label, so two labels never
@@ -37,9 +38,11 @@ from functools import cache
 from html import escape
 from pathlib import Path
 from typing import ClassVar
+from urllib.parse import unquote
 
 import pandas as pd
 from jinja2 import Environment, PackageLoader, StrictUndefined
+from markdown_it import MarkdownIt
 from markupsafe import Markup
 from matplotlib import colormaps
 from matplotlib.axes import Axes
@@ -300,10 +303,20 @@ def _markdown_note(text: object) -> str:
     return escape("\n".join(visible(text).splitlines()).strip("\n"), quote=False)
 
 
-def _paragraphs(text: object) -> list[str]:
-    """A note's blank-line-separated parts, for the HTML page."""
-    parts = re.split(r"\n\s*\n", "\n".join(str(text).splitlines()).strip())
-    return [part for part in parts if part]
+def note_html(text: object, folder: Path) -> Markup:
+    """A researcher's note (markdown: bold, lists, links) as HTML for index.html: CommonMark
+    (markdown-it-py) with no raw HTML (shown as text) and no images; a link only to a file of
+    the report's `folder` (e.g. selection.csv), any other link's markdown shown as text."""
+
+    def in_folder(url: str) -> bool:
+        try:
+            return path_in(folder, unquote(url)).is_file()
+        except ValueError:
+            return False
+
+    markdown = MarkdownIt("commonmark", {"html": False}).disable("image")
+    markdown.validateLink = in_folder
+    return Markup(markdown.render("\n".join(visible(text).splitlines())))
 
 
 def _html_value(value: object) -> object:
@@ -328,7 +341,6 @@ def _templates(kind: str) -> Environment:
     environment.filters.update(
         md=_markdown_text,
         md_note=_markdown_note,
-        paragraphs=_paragraphs,
     )
     return environment
 
@@ -345,7 +357,11 @@ def render_html(page: Page, folder: Path) -> str:
         data = base64.b64encode(path_in(folder, name).read_bytes()).decode()
         return f"data:image/png;base64,{data}"
 
-    return _templates("html").get_template("report.html.j2").render(page=page, embed=embed)
+    return (
+        _templates("html")
+        .get_template("report.html.j2")
+        .render(page=page, embed=embed, note=lambda text: note_html(text, folder))
+    )
 
 
 def write_pages(page: Page, folder: Path) -> None:
