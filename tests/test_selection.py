@@ -250,6 +250,20 @@ ROWS = [
 ]  # fmt: skip
 
 
+def test_a_choice_at_the_edge_of_its_sweep_is_flagged():
+    """Found as a new user: every mechanism at the top learning rate of a small grid, passed
+    silently. a's 0.01 lies inside the values tried (0.1 counts, though it failed); b's 0.01 is
+    the lowest of two: flagged."""
+    chosen = select(cells_frame(ROWS), ["training.lr"], "val_acc", "test_acc")
+    assert chosen.set_index("mechanism").edge.to_dict() == {
+        "a": "", "b": "training.lr=0.01 the lowest tried"
+    }  # fmt: skip
+    lowest = [row for row in ROWS if row[0] == "a" and row[1] != 0.01]  # 0.001 of 0.1, 0.001
+    assert select(cells_frame(lowest), ["training.lr"], "val_acc", "test_acc").edge[0] == (
+        "training.lr=0.001 the lowest tried"
+    )
+
+
 def test_select_takes_the_best_validation_mean_among_settings_every_seed_finished():
     cells = cells_frame(ROWS)
     chosen = select(cells, ["training.lr"], "val_acc", "test_acc").set_index("mechanism")

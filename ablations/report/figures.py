@@ -8,6 +8,7 @@ import json
 
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import EngFormatter, NullFormatter
 
 from ablations.grid.schema import Selection
 from ablations.report.pages import (
@@ -27,6 +28,15 @@ FIGURE_ALTS = {"curves": "learning curves", "loss_curves": "loss curves",
                "above_floor": "validation loss above the floor",
                "vs_params": "{metric} vs parameters"}  # fmt: skip
 CURVE_COLUMNS = {"accuracy": "val_metric", "loss": "val_loss"}  # of ResultsStore.curves()
+FLAT_PARAMS = 1.1  # parameter counts within this ratio: no figure against them
+
+
+def bounded(ax, metric: str) -> None:
+    """An accuracy's axis kept within [0, 1] (an interval's bound above 1 is cut at the
+    frame; the tables print it unclipped); other metrics as drawn."""
+    if metric in ("accuracy", "test_acc") or metric.endswith(("_acc", "_exact")):
+        low, high = ax.get_ylim()
+        ax.set_ylim(max(low, 0.0), min(high, 1.0))
 
 
 def plot_curves(
@@ -73,6 +83,7 @@ def plot_curves(
         ax.axhline(floor, color="black", linestyle=":", label="floor (no model can be lower)")
     title = plot_title(f"{short_label(task, TITLE_LABEL)}: learning curves ({what})")
     ax.set(xlabel="step", ylabel=ylabel, title=title)
+    bounded(ax, metric)
     legend(figure, ax)
     return figure
 
@@ -146,8 +157,10 @@ def plot_vs_params(
     task: str, done: pd.DataFrame, colours: dict, metric: str = "test_acc"
 ) -> Figure | None:
     """`metric` vs parameters of the finished cells `done`: one point per mechanism, size and
-    setting (the mean over seeds), error bars the 95% confidence interval over seeds."""
-    if done.empty:
+    setting (the mean over seeds), error bars the 95% confidence interval over seeds; None
+    where the parameter counts lie within `FLAT_PARAMS` of each other (the axis would show
+    nothing but rounding: 3.87×10^5, 3.8725×10^5, ...)."""
+    if done.empty or done.params.max() < FLAT_PARAMS * done.params.min():
         return None
     figure, ax = new_figure()
     sizes = list(dict.fromkeys(done["size"]))
@@ -162,8 +175,11 @@ def plot_vs_params(
             color=colours[mechanism], label=label,
         )  # fmt: skip
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(EngFormatter())  # 120 k, 1.5 M
+    ax.xaxis.set_minor_formatter(NullFormatter())
     name = metric_name(metric)
     ax.set(xlabel="parameters", ylabel="test accuracy" if metric == "test_acc" else name)
+    bounded(ax, metric)
     ax.set_title(plot_title(f"{short_label(task, TITLE_LABEL)}: {name} vs parameters"))
     legend(figure, ax)
     return figure
@@ -192,6 +208,7 @@ def plot_vs_train_size(
     ax.set_xticks(n_train, labels=[f"{n:.0f}" for n in n_train])
     ax.minorticks_off()
     ax.set(xlabel="training examples (n_train)", ylabel=metric.replace("_", " "))
+    bounded(ax, metric)
     ax.set_title(
         plot_title(f"{short_label(task_name, TITLE_LABEL)}: {metric} vs training-set size")
     )

@@ -203,8 +203,8 @@ def select(
     of `over`; '-' for none), `candidates` (settings eligible), `settings` (settings tried),
     `excluded` (why the others are not eligible, e.g. "training.lr=1e+30: 1 of 3 seeds
     diverged"; '' for none), the chosen setting's mean `metric` (`chosen_on`), the `reported`
-    metric's mean, low, high and n, and its cells' `seeds` and `rows` (index labels of
-    `cells`)."""
+    metric's mean, low, high and n, its cells' `seeds` and `rows` (index labels of `cells`),
+    and `edge` (`sweep_edge`: where the choice lies on the edge of the sweep)."""
     axes = axis_columns(cells)
     over = [key for key in over if key in axes]
     others = [key for key in axes if key not in over]
@@ -231,16 +231,33 @@ def select(
         row["others"] = setting_text(pd.Series(row), shown[row["task"]])
         row.update(candidates=eligible, settings=tried, excluded="; ".join(excluded))
         if best is None:
-            rows.append(row | {"best": "-", "chosen_on": math.nan, "mean": math.nan,
-                               "low": math.nan, "high": math.nan, "n": 0})  # fmt: skip
+            missing = dict.fromkeys(("chosen_on", "mean", "low", "high"), math.nan)
+            rows.append(row | missing | {"best": "-", "n": 0, "edge": ""})
             continue
         mean, low, high, n = interval(best[reported])
         row.update(
             best=setting_text(best.iloc[0], over), chosen_on=sign * best_score, mean=mean,
             low=low, high=high, n=n, seeds=tuple(best.seed), rows=tuple(best.index),
+            edge=sweep_edge(group, best.iloc[0], over),
         )  # fmt: skip
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def sweep_edge(group: pd.DataFrame, chosen: pd.Series, over: list[str]) -> str:
+    """Where the `chosen` setting lies on the edge of a numeric axis of `over` among the
+    values `group` tried (two or more): "training.lr=0.03 the highest tried" (the best may lie
+    beyond the sweep), '; '-joined; '' where none does."""
+    edges = []
+    for key in over:
+        tried = pd.to_numeric(group[key], errors="coerce")
+        value = pd.to_numeric(pd.Series([chosen[key]]), errors="coerce")[0]
+        if tried.isna().any() or pd.isna(value) or tried.nunique() < 2:
+            continue
+        if value in (tried.min(), tried.max()):
+            end = "highest" if value == tried.max() else "lowest"
+            edges.append(f"{key}={chosen[key]} the {end} tried")
+    return "; ".join(edges)
 
 
 UNFINISHED = {

@@ -111,6 +111,13 @@ def selection_section(
                 f"no eligible setting: {why}" if best == "-" else why
                 for best, why in zip(first.best, first.excluded, strict=True)
             ]
+        if first.edge.astype(bool).any():  # the best may lie beyond the values tried
+            data["at the sweep's edge"] = first.edge
+            parts.append(Paragraph(
+                "At the sweep's edge: a chosen setting that is the highest or lowest value of "
+                "its axis tried; the best setting may lie beyond it, so its mean is a bound, "
+                "not the mechanism's best (widen the sweep to bracket it)."
+            ))  # fmt: skip
         marks = pd.DataFrame(False, index=data.index, columns=data.columns)
         for column, best in bold.items():
             marks[column] = best.to_numpy()
