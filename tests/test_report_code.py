@@ -4,6 +4,7 @@ refuses cells that did not all run from one clean commit, naming them."""
 
 import json
 
+import pandas as pd
 import pytest
 from grids import STD, tiny_grid
 
@@ -67,3 +68,28 @@ def test_a_run_records_its_code_and_one_clean_commit_passes(tmp_path):
     clean = store_of(tmp_path / "clean", [{"commit": CLEAN}] * 2)
     main(["report", str(clean.path), "--out", str(tmp_path / "r"), "--require-clean"])
     assert (tmp_path / "r" / "report.md").is_file()
+
+
+def test_timings_from_contended_workers_are_marked_and_never_bold(tmp_path):
+    """ms/step measured while 4 workers of one thread shared 2 cores says so, and the lowest
+    uncontended timing is the one in bold."""
+    spec = load_grid(tiny_grid(tmp_path, seeds=[0]))  # std and rel
+    store = ResultsStore(spec.store)
+    busy = {"workers": 4, "threads": 1, "cpus": 2}
+    for cell, (ms, env) in zip(spec.cells, [(5.0, busy), (9.0, {**busy, "workers": 2})],
+                               strict=True):  # fmt: skip
+        metrics = {"test_acc": 0.5, "step_ms": ms, "params": 100}
+        store.finish(store.claim(cell.config()), "done", metrics, [], env)
+    out = write_report(store, tmp_path / "report")
+    summary = pd.read_csv(out / "summary.csv").set_index("mechanism")
+    assert summary.contended.to_dict() == {"std": True, "rel": False}
+    text = (out / "report.md").read_text()
+    assert "| 5.0 (contended) |" in text and "| **9.0** |" in text
+
+
+def test_a_local_run_records_its_workers_and_cpus(tmp_path):
+    spec = load_grid(tiny_grid(tmp_path, seeds=[0], mechanisms=[STD],
+                               training={"steps": 4, "eval_every": 2}))  # fmt: skip
+    run_grid(spec, workers=1)
+    (row,) = ResultsStore(spec.store, readonly=True).rows()
+    assert row["environment"]["workers"] == 1 and row["environment"]["cpus"] >= 1

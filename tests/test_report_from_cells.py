@@ -95,12 +95,14 @@ def test_the_paired_tests_are_in_paired_csv_and_the_report(from_store, tmp_path)
     grid, report = from_store
     pairs = pd.read_csv(report / "paired.csv")
     assert list(pairs.columns) == ["task", "size", "others", "a", "b", "mean", "low", "high",
-                                   "n", "p", "p_holm", "tost_p", "tost_p_holm", "verdict",
-                                   "margin", "reported"]  # fmt: skip
+                                   "n", "sd", "p", "p_holm", "tost_p", "tost_p_holm",
+                                   "detectable", "effect_of_interest", "verdict", "margin",
+                                   "reported"]  # fmt: skip
     assert len(pairs) == 2 and set(pairs.reported) == {"test_acc", "test_loss"}
     assert (pairs.p_holm >= pairs.p).all() and pairs.margin.isna().all()
-    assert pairs.tost_p.isna().all() and set(pairs.verdict) <= {"rel ahead", "std ahead",
-                                                                "no clear difference"}  # fmt: skip
+    assert pairs.tost_p.isna().all() and pairs.verdict.str.match(
+        r"rel ahead|std ahead|no clear difference \(detectable ±"
+    ).all()
     text = (report / "report.md").read_text()
     assert "every difference this table shows, of every metric, 2 tests" in text
     assert "test_loss p Holm" in text and "TOST" not in text and "no difference is called" in text

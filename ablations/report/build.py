@@ -62,6 +62,7 @@ from ablations.report.folder import (
 from ablations.report.pages import Image, Page, label_colours, write_csv, write_pages
 from ablations.report.provenance import (
     code_versions,
+    contended,
     non_finite_metrics,
     provenance_record,
     unclean_code,
@@ -91,7 +92,8 @@ INTRO = (
     "target, mean over the seeds that reached it (reached/finished); samples = steps × "
     "batch size. Bold: best in the task (highest accuracy; fewest steps and samples "
     "among the rows where most seeds reached the target; fewest parameters; lowest "
-    "ms/step). Learning curves: mean line and min-max band over seeds (a seed that "
+    "ms/step among the timings not marked contended: cells timed while more workers x "
+    "threads than cores ran). Learning curves: mean line and min-max band over seeds (a seed that "
     "stopped early holds its last value). Data: summary.csv, cells.csv (every cell: "
     "config, metrics, environment) and curves.csv (every evaluated step); provenance.json: "
     "the source, the grid file's SHA-256 and the environments. `attn-zoo report "
@@ -258,6 +260,7 @@ def report_page(
     frame, curves = cells_table(records), store.curves()
     non_finite = non_finite_metrics(store)
     frame["non_finite"] = [non_finite.get(key, "") for key in frame.key]
+    frame["contended"] = [contended(record) for record in records]
     grids = list(dict.fromkeys(frame.get("grid", pd.Series()).dropna()))
     axes = {name: recorded for name, recorded in store.axes().items() if name in grids}
     swept = swept_of(axes, grids)  # None: a store older than the record; the axes then vary
@@ -269,7 +272,8 @@ def report_page(
     progress = progress or Steps()
     progress.expect(1)  # the tables: cells, summary, and selection
     progress.doing("tables")
-    write_csv(cells_csv(frame, records), new_file(folder, "cells.csv"))
+    stored = frame.drop(columns="contended")  # from the environment, which cells.csv holds
+    write_csv(cells_csv(stored, records), new_file(folder, "cells.csv"))
     if curves is not None:  # the report's cells' only
         write_csv(curves[curves.key.isin(frame.key)], new_file(folder, "curves.csv"))
     write_csv(summary, new_file(folder, "summary.csv"))

@@ -81,6 +81,15 @@ def unclean_code(rows: list[dict]) -> str | None:
     return f"the cells come from {counts}; not one clean commit ({'; '.join(named)})"
 
 
+def contended(row: dict) -> bool:
+    """Whether a cell was timed while other cells competed for its cores: its run had more
+    local workers x torch threads than CPUs (its environment's workers, threads and cpus;
+    False where they are not recorded)."""
+    env = row.get("environment") or {}
+    workers, threads, cpus = (env.get(k) for k in ("workers", "threads", "cpus"))
+    return None not in (workers, threads, cpus) and workers * threads > cpus
+
+
 def non_finite_metrics(store: CellSource) -> dict[str, str]:
     """Per key of a done cell with NaN or infinite metrics (a store written before training
     recorded such a cell as diverged), those metrics' names: 'val_loss, test_loss'."""

@@ -38,6 +38,7 @@ FIELDS = {  # tidy column of a cell: its column in the store's frame (ResultsSto
     "val_loss": "metrics.val_loss",
     "params": "metrics.params",
     "step_ms": "metrics.step_ms",
+    "contended": "contended",
     "diverged_at": "metrics.diverged_at",
     "pruned_at": "metrics.pruned_at",
     "loss_floor_validation": "metrics.loss_floor_validation",
@@ -63,6 +64,7 @@ SUMMARY_COLUMNS = [
     "samples_to_target",
     "params",
     "step_ms",
+    "contended",
     "why",
 ]
 
@@ -170,6 +172,7 @@ def summary_table(
                 "samples_to_target": pd.Series(samples, dtype=float).mean(),
                 "params": done.params.mean(),
                 "step_ms": done.step_ms.mean(),
+                "contended": bool(done.contended.fillna(False).astype(bool).any()),
                 "why": "; ".join(why),
             }
         )
@@ -179,10 +182,10 @@ def summary_table(
 def _best(table: pd.DataFrame) -> pd.DataFrame:
     """A mask of `table`'s (summary rows') cells holding a best value: per metric column, the
     highest accuracy; fewest steps and samples among the rows where the most seeds reached the
-    target; fewest parameters and ms; no other column."""
+    target; fewest parameters, and ms among the rows not timed contended; no other column."""
     best = pd.DataFrame(False, index=table.index, columns=table.columns)
     for column, higher in (("test_acc_mean", True), ("params", False), ("step_ms", False)):
-        values = table[column]
+        values = table[column].where(~table.contended) if column == "step_ms" else table[column]
         best[column] = values == (values.max() if higher else values.min())
     share = table.reached / table.seeds
     most = (share == share.max()) & (share > 0)
@@ -241,7 +244,10 @@ def task_table(table: pd.DataFrame) -> Table:
         headers["steps_to_target"] = f"steps to val acc ≥ {target.iloc[0]:g}"
         headers["samples_to_target"] = "samples to target"
     texts["params"] = table.params.map(_whole)
-    texts["step_ms"] = table.step_ms.map(lambda ms: "-" if pd.isna(ms) else f"{ms:.1f}")
+    texts["step_ms"] = [
+        "-" if pd.isna(ms) else f"{ms:.1f}" + (" (contended)" if busy else "")
+        for ms, busy in zip(table.step_ms, table.contended, strict=True)
+    ]
     headers |= {"params": "params", "step_ms": "ms/step"}
     if table.why.astype(bool).any():  # a '-' says why
         texts["why"] = table.why

@@ -60,7 +60,12 @@ from ablations.grid.spec import GridSpec, SpecError
 from ablations.results.store import ClaimError, ResultsStore, StoreError, config_key
 from ablations.results.tracking import TrackingPlan, check_backends, open_trackers
 from ablations.run.cell_worker import Evaluation
-from ablations.run.devices import cell_threads, default_local_workers, slow_precision
+from ablations.run.devices import (
+    cell_threads,
+    default_local_workers,
+    slow_precision,
+    usable_cpus,
+)
 from ablations.run.executors import make_executor
 from ablations.run.progress import COUNTED, Progress, cell_label, make_progress
 from ablations.run.provenance import mixed_provenance, plugin_record, source_state
@@ -355,11 +360,14 @@ def drive(
     except BaseException:
         store.close()
         raise
-    environment = {**source_state(), "plugins": plugins}
     stop = _StopSignals()  # before ray.init, which sets its own SIGTERM handler
     device = spec.training.device  # where the local workers go
     threads = cell_threads(spec.resources)
-    if executor == "ray" or (workers or default_local_workers(device, threads)) > 1:
+    local = None if executor == "ray" else workers or default_local_workers(device, threads)
+    environment = {**source_state(), "plugins": plugins}
+    if local is not None:  # cells timed side by side: contended where workers x threads > cpus
+        environment.update(workers=local, cpus=usable_cpus())
+    if executor == "ray" or local > 1:
         _check_importable(spec, named)  # before any worker starts
     pool = make_executor(executor, workers, address, spec.resources, device, spec.imports)
     stop.install(pool)
