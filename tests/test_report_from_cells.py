@@ -100,9 +100,10 @@ def test_the_paired_tests_are_in_paired_csv_and_the_report(from_store, tmp_path)
                                    "reported"]  # fmt: skip
     assert len(pairs) == 2 and set(pairs.reported) == {"test_acc", "test_loss"}
     assert (pairs.p_holm >= pairs.p).all() and pairs.margin.isna().all()
-    assert pairs.tost_p.isna().all() and pairs.verdict.str.match(
-        r"rel ahead|std ahead|no clear difference \(detectable ±"
-    ).all()
+    assert (
+        pairs.tost_p.isna().all()
+        and pairs.verdict.str.match(r"rel ahead|std ahead|no clear difference \(detectable ±").all()
+    )
     text = (report / "report.md").read_text()
     assert "every difference this table shows, of every metric, 2 tests" in text
     assert "test_loss p Holm" in text and "TOST" not in text and "no difference is called" in text
