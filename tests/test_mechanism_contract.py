@@ -125,11 +125,6 @@ SPECS = {
     ),
 }
 
-# Found by this contract, library code not changed here: backend_status says the fused tier
-# runs softcapped attention on CPU (it answers for a plain softmax call, where sdpa serves),
-# but every softcapped call has a score mod, which no CPU fused backend takes.
-BROKEN = {("softcapped", "fused"): "backend_status: available on CPU, yet no call is served"}
-
 
 def available(name: str) -> list[str]:
     """The backends of `name` that backend_status says run on CPU."""
@@ -246,8 +241,8 @@ MECHANISMS = [m for m in az.list_mechanisms() if m in SPECS]  # the rest fail th
 
 def where(test) -> list[tuple[str, str]]:
     """(mechanism, backend) of every mechanism for which `test(name)` holds and each backend
-    available on CPU (those of BROKEN aside: the shape test holds them)."""
-    return [(m, b) for m in MECHANISMS if test(m) for b in available(m) if (m, b) not in BROKEN]
+    available on CPU."""
+    return [(m, b) for m in MECHANISMS if test(m) for b in available(m)]
 
 
 def dtype_for(name: str, backend: str) -> torch.dtype:
@@ -285,7 +280,7 @@ def check_report(name: str, report: dict, every: bool) -> None:
     assert report["naive"] == "ok", report
     for backend in available(name):
         status = report[backend]
-        if (name, backend) in BROKEN or status.startswith("ok"):
+        if status.startswith("ok"):
             continue
         assert not every and DECLARED.search(status), f"{name} backend {backend!r}: {status}"
 
@@ -296,14 +291,7 @@ def test_every_mechanism_has_a_spec():
 
 
 @pytest.mark.parametrize(
-    "name, backend",
-    [
-        pytest.param(m, b, marks=pytest.mark.xfail(reason=BROKEN[m, b], strict=True))
-        if (m, b) in BROKEN
-        else (m, b)
-        for m in MECHANISMS
-        for b in ["auto", *available(m)]
-    ],
+    "name, backend", [(m, b) for m in MECHANISMS for b in ["auto", *available(m)]]
 )
 def test_output_has_the_input_shape(name, backend):
     """Every backend that backend_status says runs on CPU serves the plain float32 calls:

@@ -15,6 +15,7 @@ from attn_zoo.kernels.dispatch import UnsupportedCallError
 from attn_zoo.kernels.softmax import build_mod, softmax_attention
 from attn_zoo.kernels.softmax.chunked import BLOCK, Tiles
 from attn_zoo.kernels.softmax.naive import naive
+from attn_zoo.mechanisms.cache import LayerCache
 from attn_zoo.models import LanguageModel
 from attn_zoo.testing import torch_threads
 from attn_zoo.testing.agreement import disagreements
@@ -172,3 +173,46 @@ def test_bad_mods_are_named():
     q, k, v = inputs(4, 4)
     with pytest.raises(ValueError, match="mask_mod must be a function"):
         softmax_attention(q, k, v, mask_mod="sliding_window")
+
+
+@pytest.mark.parametrize("backend", ["naive", "chunked", "sdpa"])
+def test_a_prefix_lm_mask_opens_the_prefix_of_a_causal_layer(backend):
+    """A causal call intersected prefix_lm's mask with the causal one, so it did nothing (a
+    causal language model's logits bitwise the plain causal model's). prefix_lm is a causal
+    mask itself: it replaces a causal call's, and the prefix sees itself both ways, as the
+    explicit mask (float64 naive, 1e-12) says."""
+    torch.manual_seed(0)
+    layer = az.build("standard", d_model=16, n_heads=2, backend=backend,
+                     mask_mod={"name": "prefix_lm", "prefix": 4}).double()  # fmt: skip
+    plain = az.build("standard", d_model=16, n_heads=2, backend="naive").double()
+    plain.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    i, j = torch.arange(9)[:, None], torch.arange(9)[None, :]
+    want = plain(x, attn_mask=(j < 4) | (j <= i))
+    torch.testing.assert_close(layer(x, is_causal=True), want, atol=1e-12, rtol=1e-12)
+    assert not torch.allclose(want, plain(x, is_causal=True))
+    maps = layer.attention_maps(x, is_causal=True)["attention"]
+    assert (maps[..., :4, :4] > 0).all() and (maps[..., 4:, :][..., j[0] > i[4:]] == 0).all()
+
+
+def test_a_prefix_language_model_sees_its_prefix_both_ways_and_generates_without_a_cache():
+    torch.manual_seed(0)
+    kwargs = {"n_heads": 2, "mask_mod": {"name": "prefix_lm", "prefix": 4}}
+    model = LanguageModel(50, 16, 2, max_block_size=32, attention_kwargs=kwargs).double()
+    causal = LanguageModel(50, 16, 2, max_block_size=32, attention_kwargs={"n_heads": 2})
+    causal = causal.double()
+    causal.load_state_dict(model.state_dict())
+    idx = torch.randint(0, 50, (2, 9))
+    logits = model(idx)[0]
+    assert not torch.allclose(logits, causal(idx)[0])
+    in_prefix, after = idx.clone(), idx.clone()
+    in_prefix[:, 3] = (idx[:, 3] + 1) % 50  # a later prefix token: position 0 sees it
+    after[:, 6] = (idx[:, 6] + 1) % 50  # past the prefix: no earlier position sees it
+    assert not torch.allclose(model(in_prefix)[0][:, 0], logits[:, 0])
+    torch.testing.assert_close(model(after)[0][:, :6], logits[:, :6], atol=1e-12, rtol=1e-12)
+    assert not model.supports_cache()  # a generated token inside the prefix changes the past
+    prompt = idx[:, :2]
+    assert torch.equal(model.generate(prompt, 6, temperature=0, use_cache=True),
+                       model.generate(prompt, 6, temperature=0, use_cache=False))  # fmt: skip
+    with pytest.raises(ValueError, match="no cached decoding"):
+        model.blocks[0].attn(torch.randn(1, 2, 16).double(), cache=LayerCache(4))

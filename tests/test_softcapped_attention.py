@@ -1,12 +1,14 @@
 """Softcapped attention (Gemma 2): standard attention with the softcap score mod, against
 transformers' Gemma 2 attention function, on the backends that take a score mod."""
 
+import re
+
 import pytest
 import torch
 from einops import rearrange
 
 import attn_zoo as az
-from attn_zoo.kernels.dispatch import family
+from attn_zoo.kernels.dispatch import UnsupportedCallError, family
 from attn_zoo.maps import record_attention_maps
 from attn_zoo.models import LanguageModel
 
@@ -64,6 +66,23 @@ def test_offers_only_the_backends_that_take_a_score_mod():
         az.build("softcapped", d_model=8, n_heads=2, backend="sdpa")
 
 
+def test_backend_status_says_which_backends_serve_its_calls():
+    """backend_status said the fused tier runs on CPU (it answered for a plain softmax call,
+    which sdpa serves), yet every softcapped call has a score mod, which no CPU fused backend
+    takes: every call failed. Now it answers for a call with the score mod."""
+    x = torch.randn(1, 4, 8)
+    for backend in ["auto", *az.list_backends("softcapped")]:
+        ok, why = az.backend_status("softcapped", backend, "cpu")
+        layer = az.build("softcapped", d_model=8, n_heads=2, backend=backend)
+        if ok:
+            assert layer(x).shape == x.shape, backend
+        else:
+            with pytest.raises(UnsupportedCallError):
+                layer(x)
+    ok, why = az.backend_status("softcapped", "fused", "cpu")
+    assert not ok and "features ['score_mod']): sdpa: does not support score_mod" in why
+
+
 def test_the_maps_are_those_of_the_pass():
     """The recorded maps times the values, through Wo, give the layer's output: the maps
     have the cap applied (standard attention's maps apply its score and mask mods)."""
@@ -82,3 +101,25 @@ def test_the_maps_are_those_of_the_pass():
 def test_a_bad_cap_is_named():
     with pytest.raises(ValueError, match=r"^cap=0: must be a positive float"):
         az.build("softcapped", d_model=8, n_heads=2, cap=0)
+
+
+@pytest.mark.parametrize("cap", [1e39, float("inf"), float("nan"), 1e-39, -1.0, True, "50"])
+def test_a_cap_outside_float32s_range_is_refused_before_any_work(cap):
+    """A cap of 1e39 was accepted and every output NaN (in float32 the cap is inf:
+    inf * tanh(s / inf) = inf * 0); the scores are float32 or wider, so a cap is a positive
+    float in float32's normal range."""
+    message = re.escape(f"cap={cap!r}: must be a positive float in [1.175e-38, 3.403e+38] "
+                        "(float32's normal range")  # fmt: skip
+    with pytest.raises(ValueError, match=f"^{message}"):
+        az.build("softcapped", d_model=8, n_heads=2, cap=cap)
+    with pytest.raises(ValueError, match=f"^{message}"):
+        az.build("standard", d_model=8, n_heads=2, score_mod={"name": "softcap", "cap": cap})
+
+
+def test_the_largest_cap_leaves_float32_scores_as_they_are():
+    torch.manual_seed(0)
+    capped = az.build("softcapped", d_model=8, n_heads=2, cap=3.4e38)
+    plain = az.build("standard", d_model=8, n_heads=2)
+    plain.load_state_dict(capped.state_dict())
+    x = torch.randn(2, 5, 8)
+    torch.testing.assert_close(capped(x, is_causal=True), plain(x, is_causal=True))

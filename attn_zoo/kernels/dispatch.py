@@ -25,10 +25,11 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
-from attn_zoo.registry import Registry, unknown_name_error
+from attn_zoo.registry import Registry, record_change, unknown_name_error
 
 log = logging.getLogger("attn_zoo")
 
@@ -75,6 +76,11 @@ class Capabilities:
         dv_ne_dk          value head width != key head width (softmax, linear)
         gqa               fewer key/value heads than query heads
         narrow_heads      (softmax) a key or value head width below 16
+        score_mod         (softmax) a score mod (mods.py)
+        impure_mod        (softmax) a mod declaring pure = False, and a backward: only for a
+                          backend calling each mod once per tile, in the forward
+        mod_grad          (softmax) a score mod capturing a tensor that requires grad: only for
+                          a backend giving that tensor its gradient
         rel_activation    (relational) a relation activation other than identity
         relative_symbols  (relational) symbol values by relative position, v_rel
         no_keys           (relational) M = 0 keys
@@ -176,7 +182,9 @@ class KernelFamily:
         """Checked `kwargs` as a backend declaring `features` receives them (see `lower`)."""
         return kwargs if self.lower is None else self.lower(kwargs, features)
 
-    def register(self, backend: Backend) -> None:
+    def register(self, backend: Backend, replace: bool = False) -> None:
+        """Add `backend`. A taken name is refused, unless `replace` (recorded, as in every
+        registry: attn_zoo.registry.replaced_names)."""
         if backend.tier not in TIERS:
             raise ValueError(
                 f"tier {backend.tier!r} of backend {backend.name!r}: use one of {TIERS}"
@@ -185,7 +193,18 @@ class KernelFamily:
             raise ValueError(
                 f"backend name {backend.name!r} is a tier name: register it with that tier"
             )
+        kind, taken = f"{self.name} backend", self.backends.get(backend.name)
+        if taken is not None and not replace:
+            raise ValueError(
+                f"{kind} {backend.name!r} is already registered: {taken.fn!r}; pass "
+                "replace=True to replace it (recorded: attn_zoo.registry.replaced_names)"
+            )
+        if taken is None:
+            undo = partial(self.backends.pop, backend.name)
+        else:
+            undo = partial(self.backends.__setitem__, backend.name, taken)
         self.backends[backend.name] = backend
+        record_change(kind, backend.name, undo, replaced=taken is not None)
 
     def block_sizes(self) -> tuple[int, ...]:
         """Every tile length a backend of the family declares, sorted."""
@@ -232,10 +251,13 @@ class KernelFamily:
             dict(refused),
         )
 
-    def status(self, name: str, device: str) -> tuple[bool, str]:
-        """(ok, reason) for `name` on `device`, for a plain float32 call needing no features."""
+    def status(
+        self, name: str, device: str, features: frozenset[str] = frozenset()
+    ) -> tuple[bool, str]:
+        """(ok, reason) for `name` on `device`, for a plain float32 call needing `features`
+        only (those every call of a mechanism needs: a softcapped layer's score_mod)."""
         try:
-            backend = self.select(name, Call(device=device, dtype=torch.float32))
+            backend = self.select(name, Call(device, torch.float32, features))
         except UnsupportedCallError as err:
             return False, str(err)
         picked = "" if backend.name == name else f" (picks {backend.name!r})"
@@ -329,11 +351,14 @@ def register_backend(
     capabilities: Capabilities,
     available: Callable[[], str | None] | None = None,
     block_sizes: tuple[int, ...] = (),
+    replace: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Decorator: register `fn` as backend `name` of kernel family `family_name`; returns `fn`
     unchanged (the raw kernel: call it through the family, which checks the call against the
     capabilities declared here). `block_sizes`: the tile lengths it splits sequences by, so
-    that tests draw the lengths where it changes (attn_zoo.testing).
+    that tests draw the lengths where it changes (attn_zoo.testing). A taken name (a built-in
+    backend's, another plugin's) is refused unless `replace`, which is recorded
+    (attn_zoo.registry.replaced_names).
 
     >>> @register_backend("softmax", "mine", tier="fused", priority=5,
     ...                   capabilities=Capabilities(features=frozenset({"grad"})))
@@ -343,7 +368,8 @@ def register_backend(
     def decorate(fn: Callable) -> Callable:
         kwargs = {} if available is None else {"available": available}
         family(family_name).register(
-            Backend(name, fn, tier, priority, capabilities, **kwargs, block_sizes=block_sizes)
+            Backend(name, fn, tier, priority, capabilities, **kwargs, block_sizes=block_sizes),
+            replace=replace,
         )
         return fn
 

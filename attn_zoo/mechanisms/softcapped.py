@@ -8,9 +8,11 @@ so no logit exceeds |cap| while small ones pass nearly unchanged. It is `Standar
 with the ``softcap`` score mod (attn_zoo/kernels/softmax/mods.py): everything else (heads,
 grouped queries, RoPE, masks and mask mods, dropout, cross-attention, cached decoding,
 attention maps) is standard attention's. The backends are those of the softmax family that
-apply score mods themselves: naive and chunked (O(N) memory); sdpa, flex and xformers do
-not take a score mod and are not offered. Reference: the tests check it against the Gemma 2
-attention function of Hugging Face transformers (`eager_attention_forward` with `softcap`).
+apply score mods themselves: naive, chunked (O(N) memory) and flex (CUDA), and the tiers they
+make usable; sdpa and xformers take no score mod and are not offered. `backend_status`
+answers for a call with the score mod (the fused tier has none on CPU). Reference: the tests
+check it against the Gemma 2 attention function of Hugging Face transformers
+(`eager_attention_forward` with `softcap`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,13 @@ class SoftcappedAttention(StandardAttention):
         ]
         tiers = {softmax.backends[name].tier for name in names}
         return names + [t for t in TIERS if t in tiers and t not in names]
+
+    @classmethod
+    def backend_status(cls, backend: str, device: str = "cpu") -> tuple[bool, str]:
+        """(ok, reason): can `backend` run this mechanism's plain float32 calls, each with its
+        score mod, on `device`? (The fused tier on CPU cannot: sdpa takes no score mod.)"""
+        cls.check_backend(backend)
+        return family(cls.kernel_family).status(backend, device, frozenset({"score_mod"}))
 
     def extra_repr(self) -> str:
         return f"cap={self.cap}, {super().extra_repr()}"

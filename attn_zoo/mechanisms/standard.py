@@ -11,7 +11,11 @@ head_dim = d_model // total_n_heads, key_dim defaults to head_dim, the scale is
 Dropout acts on the attention weights and on the output, in training only. `score_mod` and
 `mask_mod` (a name, a table ``{name = "sliding_window", window = 64}``, or a function; see
 attn_zoo/kernels/softmax/mods.py) change the scores and the visible keys on every backend
-that serves them (naive, chunked natively; others get a mask mod as a mask).
+that serves them (naive, chunked natively; others get a mask mod as a mask). A mask mod that is
+a causal mask itself (prefix_lm) replaces a causal call's mask, so its prefix sees itself both
+ways (such a layer decodes without a cache: a later token changes what the prefix sees); a
+score mod for causal attention only (one-sided ALiBi) is refused in a call that is not causal.
+`score_mod="alibi"` (or a table without n_heads) takes the layer's head count.
 
 Cached decoding (`cache`, a `LayerCache`): the keys (after RoPE) and values of every position
 seen so far are cached, the kv heads only under GQA; a call computes its new positions' queries,
@@ -28,7 +32,7 @@ from torch import nn
 
 from attn_zoo.kernels.rotary import Rotary
 from attn_zoo.kernels.softmax import softmax_attention
-from attn_zoo.kernels.softmax.mods import build_mod, shift_queries
+from attn_zoo.kernels.softmax.mods import build_mod, mod_name, shift_queries
 from attn_zoo.kernels.softmax.naive import attention_weights
 from attn_zoo.mechanisms.base import AttentionMechanism, check_dropout, check_int
 from attn_zoo.mechanisms.cache import LayerCache
@@ -84,6 +88,8 @@ class StandardAttention(AttentionMechanism):
         out_dim = n_heads * self.head_dim
         self.wo = nn.Linear(out_dim, out_dim, bias=add_bias_out)
         self.resid_dropout = nn.Dropout(dropout)
+        if score_mod == "alibi":  # the bare name: the layer's heads fill in its n_heads
+            score_mod = {"name": "alibi"}
         if isinstance(score_mod, dict) and score_mod.get("name") == "alibi":  # its slopes
             heads = score_mod.get("n_heads", n_heads)
             if heads != n_heads:
@@ -93,6 +99,8 @@ class StandardAttention(AttentionMechanism):
                 )
             score_mod = {**score_mod, "n_heads": n_heads}
         self.score_mod, self.mask_mod = build_mod(score_mod), build_mod(mask_mod)
+        if getattr(self.mask_mod, "replaces_causal", False):  # a later token changes what
+            self.supports_cache = False  # earlier ones see (prefix_lm's prefix): no cache
 
     def forward(
         self,
@@ -106,6 +114,12 @@ class StandardAttention(AttentionMechanism):
     ) -> torch.Tensor:  # (B, N, n_heads * head_dim)
         if cache is not None and context is not None:
             raise ValueError("the cache is for self-attention: pass context=None with a cache")
+        if cache is not None and not self.supports_cache:
+            raise ValueError(
+                f"mask_mod {mod_name(self.mask_mod)} opens the causal mask (a prefix sees later "
+                "positions), so a later token changes earlier ones: no cached decoding (cache=None)"
+            )
+        is_causal = self.kernel_causality(is_causal)
         source = x if context is None else context
         q, k = self.queries_keys(x, source, rope)
         v = rearrange(self.wv(source), "b n (h d) -> b h n d", h=self.n_kv_heads)
@@ -126,6 +140,26 @@ class StandardAttention(AttentionMechanism):
             mask_mod=shift_queries(self.mask_mod, offset, score=False),
         )
         return self.resid_dropout(self.wo(rearrange(out, "b h n d -> b n (h d)")))
+
+    def kernel_causality(self, is_causal: bool | str) -> bool | str:
+        """The is_causal the kernel gets: False under a mask mod that is a causal mask itself
+        (`replaces_causal`: prefix_lm, whose prefix then sees itself both ways); a score mod for
+        causal attention only (`causal_only`: one-sided ALiBi) is refused where the call is not
+        causal."""
+        opened = is_causal and getattr(self.mask_mod, "replaces_causal", False)
+        causal = False if opened else is_causal
+        reason = getattr(self.score_mod, "causal_only", None)
+        if reason is not None and not causal:
+            why = (
+                f"mask_mod {mod_name(self.mask_mod)} replaces its causal mask"
+                if opened
+                else f"is_causal={is_causal!r}"
+            )
+            raise ValueError(
+                f"score_mod {mod_name(self.score_mod)} is for causal attention only, and this "
+                f"call is not causal ({why}): {reason}"
+            )
+        return causal
 
     def queries_keys(
         self, x: torch.Tensor, source: torch.Tensor, rope: Rotary | None
@@ -152,6 +186,7 @@ class StandardAttention(AttentionMechanism):
         {"attention": (B, H, N, M)}."""
         if cache is not None:
             raise ValueError("attention maps are recorded from uncached calls only (cache=None)")
+        is_causal = self.kernel_causality(is_causal)
         q, k = self.queries_keys(x, x if context is None else context, rope)
         scale = self.head_dim**-0.5
         weights = attention_weights(

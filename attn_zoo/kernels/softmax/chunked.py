@@ -18,8 +18,14 @@ wholly above the diagonal are skipped, the diagonal's tiles build their own (bq,
 neither alignment costs an N x M mask. Score and mask mods (mods.py) are evaluated per tile
 too; a mask mod's `kv_range` hint skips the key tiles outside it (a sliding window of width w:
 O(N w) time), and backward takes the score mod's derivative tile by tile (autograd on the
-recomputed tile: ds_raw = ds d score_mod / d s). Dropout masks are drawn per tile from a
-seed and redrawn in backward. Half-precision inputs are computed in float32.
+recomputed tile: ds_raw = ds d score_mod / d s). Both passes run outside autocast, in the
+inputs' dtype (under it, a bfloat16 forward and a float32 backward gave gradients of other
+weights than the forward's: rows summing to 1 +- 2e-3). As backward calls the mods again,
+chunked refuses a mod declaring pure = False where there is a backward, and a score mod
+capturing a tensor that requires grad (``impure_mod``, ``mod_grad``: naive serves them), and
+checks that each row's recomputed weights still sum to 1 (eager calls), so an undeclared
+impure mod is an error. Dropout masks are drawn per tile from a seed and redrawn in backward.
+Half-precision inputs are computed in float32.
 """
 
 import torch
@@ -27,12 +33,19 @@ from einops import einsum, rearrange
 
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import group_queries
-from attn_zoo.kernels.softmax.family import BOTTOM_RIGHT, FEATURES, MODS
+from attn_zoo.kernels.softmax.family import BOTTOM_RIGHT, FEATURES, MODS, RECOMPUTES_MODS
 from attn_zoo.kernels.softmax.masks import causal_mask, is_additive, restrict
-from attn_zoo.kernels.softmax.mods import MaskMod, ScoreMod, mod_indices
+from attn_zoo.kernels.softmax.mods import (
+    MaskMod,
+    ScoreMod,
+    apply_mask_mod,
+    apply_score_mod,
+    mod_indices,
+)
 from attn_zoo.kernels.softmax.naive import upcast_half
 
 BLOCK = 256  # fastest of 128, 256, 512 on the 2-core CPU (N=2048, fwd+bwd)
+RECOMPUTED_DRIFT = 1e-3  # a row's backward weights summing further from 1: a mod changed
 
 
 class Tiles:
@@ -80,7 +93,7 @@ class Tiles:
             offset = i0 + self.offset - j0
             mask = restrict(mask, causal_mask(i1 - i0, j1 - j0, device, offset=offset))
         if self.mask_mod is not None:
-            allowed = self.mask_mod(*self.indices(i0, i1, j0, j1, device)).to(torch.bool)
+            allowed = apply_mask_mod(self.mask_mod, self.indices(i0, i1, j0, j1, device))
             if allowed.shape[1] == 1:  # the same for every head
                 mask = restrict(mask, allowed.unsqueeze(2))
             else:
@@ -98,9 +111,8 @@ class Tiles:
         if self.score_mod is None:
             return raw
         flat = rearrange(raw, "b h g n m -> b (h g) n m")
-        flat = self.score_mod(flat, *self.indices(i0, i1, j0, j1, raw.device)).to(raw.dtype)
-        return rearrange(flat.expand(raw.shape[0], -1, -1, -1), "b (h g) n m -> b h g n m",
-                         h=self.shape[1])  # fmt: skip
+        flat = apply_score_mod(self.score_mod, flat, self.indices(i0, i1, j0, j1, raw.device))
+        return rearrange(flat, "b (h g) n m -> b h g n m", h=self.shape[1])
 
     def keep(self, i0, i1, j0, j1, like):
         """Dropout multiplier of a tile (0 or 1/(1-p)), the same in forward and backward."""
@@ -170,20 +182,33 @@ class ChunkedAttention(torch.autograd.Function):
         def values(p, i0, i1, j0, j1):
             return einsum(p, v[:, :, j0:j1], "b h g n m, b h m d -> b h g n d")
 
-        out, lse = tiles.online_softmax(q, k, scale, v.shape[-1], values)
+        with torch.autocast(q.device.type, enabled=False):  # in the inputs' dtype, as backward
+            out, lse = tiles.online_softmax(q, k, scale, v.shape[-1], values)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.tiles, ctx.scale = tiles, scale
         return out
 
     @staticmethod
     def backward(ctx, dout):
+        with torch.autocast(dout.device.type, enabled=False):  # the forward's scores again
+            return ChunkedAttention.gradients(ctx, dout)
+
+    @staticmethod
+    def gradients(ctx, dout):
+        """dq, dk, dv and the mask's gradient, from the tiles recomputed (module docstring)."""
         q, k, v, out, lse = ctx.saved_tensors
         tiles, scale = ctx.tiles, ctx.scale
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dmask = q.new_zeros(tiles.mask_shape) if ctx.needs_input_grad[3] else None
         delta = (dout * out).sum(dim=-1)  # D_i
+        # a mod's scores recomputed: check that they are the forward's (eager only: a
+        # data-dependent branch would break a compiled graph)
+        recheck = tiles.score_mod is not None or tiles.mask_mod is not None
+        recheck = recheck and not torch.compiler.is_compiling()
+        drift = q.new_zeros(())  # the largest |sum_j p_ij - 1| of a row that saw a key
         for i0, i1 in tiles.query_blocks():
             qi, doi = q[..., i0:i1, :], dout[..., i0:i1, :]
+            total = q.new_zeros(qi.shape[:-1])
             for j0, j1 in tiles.key_blocks(i0, i1):
                 kj, vj = k[:, :, j0:j1], v[:, :, j0:j1]
                 raw = einsum(qi, kj, "b h g n d, b h m d -> b h g n m") * scale
@@ -193,6 +218,8 @@ class ChunkedAttention(torch.autograd.Function):
                     s_graph = tiles.scores(qi, kj, scale, i0, i1, j0, j1, raw)
                 s = s_graph.detach()
                 p = torch.exp(s - lse[..., i0:i1, None])
+                if recheck:
+                    total += p.sum(dim=-1)
                 dp = einsum(doi, vj, "b h g n d, b h m d -> b h g n m")
                 p_used = p
                 if tiles.dropout_p > 0:
@@ -207,6 +234,16 @@ class ChunkedAttention(torch.autograd.Function):
                 dk[:, :, j0:j1] += einsum(ds_raw, qi, "b h g n m, b h g n d -> b h m d") * scale
                 if dmask is not None:
                     tiles.add_mask_grad(dmask, ds, i0, i1, j0, j1)
+            if recheck and total.numel():
+                off = (total - 1).abs().masked_fill(lse[..., i0:i1] == float("inf"), 0.0)
+                drift = torch.maximum(drift, off.max())
+        if recheck and drift > RECOMPUTED_DRIFT:
+            raise RuntimeError(
+                "chunked softmax: a score or mask mod gave other scores when called again in "
+                f"backward (a row's recomputed weights sum to 1 +- {drift.item():.3g}, not 1); "
+                "chunked recomputes the mods, so a mod whose result changes between calls "
+                "(random, stateful) must declare it (mod.pure = False): naive then serves it"
+            )
         if dmask is not None:
             dmask = dmask.to(tiles.attn_mask.dtype)
         return dq, dk, dv, dmask, None, None, None, None, None, None
@@ -217,7 +254,15 @@ class ChunkedAttention(torch.autograd.Function):
     "chunked",
     tier="chunked",
     priority=10,
-    capabilities=Capabilities(FEATURES | BOTTOM_RIGHT | MODS),
+    capabilities=Capabilities(
+        (FEATURES - RECOMPUTES_MODS) | BOTTOM_RIGHT | MODS,
+        why={
+            "impure_mod": "it calls the mods again in backward; a mod declaring pure = False "
+            "would give other scores there",
+            "mod_grad": "it calls the score mod again in backward and gives gradients to q "
+            "and k only, none to the tensors the mod captures",
+        },
+    ),
     block_sizes=(BLOCK,),
 )
 def chunked(

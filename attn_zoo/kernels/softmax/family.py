@@ -9,26 +9,39 @@
 Features a call may need (`describe_call`): ``grad``, ``mask``, ``float_mask`` (an additive
 mask), ``causal``, ``dropout``, ``dv_ne_dk`` (value width != key width), ``gqa`` (fewer kv heads
 than query heads), ``narrow_heads`` (a key or value head width below 16), ``score_mod`` (a score
-mod, mods.py). A mask mod is a ``mask`` call: backends declaring ``mask_mod`` (naive, chunked)
-take it as is, the others as its materialised boolean mask (`lower_call`). A bottom-right causal
-call with N != M is described as a ``mask`` call; backends declaring ``bottom_right`` (chunked)
-take it as is_causal="bottom_right", the others as an explicit mask (masks.lower_bottom_right).
+mod, mods.py), ``impure_mod`` (a mod declaring pure = False, in a call with a backward: served
+only by backends calling it once per tile, in the forward) and ``mod_grad`` (a score mod
+capturing a tensor that requires grad: served only where that tensor gets its gradient; see
+`mod_features`). A mask mod is a ``mask`` call: backends declaring ``mask_mod`` (naive,
+chunked) take it as is, the others as its materialised boolean mask (`lower_call`). A
+bottom-right causal call with N != M is described as a ``mask`` call; backends declaring
+``bottom_right`` (chunked) take it as is_causal="bottom_right", the others as an explicit mask
+(masks.lower_bottom_right).
 """
 
 import torch
 
-from attn_zoo.kernels.dispatch import Call, define_family
+from attn_zoo.kernels.dispatch import Call, constant_when_compiled, define_family
 from attn_zoo.kernels.softmax.masks import (
     is_additive,
     lower_bottom_right,
     normal_causality,
     restrict,
 )
-from attn_zoo.kernels.softmax.mods import check_mod, mask_from_mod
+from attn_zoo.kernels.softmax.mods import (
+    MaskMod,
+    ScoreMod,
+    captured_tensors,
+    check_mod,
+    is_pure,
+    mask_from_mod,
+)
 
 FEATURES = frozenset(
-    {"grad", "mask", "float_mask", "causal", "dropout", "dv_ne_dk", "gqa", "narrow_heads"}
-)
+    {"grad", "mask", "float_mask", "causal", "dropout", "dv_ne_dk", "gqa", "narrow_heads",
+     "impure_mod", "mod_grad"}
+)  # fmt: skip
+RECOMPUTES_MODS = frozenset({"impure_mod", "mod_grad"})  # refused by backends calling a mod again
 NARROW = 16  # a head width below this is "narrow_heads" (FlexAttention's kernels need >= 16)
 LOW_AND_SINGLE = frozenset({torch.float16, torch.bfloat16, torch.float32})
 BOTTOM_RIGHT = frozenset({"bottom_right"})  # declared by backends taking it without a mask
@@ -101,8 +114,9 @@ def describe_call(
 ) -> Call:  # fmt: skip
     """The `Call` a softmax attention call makes (for backend choice)."""
     tensors = (q, k, v) if attn_mask is None else (q, k, v, attn_mask)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     needs = {
-        "grad": torch.is_grad_enabled() and any(t.requires_grad for t in tensors),
+        "grad": grad,
         "mask": attn_mask is not None or is_causal == "bottom_right" or mask_mod is not None,
         "score_mod": score_mod is not None,
         "float_mask": is_additive(attn_mask),
@@ -112,7 +126,26 @@ def describe_call(
         "gqa": k.shape[1] != q.shape[1],
         "narrow_heads": min(q.shape[-1], v.shape[-1]) < NARROW,
     }
-    return Call(q.device.type, q.dtype, frozenset(f for f, used in needs.items() if used))
+    features = frozenset(f for f, used in needs.items() if used)
+    return Call(q.device.type, q.dtype, features | mod_features(score_mod, mask_mod, grad))
+
+
+# Under torch.compile the closure walk would break the trace: taken as a constant there (grad
+# mode is guarded; a captured tensor's requires_grad changed later is not seen)
+@constant_when_compiled
+def mod_features(
+    score_mod: ScoreMod | None, mask_mod: MaskMod | None, grad: bool
+) -> frozenset[str]:
+    """The features the mods add to a call (`grad`: q, k, v or the mask need a gradient):
+    ``mod_grad`` and ``grad`` (under grad mode, the score mod captures a tensor requiring
+    grad), ``impure_mod`` (one declares pure = False, and there is a backward to call it
+    again: without one, every backend calls it once per tile)."""
+    features = set()
+    if torch.is_grad_enabled() and any(t.requires_grad for t in captured_tensors(score_mod)):
+        features |= {"mod_grad", "grad"}
+    if (grad or features) and not (is_pure(score_mod) and is_pure(mask_mod)):
+        features.add("impure_mod")
+    return frozenset(features)
 
 
 def lower_call(kwargs: dict, features: frozenset[str]) -> dict:

@@ -1,10 +1,13 @@
 """Softmax attention on FlexAttention (torch.nn.attention.flex_attention), compiled.
 
-Score and mask mods (mods.py) run natively. The mask, the causal flag and a mask mod become one
-``mask_mod`` and a block mask, so fully masked key blocks are skipped; a float mask's values are
-added after the score mod, as on the naive path. Compiled once per input shape
-(cached by torch). No dropout. A row with no allowed key gives zeros; a call with no keys
-(M = 0) or no queries returns zeros without reaching the kernel.
+Score and mask mods (mods.py) run natively, their results' types checked (their shapes are
+FlexAttention's scalars); it calls them again in backward, so it refuses an impure mod and one
+capturing a tensor that requires grad (``impure_mod``, ``mod_grad``: naive serves them). The
+mask, the causal flag and a mask mod become one ``mask_mod`` and a block mask, so fully masked
+key blocks are skipped; a float mask's values are added after the score mod, as on the naive
+path. Compiled once per input shape (cached by torch). No dropout. A row with no allowed key
+gives zeros; a call with no keys (M = 0) or no queries returns zeros without reaching the
+kernel.
 
 CUDA only: FlexAttention's CPU path (torch 2.13) is wrong at some shapes and thread counts, so
 the backend refuses CPU calls (see `CPU_REFUSAL`).
@@ -15,9 +18,9 @@ import functools
 import torch
 
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
-from attn_zoo.kernels.softmax.family import FEATURES, LOW_AND_SINGLE, MODS
+from attn_zoo.kernels.softmax.family import FEATURES, LOW_AND_SINGLE, MODS, RECOMPUTES_MODS
 from attn_zoo.kernels.softmax.masks import as_boolean, is_additive
-from attn_zoo.kernels.softmax.mods import MaskMod, ScoreMod
+from attn_zoo.kernels.softmax.mods import MaskMod, ScoreMod, checked_result
 
 
 def flex_missing() -> str | None:
@@ -67,13 +70,17 @@ def _all_of(mods: list[MaskMod]) -> MaskMod:
     priority=20,
     available=flex_missing,
     capabilities=Capabilities(
-        (FEATURES - {"dropout", "narrow_heads"}) | MODS,
+        (FEATURES - {"dropout", "narrow_heads"} - RECOMPUTES_MODS) | MODS,
         devices=frozenset({"cuda"}),
         dtypes=LOW_AND_SINGLE,
         why={
             "cpu": CPU_REFUSAL,
             "dropout": "FlexAttention has none",
             "narrow_heads": "FlexAttention's kernels need key and value head widths >= 16",
+            "impure_mod": "its backward calls the mods again; a mod declaring pure = False "
+            "would give other scores there",
+            "mod_grad": "not checked here that its backward gives the tensors a score mod "
+            "captures their gradients",
         },
     ),
 )
@@ -93,7 +100,9 @@ def flex(
     (b, h, n, _), m = q.shape, k.shape[2]
     if n == 0 or m == 0:  # nothing to attend (zeros); with M = 0 the kernel divides by 0
         return q.new_zeros(b, h, n, v.shape[-1])
-    mask_mods, bias = [mask_mod] if mask_mod is not None else [], None
+    mask_mods, bias = [], None
+    if mask_mod is not None:  # its result checked as on every backend (flex: the type only)
+        mask_mods.append(lambda *idx: checked_result("mask_mod", mask_mod, mask_mod(*idx)))
     if is_causal:
         mask_mods.append(_causal)
     if attn_mask is not None:
@@ -110,7 +119,8 @@ def flex(
         block_mask = None
 
     def scores(score, bi, hi, qi, ki):  # the naive path's order: score_mod, then the bias
-        score = score if score_mod is None else score_mod(score, bi, hi, qi, ki)
+        if score_mod is not None:
+            score = checked_result("score_mod", score_mod, score_mod(score, bi, hi, qi, ki))
         return score if bias is None else score + bias[bi, hi, qi, ki]
 
     modded = score_mod is not None or bias is not None

@@ -7,12 +7,40 @@ FlexAttention writes them (torch.nn.attention.flex_attention).
 Here they are called once per tile with broadcasting index tensors (b (B,1,1,1), h (1,H,1,1),
 q_idx (1,1,N,1), kv_idx (1,1,1,M); a tile's ranges in the chunked kernel), so they must be
 written with tensor operations (``torch.where``, comparisons, arithmetic), not Python `if`s on
-values. Positions count from 0 in q and in k. The softmax family takes them on every backend:
-naive and chunked apply them (chunked per tile: O(N block) memory; a mask_mod with a
-`kv_range(q_start, q_stop, m)` hint, as `sliding_window`'s, lets it skip the key tiles outside
-the range: O(N w) time), the others get a mask_mod as a materialised boolean mask (O(N M)
-memory) and refuse a score_mod by capability. Gradients flow through a score_mod to q and k;
-tensors a mod captures get none.
+values. Positions count from 0 in q and in k. What a mod returns is checked where it is called,
+and anything else is refused (ValueError naming the mod, what it returned and what is valid):
+
+    score_mod: a float tensor of its score's shape (B, H, N, M)
+    mask_mod:  a boolean tensor (True = may attend; not attn_mask's additive 0 / -inf) of shape
+               (B, H, N, M), where B, H and N may be 1 (the same for every batch entry, head or
+               query) but not M (a mask says which keys a query sees)
+
+The softmax family takes them on every backend: naive and chunked apply them (chunked per
+tile: O(N block) memory; a mask_mod with a `kv_range(q_start, q_stop, m)` hint, as
+`sliding_window`'s, lets it skip the key tiles outside the range: O(N w) time), the others get
+a mask_mod as a materialised boolean mask (O(N M) memory) and refuse a score_mod by
+capability. Gradients flow through a score_mod to q and k, and to the tensors it captures
+(`captured_tensors`) on the backends that serve them.
+
+What a mod may declare, as attributes of the function:
+
+    pure             default True: the same result for the same arguments on every call.
+                     chunked (and flex) call the mods again in backward, so a mod declaring
+                     pure = False (random, stateful) in a call with a backward makes an
+                     ``impure_mod`` call, served only by backends calling it once per tile, in
+                     the forward (naive; sdpa and xformers a mask mod, materialised once).
+                     chunked also checks in backward that the weights it recomputes still sum
+                     to 1: an undeclared impure mod is an error there, not a wrong gradient.
+    parameters       tensors the mod reads that its closure and the globals its code names do
+                     not show. A score mod capturing a tensor that requires grad makes a
+                     ``mod_grad`` call: served where the tensor gets its gradient (naive),
+                     refused by the backends recomputing the mod (chunked, flex): ``auto``
+                     picks naive.
+    causal_only      (score mods) why the mod is for causal attention only, and the
+                     alternative: a mechanism refuses it in a call that is not causal
+                     (one-sided ALiBi).
+    replaces_causal  (mask mods) the mask is a causal mask itself, opened somewhere
+                     (prefix_lm): a mechanism's causal call applies it instead of is_causal.
 
 Named mods (`MODS`, for grid files and mechanism kwargs: ``mask_mod = { name =
 "sliding_window", window = 64 }``): causal, sliding_window, prefix_lm, document, alibi, softcap.
@@ -20,11 +48,12 @@ Named mods (`MODS`, for grid files and mechanism kwargs: ``mask_mod = { name =
 
 from __future__ import annotations
 
+import inspect
 import itertools
-import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
+from torch import nn
 
 from attn_zoo.registry import Registry
 
@@ -46,14 +75,63 @@ def mod_indices(
     )
 
 
+def mod_name(mod: Callable) -> str:
+    """A mod's name, for messages."""
+    return getattr(mod, "__name__", type(mod).__name__)
+
+
+RETURNS = {  # what each kind of mod returns, for the messages refusing anything else
+    "score_mod": "a score mod returns a float tensor of its score's shape (B, H, N, M), "
+    "computed from it and the index tensors (e.g. score - (q_idx - kv_idx))",
+    "mask_mod": "a mask mod returns a boolean tensor, True where query q_idx may see key "
+    "kv_idx, computed from the index tensors (e.g. kv_idx <= q_idx), of shape (B, H, N, M), "
+    "B, H or N possibly 1 (an additive 0 / -inf mask is attn_mask's convention, or a score "
+    "mod's)",
+}
+
+
+def checked_result(kind: str, mod: Callable, result: object, shape=None) -> torch.Tensor:
+    """`result` of the mod `mod` (`kind`: "score_mod" or "mask_mod"), or ValueError naming the
+    mod, what it returned and `RETURNS[kind]` (the same message on every backend, but for the
+    sizes of a wrong shape); `shape`: the score's (B, H, N, M) (the call's index tensors
+    broadcast), None to check the type only (FlexAttention's scalar calls)."""
+    score = kind == "score_mod"
+    if not isinstance(result, torch.Tensor):
+        got = f"{type(result).__name__} {result!r}, not a tensor"
+    elif not (result.is_floating_point() if score else result.dtype == torch.bool):
+        got = f"a {result.dtype} tensor"
+    elif shape is not None and not _fits(result.shape, shape, exact=score):
+        got = f"shape {tuple(result.shape)} (B, H, N, M here: {tuple(shape)})"
+    else:
+        return result
+    raise ValueError(f"{kind} {mod_name(mod)} returned {got}: {RETURNS[kind]}")
+
+
+def _fits(got: torch.Size, shape: torch.Size, exact: bool) -> bool:
+    """`got` is `shape`, or (not `exact`) `shape` with 1 for any of its first three sizes."""
+    if exact or len(got) != 4:
+        return tuple(got) == tuple(shape)
+    return got[3] == shape[3] and all(g in (1, s) for g, s in zip(got[:3], shape[:3], strict=True))
+
+
+def apply_mask_mod(mask_mod: MaskMod, indices: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """`mask_mod` on the index tensors `indices` (`mod_indices`), its result checked: boolean
+    (B or 1, H or 1, N or 1, M)."""
+    shape = torch.broadcast_shapes(*(i.shape for i in indices))
+    return checked_result("mask_mod", mask_mod, mask_mod(*indices), shape)
+
+
 def mask_from_mod(mask_mod: MaskMod, b: int, h: int, n: int, m: int, device) -> torch.Tensor:
-    """`mask_mod` materialised: boolean (B or 1, H or 1, N, M)."""
-    allowed = mask_mod(*mod_indices(b, h, (0, n), (0, m), device))
-    return torch.as_tensor(allowed, device=device).to(torch.bool).expand(b, h, n, m)
+    """`mask_mod` materialised: boolean (B, H, N, M) (an expanded view)."""
+    return apply_mask_mod(mask_mod, mod_indices(b, h, (0, n), (0, m), device)).expand(b, h, n, m)
 
 
 def apply_score_mod(score_mod: ScoreMod | None, scores: torch.Tensor, indices) -> torch.Tensor:
-    return scores if score_mod is None else score_mod(scores, *indices).to(scores.dtype)
+    """`scores` (B, H, N, M) through `score_mod` (None: as they are), checked, in their dtype."""
+    if score_mod is None:
+        return scores
+    modded = checked_result("score_mod", score_mod, score_mod(scores, *indices), scores.shape)
+    return modded.to(scores.dtype)
 
 
 def check_mod(name: str, mod: object) -> None:
@@ -63,15 +141,71 @@ def check_mod(name: str, mod: object) -> None:
         )
 
 
+def is_pure(mod: Callable | None) -> bool:
+    """Whether `mod` gives the same result on every call (its `pure` declaration, default True)."""
+    return mod is None or getattr(mod, "pure", True)
+
+
+def captured_tensors(mod: Callable | None) -> list[torch.Tensor]:
+    """The tensors `mod` reads besides its arguments: those in its closure (through the
+    functions, containers and modules there: a wrapped mod's too), the tensors and modules
+    named by its code among its globals, and those it declares (`mod.parameters`)."""
+    return [] if mod is None else list(_tensors_in(mod, set()))
+
+
+def _tensors_in(value: object, seen: set[int], closure: bool = True) -> Iterator[torch.Tensor]:
+    """Tensors inside `value`; `closure` False (a global): not through functions."""
+    if id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, nn.Module):
+        yield from value.parameters()
+    elif isinstance(value, list | tuple | set | frozenset | dict):
+        for item in value.values() if isinstance(value, dict) else value:
+            yield from _tensors_in(item, seen, closure)
+    elif closure and inspect.ismethod(value):
+        yield from _tensors_in(value.__self__, seen)
+        yield from _tensors_in(value.__func__, seen)
+    elif closure and inspect.isfunction(value):
+        declared = getattr(value, "parameters", ())
+        cells = [c.cell_contents for c in value.__closure__ or () if _filled(c)]
+        named = [value.__globals__[n] for n in value.__code__.co_names if n in value.__globals__]
+        yield from _tensors_in([*declared, *cells], seen)
+        yield from _tensors_in(named, seen, closure=False)
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018  (a free variable not yet assigned raises)
+    except ValueError:
+        return False
+    return True
+
+
 def build_mod(spec: object) -> Callable | None:
-    """A mod from a name (``"causal"``), a table naming one with its arguments (``{"name":
-    "sliding_window", "window": 64}``), or a function (as is); None stays None."""
+    """A mod from a name (``"causal"``: one whose arguments all have defaults), a table naming
+    one with its arguments (``{"name": "sliding_window", "window": 64}``), or a function (as
+    is); None stays None. A missing argument is a ValueError naming the table form."""
     if spec is None or callable(spec):
         return spec
     if isinstance(spec, str):
-        return MODS.build(spec)
+        spec = {"name": spec}
     if isinstance(spec, dict) and isinstance(spec.get("name"), str):
         kwargs = {k: v for k, v in spec.items() if k != "name"}
+        parameters = inspect.signature(MODS[spec["name"]]).parameters.values()
+        named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        missing = [
+            p.name
+            for p in parameters
+            if p.kind in named and p.default is p.empty and p.name not in kwargs
+        ]
+        if missing:
+            table = ", ".join([f'name = "{spec["name"]}"', *(f"{m} = ..." for m in missing)])
+            raise ValueError(
+                f"mod {spec['name']!r} needs {', '.join(missing)}: name it in a table {{ {table} }}"
+            )
         return MODS.build(spec["name"], **kwargs)
     raise ValueError(
         f"a mod is a name ({', '.join(MODS.names())}), a table {{ name = ..., ... }} or a "
@@ -81,7 +215,7 @@ def build_mod(spec: object) -> Callable | None:
 
 def shift_queries(mod: Callable | None, offset: int, score: bool) -> Callable | None:
     """`mod` seeing query i as position i + `offset`: the new queries of a cached decoding
-    step are the last positions of the keys (offset = M - N)."""
+    step are the last positions of the keys (offset = M - N). Its declarations carry over."""
     if mod is None or offset == 0:
         return mod
     if score:
@@ -89,25 +223,27 @@ def shift_queries(mod: Callable | None, offset: int, score: bool) -> Callable | 
         def shifted_score(score, b, h, q_idx, kv_idx):
             return mod(score, b, h, q_idx + offset, kv_idx)
 
-        return shifted_score
+        shifted = shifted_score
+    else:
 
-    def shifted_mask(b, h, q_idx, kv_idx):
-        return mod(b, h, q_idx + offset, kv_idx)
+        def shifted_mask(b, h, q_idx, kv_idx):
+            return mod(b, h, q_idx + offset, kv_idx)
 
-    if hasattr(mod, "kv_range"):
-        shifted_mask.kv_range = lambda i0, i1, m: mod.kv_range(i0 + offset, i1 + offset, m)
-    return shifted_mask
+        shifted = shifted_mask
+        if hasattr(mod, "kv_range"):
+            shifted.kv_range = lambda i0, i1, m: mod.kv_range(i0 + offset, i1 + offset, m)
+    shifted.__name__, shifted.pure = mod_name(mod), is_pure(mod)  # for messages, dispatch
+    return shifted
 
 
 # Positions are int64 tensors: an int setting compared with them must fit one
 _INT64_MAX = torch.iinfo(torch.int64).max
 
 
-def _positive(name: str, value: object, kind: type = int) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-    if not ok or (kind is int and not isinstance(value, int)) or not math.isfinite(value):
-        raise ValueError(f"{name}={value!r}: must be a positive {kind.__name__}")
-    if kind is int and value > _INT64_MAX:
+def _positive(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name}={value!r}: must be a positive int")
+    if value > _INT64_MAX:
         raise ValueError(
             f"{name}={value!r}: must be a positive int <= 2**63 - 1 (positions are int64)"
         )
@@ -144,12 +280,15 @@ def sliding_window(window: int, causal: bool = True) -> MaskMod:
 
 @MODS.register("prefix_lm")
 def prefix_lm(prefix: int) -> MaskMod:
-    """The first `prefix` keys visible to every query, causal after them (a prefix LM)."""
+    """The first `prefix` keys visible to every query, causal after them (a prefix LM). It is a
+    causal mask itself (`replaces_causal`): in a causal layer it replaces is_causal, so the
+    prefix sees itself both ways."""
     _positive("prefix", prefix)
 
     def prefix_lm_mask(b, h, q_idx, kv_idx):
         return (kv_idx < prefix) | (kv_idx <= q_idx)
 
+    prefix_lm_mask.replaces_causal = True  # a causal layer applies it instead of is_causal
     return prefix_lm_mask
 
 
@@ -176,21 +315,45 @@ def document(lengths: list[int]) -> MaskMod:
 
 
 @MODS.register("alibi")
-def alibi(n_heads: int) -> ScoreMod:
-    """ALiBi (Press et al. 2022): score - slope_h (i - j), slopes 2^(-8 h' / H), h' = 1..H."""
+def alibi(n_heads: int, symmetric: bool = False) -> ScoreMod:
+    """ALiBi (Press et al. 2022): score - slope_h (i - j), for causal attention only (elsewhere
+    it rewards the later keys j > i: `causal_only`); symmetric: score - slope_h |i - j|, the
+    same under causality, for either direction. Slopes as the authors' code (BLOOM, Megatron):
+    P = the largest power of two <= H; heads 0..P-1 take 2^(-8 h' / P), h' = 1..P, and heads
+    P..H-1 every other slope of 2P heads, 2^(-4 (2 t + 1) / P), t = 0..H-P-1; in the score's
+    dtype."""
     _positive("n_heads", n_heads)
+    if not isinstance(symmetric, bool):
+        raise ValueError(f"symmetric={symmetric!r}: must be true or false (a bool)")
+    p = 2 ** (n_heads.bit_length() - 1)
 
     def alibi_bias(score, b, h, q_idx, kv_idx):  # the slope computed, not looked up: flex-safe
-        slope = torch.exp2(-8.0 * (h + 1) / n_heads)
-        return score - slope * (q_idx - kv_idx)
+        exponent = torch.where(h < p, 8 * (h + 1), 4 * (2 * (h - p) + 1)).to(score.dtype) / -p
+        distance = (q_idx - kv_idx).abs() if symmetric else q_idx - kv_idx
+        return score - torch.exp2(exponent) * distance
 
+    if not symmetric:
+        alibi_bias.causal_only = (
+            "ALiBi's bias -slope (i - j) grows with the key j past the query i, so without "
+            "causality later keys win; use is_causal=True, or the symmetric bias -slope |i - j|: "
+            'score_mod = { name = "alibi", symmetric = true }'
+        )
     return alibi_bias
+
+
+# A cap is applied in float32 or wider (half inputs are computed in float32): within its range
+_FLOAT32 = torch.finfo(torch.float32)
 
 
 @MODS.register("softcap")
 def softcap(cap: float) -> ScoreMod:
     """Logit softcapping (Gemma 2): cap * tanh(score / cap)."""
-    _positive("cap", cap, float)
+    number = isinstance(cap, int | float) and not isinstance(cap, bool)
+    if not number or not _FLOAT32.tiny <= cap <= _FLOAT32.max:  # NaN fails too
+        raise ValueError(
+            f"cap={cap!r}: must be a positive float in [{_FLOAT32.tiny:.4g}, "
+            f"{_FLOAT32.max:.4g}] (float32's normal range: the scores are float32 or wider)"
+        )
 
     def softcap_score(score, b, h, q_idx, kv_idx):
         return cap * torch.tanh(score / cap)
