@@ -20,7 +20,7 @@ from ablations.run import train
 from ablations.run.progress import cell_label
 from ablations.run.provenance import plugin_record
 from ablations.run.resume import ResumePlan
-from ablations.run.torch_state import DEFAULTS, torch_state
+from ablations.run.torch_state import DEFAULTS, reset_torch_state, torch_state
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = ("wall_s", "step_ms")
@@ -82,18 +82,23 @@ def test_a_plugin_that_sets_float64_as_default_trains_no_cell_in_float64(tmp_pat
     assert row["curve"] == reference.curve
 
 
-def test_a_model_whose_building_changes_torchs_global_state_fails_its_cell(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("step", "what"),
+    [("build_cell_model", "building the cell's model"),  # a mechanism's __init__
+     ("evaluate", "training or evaluating the cell")],  # a forward (the hostile pass: unseen)
+)  # fmt: skip
+def test_a_cell_that_changes_torchs_global_state_fails(tmp_path, monkeypatch, step, what):
     grid = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training=TRAINING)
     (cell,) = load_grid(grid).cells
-    real = train.build_cell_model
+    real = getattr(train, step)
 
-    def build_in_float64(*args):
-        torch.set_default_dtype(torch.float64)  # as a mechanism's __init__ could
-        return real(*args)
+    def in_float64(*args, **kwargs):
+        torch.set_default_dtype(torch.float64)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(train, "build_cell_model", build_in_float64)
+    monkeypatch.setattr(train, step, in_float64)
     try:
-        with pytest.raises(RuntimeError, match=r"default_dtype float64 -> float32.*per tensor"):
+        with pytest.raises(RuntimeError, match=rf"{what} changed .*float64 -> float32.*per tensor"):
             train.train_cell(cell)
     finally:
         torch.set_default_dtype(torch.float32)
@@ -157,7 +162,7 @@ def test_the_same_inputs_resume_and_another_torch_state_does_not(tmp_path, monke
                      on_checkpoint=lambda step, data: points.append(data))  # fmt: skip
     resumed = train.train_cell(cell, resume=ResumePlan(data=points[0]))
     assert resumed.notes == ["resumed from its checkpoint at step 10"]
-    other = {**torch_state(), "float32_matmul_precision": "medium"}  # as if written under it
+    other = {**torch_state(), "deterministic_algorithms": True}  # as if written under it
     with monkeypatch.context() as patch:
         patch.setattr(train, "torch_state", lambda: other)
         patch.setattr(train, "changes", lambda state: [])
@@ -167,7 +172,7 @@ def test_the_same_inputs_resume_and_another_torch_state_does_not(tmp_path, monke
     ignored = train.train_cell(cell, resume=ResumePlan(data=points[0]))
     assert ignored.notes == [
         "resume checkpoint ignored (torch's global state changed since it was written: "
-        "float32_matmul_precision medium then, highest now); trained from step 0"
+        "deterministic_algorithms True then, False now); trained from step 0"
     ]
     assert ignored.curve == train.train_cell(cell).curve
 
@@ -185,3 +190,42 @@ def test_a_plugin_that_replaces_a_built_in_name_is_recorded_in_each_cell(tmp_pat
     with_imports(grid, plugin)
     cli(grid)  # the plugin is imported in the driver and in each worker
     assert the_row(grid)["environment"]["replaced"] == ["mechanism standard"]
+
+
+def test_a_checkpoint_of_other_code_is_not_resumed(tmp_path, monkeypatch):
+    """The hostile pass: after an edit of attn_zoo/mechanisms/standard.py a killed cell
+    resumed from its checkpoint: only attn_zoo's version was compared."""
+    grid = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training=TRAINING)
+    (cell,) = load_grid(grid).cells
+    points, here = [], train.source_state()
+    with monkeypatch.context() as patch:
+        patch.setattr(train, "source_state", lambda: {"commit": "0" * 40})
+        train.train_cell(cell, resume=ResumePlan(every_steps=10),
+                         on_checkpoint=lambda step, data: points.append(data))  # fmt: skip
+    [note] = train.train_cell(cell, resume=ResumePlan(data=points[0])).notes
+    assert note.startswith(
+        f"resume checkpoint ignored (the code (attn_zoo, ablations) changed since it was "
+        f"written: commit {'0' * 40} then, {here['commit']} now"
+    )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda: setattr(torch.backends.cuda.matmul, "fp32_precision", "tf32"),
+        lambda: setattr(torch.backends, "fp32_precision", "tf32"),
+        lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision", "bf16"),
+        lambda: torch.set_float32_matmul_precision("medium"),
+        lambda: torch.use_deterministic_algorithms(True),
+    ],
+)
+def test_torchs_new_and_legacy_precision_settings_are_read_and_put_back(change):
+    """torch's fp32_precision API (what torch recommends) made torch_state's legacy getter
+    raise in every cell; both APIs are read and put back, and the legacy getter works after."""
+    try:
+        change()
+        assert reset_torch_state() != []
+        assert torch_state() == DEFAULTS
+        assert torch.get_float32_matmul_precision() == "highest"
+    finally:
+        reset_torch_state()

@@ -52,6 +52,7 @@ INPUTS = {  # a checkpoint's inputs, and how a changed one is named
     "data": "its data files",
     "plugins": "the plugin files",
     "torch": "torch's global state",
+    "code": "the code (attn_zoo, ablations)",
 }
 RNG_STATES = ("torch", "device", "python", "numpy", "batches")  # the random states kept
 
@@ -175,10 +176,11 @@ def _changed_input(recorded: dict, inputs: dict) -> str | None:
     """How a checkpoint's inputs (`recorded`) differ from this training's, by `INPUTS`' names:
     "its data files changed since it was written: {boards.npz: 1a2b3c4d5e6f} then,
     {boards.npz: 9f8e7d6c5b4a} now"; None if none did. Files count by content (a plugin may
-    move), torch's state by each setting ("float32_matmul_precision high then, highest now")."""
+    move), torch's state and the code by each field ("fp32_precision cuda.matmul tf32 then,
+    none now"; "commit 3a5da2dc... then, 5d4b58b1... now")."""
     for what, name in INPUTS.items():
         was, now = recorded.get(what, {}), inputs.get(what, {})
-        if what == "torch":
+        if what in ("torch", "code"):
             keys = [key for key in dict.fromkeys([*was, *now]) if was.get(key) != now.get(key)]
             differ = [f"{key} {was.get(key)} then, {now.get(key)} now" for key in keys]
             if differ:

@@ -2,14 +2,16 @@
 
 Some of torch's state is global to a process and changes results: the default dtype (a model
 built after `torch.set_default_dtype(torch.float64)` trains in float64), deterministic
-algorithms, the float32 matmul precision, the TF32 and cuDNN flags, whether autograd records.
-A plugin, or any code a worker imports, can change it; the cell's key and the store would
-still say float32. So a cell's result depends on its config alone: `train_cell`
-(ablations/run/train.py) puts this state back to torch's defaults (`DEFAULTS`) before every cell,
-with a note naming what had changed, and fails a cell whose own model building changes it (a
-mechanism's `__init__` setting the default dtype, say). The thread count is the grid's, set
-by the worker beside it. A resume checkpoint records `torch_state()` with the other inputs of
-a cell (ablations/run/resume.py).
+algorithms, the float32 precision of matmuls and convolutions (TF32, bfloat16: torch's
+`fp32_precision` settings, or the legacy `set_float32_matmul_precision` and `allow_tf32`),
+cuDNN's benchmark mode, whether autograd records. A plugin, or any code a worker imports, can
+change it; the cell's key and the store would still say float32. So a cell's result depends on
+its config alone: `train_cell` (ablations/run/train.py) puts this state back to torch's
+defaults (`DEFAULTS`) before every cell, with a note naming what had changed, and fails a cell
+whose model building, training or evaluation changes it (a mechanism's `__init__` or
+`forward` setting the default dtype, say). The thread count is the grid's, set by the worker
+beside it. A resume checkpoint records `torch_state()` with the other inputs of a cell
+(ablations/run/resume.py).
 
     changed = reset_torch_state()   # ["default_dtype float64 -> float32"]; [] if none was
 """
@@ -18,27 +20,55 @@ from __future__ import annotations
 
 import torch
 
+# torch's fp32_precision settings (torch >= 2.9; older torch: the legacy flags instead), by
+# their path under torch.backends ("": torch.backends.fp32_precision), and their defaults
+PRECISIONS = {"": "none", "cuda.matmul": "none", "cudnn": "none", "cudnn.conv": "tf32",
+              "cudnn.rnn": "tf32", "mkldnn": "none", "mkldnn.matmul": "none",
+              "mkldnn.conv": "none", "mkldnn.rnn": "none"}  # fmt: skip
+NEW_API = hasattr(torch.backends, "fp32_precision")
+LEGACY = {"float32_matmul_precision": "highest", "cudnn_allow_tf32": True,
+          "cuda_matmul_allow_tf32": False}  # fmt: skip
 DEFAULTS = {  # torch's own defaults
     "default_dtype": "float32",
     "deterministic_algorithms": False,
-    "float32_matmul_precision": "highest",
     "grad_enabled": True,
     "cudnn_benchmark": False,
     "cudnn_deterministic": False,
-    "cudnn_allow_tf32": True,
-    "cuda_matmul_allow_tf32": False,
-}
+    **({f"fp32_precision {path}".strip(): v for path, v in PRECISIONS.items()} if NEW_API
+       else LEGACY),
+}  # fmt: skip
+
+
+def _backend(path: str):
+    """The torch.backends module or object at `path` ("cuda.matmul")."""
+    found = torch.backends
+    for part in filter(None, path.split(".")):
+        found = getattr(found, part)
+    return found
+
+
+def _precision(path: str) -> str:
+    """`path`'s fp32_precision; "ieee" (full precision, what the legacy flags set) read as the
+    "none" it is by default where that is the default."""
+    value = _backend(path).fp32_precision
+    return "none" if value == "ieee" and PRECISIONS[path] == "none" else value
 
 
 def torch_state() -> dict[str, str | bool]:
-    """This process's (and thread's: autograd's) values of the settings of `DEFAULTS`."""
-    return {
+    """This process's (and thread's: autograd's) values of the settings of `DEFAULTS` (never
+    through the legacy getters where torch has the new ones: they raise once a plugin used
+    the new API)."""
+    state = {
         "default_dtype": str(torch.get_default_dtype()).removeprefix("torch."),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "grad_enabled": torch.is_grad_enabled(),
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "cudnn_deterministic": torch.backends.cudnn.deterministic,
+    }
+    if NEW_API:
+        return state | {f"fp32_precision {path}".strip(): _precision(path) for path in PRECISIONS}
+    return state | {
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
         "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
     }
@@ -56,10 +86,13 @@ def reset_torch_state() -> list[str]:
     if changed:
         torch.set_default_dtype(getattr(torch, DEFAULTS["default_dtype"]))
         torch.use_deterministic_algorithms(DEFAULTS["deterministic_algorithms"])
-        torch.set_float32_matmul_precision(DEFAULTS["float32_matmul_precision"])
         torch.set_grad_enabled(DEFAULTS["grad_enabled"])
         torch.backends.cudnn.benchmark = DEFAULTS["cudnn_benchmark"]
         torch.backends.cudnn.deterministic = DEFAULTS["cudnn_deterministic"]
-        torch.backends.cudnn.allow_tf32 = DEFAULTS["cudnn_allow_tf32"]
-        torch.backends.cuda.matmul.allow_tf32 = DEFAULTS["cuda_matmul_allow_tf32"]
+        torch.set_float32_matmul_precision(LEGACY["float32_matmul_precision"])  # the legacy
+        torch.backends.cudnn.allow_tf32 = LEGACY["cudnn_allow_tf32"]  # flags first: they set
+        torch.backends.cuda.matmul.allow_tf32 = LEGACY["cuda_matmul_allow_tf32"]  # the new
+        for path, value in PRECISIONS.items() if NEW_API else ():
+            if _precision(path) != value:
+                _backend(path).fp32_precision = value
     return changed

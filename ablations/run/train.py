@@ -52,7 +52,7 @@ from ablations.grid.cell import Cell
 from ablations.grid.cell_model import build_cell_model, forward
 from ablations.grid.schema import TrainingSettings
 from ablations.run.devices import compute_dtype, resolve_device
-from ablations.run.provenance import data_record
+from ablations.run.provenance import data_record, source_state
 from ablations.run.resume import LoopState, ResumeError, ResumePlan, load_state, save_state
 from ablations.run.torch_state import changes, reset_torch_state, torch_state
 from ablations.tasks import IGNORE_INDEX
@@ -234,6 +234,18 @@ def attention_record(model: nn.Module, task, test, example: int = MAPS_EXAMPLE) 
     return {"example": example, "labels": labels, "target": y[0].tolist(), "maps": maps}
 
 
+def check_torch_state(what: str) -> None:
+    """RuntimeError where `what` changed torch's global state from its defaults (the cell would
+    have trained, or would train, under another state than its config and store say)."""
+    changed = changes(torch_state())
+    if changed:
+        raise RuntimeError(
+            f"{what} changed torch's global state ({', '.join(changed)}): a mechanism or task "
+            "must not change process-wide settings such as the default dtype "
+            "(ablations/run/torch_state.py); set them per tensor, or in the grid"
+        )
+
+
 def train_cell(
     cell: Cell,
     on_progress=None,
@@ -273,14 +285,9 @@ def train_cell(
         for name, split in made.items()
     }
     model = build_cell_model(cell, task).to(device)  # built on the CPU: the same weights anywhere
-    changed = changes(torch_state())
-    if changed:  # the model would train under another state than its config says
-        raise RuntimeError(
-            f"building the cell's model changed torch's global state ({', '.join(changed)}): "
-            "a mechanism or task must not change process-wide settings such as the default "
-            "dtype (ablations/run/torch_state.py); set them per tensor, or in the grid"
-        )
-    inputs = {"data": data, "plugins": dict(plugins or {}), "torch": torch_state()}  # resume's
+    check_torch_state("building the cell's model")
+    inputs = {"data": data, "plugins": dict(plugins or {}), "torch": torch_state(),
+              "code": source_state()}  # what a resume checkpoint must match  # fmt: skip
     run = torch.compile(model) if t.compile else model
     opt = torch.optim.AdamW(
         model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay
@@ -367,6 +374,7 @@ def train_cell(
             status = "diverged"
     if status in ("diverged", "pruned"):
         metrics[f"{status}_at"] = step
+    check_torch_state("training or evaluating the cell")  # it ran under another state
     state = _to_cpu(model.state_dict()) if keep_state else None
     maps = None
     if keep_maps and status == "done":
