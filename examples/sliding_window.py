@@ -40,9 +40,14 @@ class SlidingWindowAttention(StandardAttention):
 
     def __init__(self, d_model: int, n_heads: int, window: int = 8, **kwargs):
         # kwargs: StandardAttention's (n_kv_heads, dropout, ...), handed on whole; built by
-        # name, a kwarg that neither __init__ takes is a ValueError naming the closest one
+        # name, a kwarg that neither __init__ takes is a ValueError naming the closest one.
+        # Refuse those of the base that this forward (its own) would ignore: the mods.
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"window={window!r}: must be an integer >= 1")
+        for name in ("score_mod", "mask_mod"):
+            if kwargs.get(name) is not None:
+                raise ValueError(f"{name}: sliding_window attention takes no mods (its band is "
+                                 "its mask); standard attention applies them")  # fmt: skip
         super().__init__(d_model, n_heads, **kwargs)
         self.window = window
 

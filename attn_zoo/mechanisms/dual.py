@@ -29,8 +29,8 @@ from einops import einsum, rearrange
 
 from attn_zoo.kernels.dispatch import TIERS
 from attn_zoo.kernels.heads import repeat_kv
-from attn_zoo.kernels.relational.naive import attention_tensor
 from attn_zoo.kernels.rotary import Rotary
+from attn_zoo.kernels.softmax.naive import attention_weights
 from attn_zoo.mechanisms.base import AttentionMechanism, check_int
 from attn_zoo.mechanisms.cache import LayerCache
 from attn_zoo.mechanisms.registry import MECHANISMS, register_mechanism
@@ -181,10 +181,14 @@ class DualAttention(AttentionMechanism):
     def _self_attention_with_weights(self, x, attn_mask, is_causal, rope):
         """Self-attention output and its weights (B, H_sa, N, N) by the reference's manual
         path (need_weights=True): the weights materialised (after dropout, in training) and the
-        output made from them, one set of queries and keys for both."""
+        output made from them, one set of queries and keys for both; the branch's score and
+        mask mods and its causality (`kernel_causality`) applied, as in its forward."""
         sa = self.self_attention
+        is_causal = sa.kernel_causality(is_causal)
         q, k = sa.queries_keys(x, x, rope)
-        weights = attention_tensor(q, k, attn_mask, is_causal, sa.head_dim**-0.5).to(q.dtype)
+        scale = sa.head_dim**-0.5
+        weights = attention_weights(q, k, attn_mask, is_causal, scale, sa.score_mod, sa.mask_mod)
+        weights = weights.to(q.dtype)
         if self.training and sa.dropout > 0:
             weights = F.dropout(weights, sa.dropout)
         v = repeat_kv(rearrange(sa.wv(x), "b n (h d) -> b h n d", h=sa.n_kv_heads), sa.n_heads)

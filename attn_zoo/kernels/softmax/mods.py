@@ -31,11 +31,13 @@ What a mod may declare, as attributes of the function:
                      the forward (naive; sdpa and xformers a mask mod, materialised once).
                      chunked also checks in backward that the weights it recomputes still sum
                      to 1: an undeclared impure mod is an error there, not a wrong gradient.
-    parameters       tensors the mod reads that its closure and the globals its code names do
-                     not show. A score mod capturing a tensor that requires grad makes a
-                     ``mod_grad`` call: served where the tensor gets its gradient (naive),
-                     refused by the backends recomputing the mod (chunked, flex): ``auto``
-                     picks naive.
+    parameters       tensors the mod reads that `captured_tensors` does not find (its closure,
+                     default arguments, a partial's arguments, a callable instance's
+                     attributes, the globals its code names; a callable whose code is not
+                     Python and declares none counts as capturing one). A score mod
+                     capturing a tensor that requires grad makes a ``mod_grad`` call: served
+                     where the tensor gets its gradient (naive), refused by the backends
+                     recomputing the mod (chunked, flex): ``auto`` picks naive.
     causal_only      (score mods) why the mod is for causal attention only, and the
                      alternative: a mechanism refuses it in a call that is not causal
                      (one-sided ALiBi).
@@ -48,8 +50,10 @@ Named mods (`MODS`, for grid files and mechanism kwargs: ``mask_mod = { name =
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
+import types
 from collections.abc import Callable, Iterator
 
 import torch
@@ -147,33 +151,122 @@ def is_pure(mod: Callable | None) -> bool:
 
 
 def captured_tensors(mod: Callable | None) -> list[torch.Tensor]:
-    """The tensors `mod` reads besides its arguments: those in its closure (through the
-    functions, containers and modules there: a wrapped mod's too), the tensors and modules
-    named by its code among its globals, and those it declares (`mod.parameters`)."""
-    return [] if mod is None else list(_tensors_in(mod, set()))
+    """The tensors `mod` reads besides its arguments: those in its closure and its default
+    arguments (through the functions, containers, modules and objects there: a wrapped mod's,
+    a functools.partial's arguments, an object's attributes), the tensors and modules named by
+    its code among its globals (and their attributes), a callable instance's attributes and
+    what its class's ``__call__`` reads, and those it declares (`mod.parameters`). Objects are
+    followed `MAX_DEPTH` steps deep, each once. A callable whose code is not Python (nothing
+    to read its tensors from) and that declares no `parameters` is taken as reading one that
+    requires grad: `UNINSPECTED`, so that a call with it goes where a captured tensor gets its
+    gradient (``mod_grad``: naive)."""
+    found = {} if mod is None else {id(t): t for t in _tensors_in(mod, set(), True, MAX_DEPTH)}
+    return list(found.values())  # each once, in the order found
 
 
-def _tensors_in(value: object, seen: set[int], closure: bool = True) -> Iterator[torch.Tensor]:
+MAX_DEPTH = 8  # steps from the mod (a closure cell, an argument, an item, an attribute)
+GLOBAL_DEPTH = 2  # steps from a global the mod's code names (HOLDER.settings.bias: 2)
+
+# What `captured_tensors` finds in a callable it cannot read: a tensor requiring grad, so the
+# call is a ``mod_grad`` one (declare `mod.parameters` to say what it reads instead)
+UNINSPECTED = torch.empty(0, requires_grad=True)
+
+_SCALARS = frozenset({str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device})
+# Classes, modules and C functions and methods not bound to an object: no tensors of the mod's
+_STATELESS = (
+    type,
+    types.ModuleType,
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.ClassMethodDescriptorType,
+)
+
+
+def _tensors_in(
+    value: object, seen: set[int], closure: bool = True, depth: int = MAX_DEPTH
+) -> Iterator[torch.Tensor]:
     """Tensors inside `value`; `closure` False (a global): not through functions."""
-    if id(value) in seen:
+    if type(value) in _SCALARS or id(value) in seen or depth < 0:
         return
     seen.add(id(value))
+    inner = depth - 1
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, nn.Module):
         yield from value.parameters()
+        if inner < 0:
+            return
+        yield from _each(_attributes(value), seen, closure, inner)  # its plain attributes
+        if closure:  # the mod itself, or in its closure: what its forward reads
+            yield from _tensors_in(getattr(type(value), "forward", None), seen, True, inner)
+    elif inner < 0:
+        return  # at the bound: only tensors and modules' parameters
     elif isinstance(value, list | tuple | set | frozenset | dict):
         for item in value.values() if isinstance(value, dict) else value:
-            yield from _tensors_in(item, seen, closure)
-    elif closure and inspect.ismethod(value):
-        yield from _tensors_in(value.__self__, seen)
-        yield from _tensors_in(value.__func__, seen)
-    elif closure and inspect.isfunction(value):
+            yield from _tensors_in(item, seen, closure, inner)
+    elif isinstance(value, _STATELESS):
+        return
+    elif inspect.ismethod(value) or isinstance(
+        value, types.BuiltinMethodType | types.MethodWrapperType
+    ):
+        yield from _tensors_in(getattr(value, "__self__", None), seen, closure, inner)
+        if closure:  # a Python method's function (a C function has no Python code to read)
+            yield from _tensors_in(getattr(value, "__func__", None), seen, True, inner)
+    elif inspect.isfunction(value):
+        if not closure:
+            return  # a global function: not followed (it could be any library's)
         declared = getattr(value, "parameters", ())
         cells = [c.cell_contents for c in value.__closure__ or () if _filled(c)]
-        named = [value.__globals__[n] for n in value.__code__.co_names if n in value.__globals__]
-        yield from _tensors_in([*declared, *cells], seen)
-        yield from _tensors_in(named, seen, closure=False)
+        defaults = [*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values()]
+        yield from _each([declared, *cells, *defaults, *_attributes(value)], seen, True, inner)
+        code, namespace = value.__code__, value.__globals__
+        named = [namespace[n] for n in code.co_names if n in namespace]
+        yield from _each(named, seen, False, min(inner, GLOBAL_DEPTH))
+    elif isinstance(value, functools.partial):
+        parts = [value.func, *value.args, *value.keywords.values(), *_attributes(value)]
+        yield from _each(parts, seen, closure, inner)
+    elif closure and callable(value):  # a callable instance: its attributes, what __call__ reads
+        declared = getattr(value, "parameters", None)
+        wrapped = getattr(value, "__wrapped__", None)
+        yield from _each([declared, wrapped, *_attributes(value)], seen, True, inner)
+        call = type(value).__call__
+        if inspect.isfunction(call):
+            yield from _tensors_in(call, seen, True, inner)
+        elif declared is None and wrapped is None:
+            yield UNINSPECTED  # its code is not Python: taken as reading a learnable tensor
+    else:  # an object (a global one's attributes are read, not its functions)
+        yield from _each(_attributes(value), seen, closure, inner)
+
+
+def _each(values: list, seen: set[int], closure: bool, depth: int) -> Iterator[torch.Tensor]:
+    """The tensors in each of `values`, a list made here (not marked seen: its id, freed, may
+    be another's)."""
+    for value in values:
+        yield from _tensors_in(value, seen, closure, depth)
+
+
+def _attributes(value: object) -> list[object]:
+    """`value`'s instance attributes (its __dict__ and __slots__; a module's plain ones)."""
+    try:
+        found = dict(getattr(value, "__dict__", None) or {})
+    except Exception:  # noqa: BLE001  (a proxy's __getattr__ may raise anything)
+        return []
+    if isinstance(value, nn.Module):
+        found = {k: v for k, v in found.items() if not k.startswith("_")}
+    for name in _slots(type(value)):
+        if hasattr(value, name):
+            found.setdefault(name, getattr(value, name))
+    return list(found.values())
+
+
+@functools.cache
+def _slots(cls: type) -> tuple[str, ...]:
+    """The instance attributes `cls` declares in __slots__ (its bases' too)."""
+    names = []
+    for base in cls.__mro__:
+        slots = base.__dict__.get("__slots__", ())
+        names += [slots] if isinstance(slots, str) else slots
+    return tuple(n for n in names if n not in ("__dict__", "__weakref__"))
 
 
 def _filled(cell) -> bool:

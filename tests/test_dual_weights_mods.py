@@ -1,0 +1,72 @@
+"""Paths that bypass standard attention's forward honour the layer's score and mask mods, or
+refuse them: dual attention's need_weights path (attn_zoo/mechanisms/dual.py: it ignored the
+self-attention branch's mods and their causality, an output 0.37 off with a sliding window) and
+the example plugin (examples/sliding_window.py: it took score_mod and mask_mod and ignored
+them)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import attn_zoo as az
+from ablations.grid.plugins import import_plugins
+
+TIGHT = dict(atol=1e-12, rtol=1e-10)
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sliding_window.py"
+SA_KWARGS = {
+    "no mod": {},
+    "sliding_window": {"mask_mod": {"name": "sliding_window", "window": 2}},
+    "alibi": {"score_mod": "alibi"},
+    "prefix_lm": {"mask_mod": {"name": "prefix_lm", "prefix": 3}},
+}
+
+
+CASES = [(m, c) for m in SA_KWARGS for c in (True, False) if c or m != "alibi"]  # ALiBi: below
+
+
+@pytest.mark.parametrize(("mods", "is_causal"), CASES)
+def test_dual_attentions_weights_path_applies_the_self_attention_mods(mods, is_causal):
+    torch.manual_seed(0)
+    layer = az.build("dual", d_model=16, n_heads_sa=2, n_heads_ra=2, backend="naive",
+                     sa_kwargs=SA_KWARGS[mods]).double().eval()  # fmt: skip
+    x, s = torch.randn(2, 7, 16, dtype=torch.float64), torch.randn(2, 7, 16, dtype=torch.float64)
+    plain = layer(x, s, is_causal=is_causal)
+    layer.returns = "reference"
+    out, weights, _ = layer(x, s, is_causal=is_causal, need_weights=True)
+    torch.testing.assert_close(out, plain, **TIGHT)
+    sa = layer.self_attention
+    q, k = sa.queries_keys(x, x, None)
+    scores = q @ k.transpose(-1, -2) * sa.head_dim**-0.5
+    idx = torch.arange(7)
+    b, h = torch.arange(2).view(2, 1, 1, 1), torch.arange(2).view(1, 2, 1, 1)
+    i, j = idx.view(1, 1, 7, 1), idx.view(1, 1, 1, 7)
+    if sa.score_mod is not None:
+        scores = sa.score_mod(scores, b, h, i, j)
+    allowed = torch.ones(7, 7, dtype=torch.bool)
+    if is_causal and not getattr(sa.mask_mod, "replaces_causal", False):
+        allowed = j <= i
+    if sa.mask_mod is not None:
+        allowed = allowed & sa.mask_mod(b, h, i, j)
+    want = scores.masked_fill(~allowed, -torch.inf).softmax(-1)
+    torch.testing.assert_close(weights, want, **TIGHT)
+
+
+def test_dual_attentions_weights_path_refuses_one_sided_alibi_without_causality():
+    layer = az.build("dual", d_model=16, n_heads_sa=2, n_heads_ra=2,
+                     sa_kwargs={"score_mod": "alibi"})  # fmt: skip
+    layer.returns = "reference"
+    x = torch.randn(1, 5, 16)
+    for need_weights in (False, True):
+        with pytest.raises(ValueError, match="for causal attention only"):
+            layer(x, x, need_weights=need_weights)
+
+
+@pytest.mark.parametrize("argument", ["score_mod", "mask_mod"])
+def test_the_example_plugin_refuses_mods_it_would_ignore(argument):
+    import_plugins([str(EXAMPLE)])
+    spec = "alibi" if argument == "score_mod" else {"name": "sliding_window", "window": 2}
+    with pytest.raises(ValueError, match=argument):
+        az.build("sliding_window", d_model=16, n_heads=2, window=3, **{argument: spec})
+    layer = az.build("sliding_window", d_model=16, n_heads=2, window=3, backend="naive")
+    assert layer(torch.randn(1, 5, 16), is_causal=True).shape == (1, 5, 16)

@@ -1,0 +1,144 @@
+"""A score mod's learnable tensor found however the mod reaches it (attn_zoo/kernels/softmax/
+mods.py, `captured_tensors`): a default argument, a functools.partial's keyword, a callable
+instance's attribute, a global object's attribute. Each was missed: `auto` picked chunked and
+the tensor got no gradient (naive gives it one). Now each makes a ``mod_grad`` call, served by
+naive: gradients against the float64 naive path, atol 1e-12, rtol 1e-10."""
+
+import functools
+import types
+
+import pytest
+import torch
+
+from attn_zoo.kernels.dispatch import explain
+from attn_zoo.kernels.softmax import describe_call, softmax_attention
+from attn_zoo.kernels.softmax.mods import captured_tensors
+
+TIGHT = dict(atol=1e-12, rtol=1e-10)
+H = 2
+
+
+def qkv(n=6, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, H, n, 8, generator=gen, dtype=torch.float64).requires_grad_()
+            for _ in "qkv"]  # fmt: skip
+
+
+def learnable():
+    return torch.tensor([0.5, -0.25], dtype=torch.float64).view(H, 1, 1).requires_grad_()
+
+
+def biased(score, b, h, q_idx, kv_idx, bias):
+    return score + bias[h.view(-1)].view(1, H, 1, 1) * (q_idx - kv_idx)
+
+
+def default_argument_mod(bias):
+    def default_argument(score, b, h, q_idx, kv_idx, bias=bias):
+        return biased(score, b, h, q_idx, kv_idx, bias)
+
+    return default_argument
+
+
+def keyword_only_default_mod(bias):
+    def keyword_only_default(score, b, h, q_idx, kv_idx, *, bias=bias):
+        return biased(score, b, h, q_idx, kv_idx, bias)
+
+    return keyword_only_default
+
+
+class CallableMod:
+    def __init__(self, bias):
+        self.bias = bias
+
+    def __call__(self, score, b, h, q_idx, kv_idx):
+        return biased(score, b, h, q_idx, kv_idx, self.bias)
+
+
+HOLDER = types.SimpleNamespace(settings=types.SimpleNamespace(bias=None))
+
+
+def global_attribute(score, b, h, q_idx, kv_idx):  # a global object's attribute's attribute
+    return biased(score, b, h, q_idx, kv_idx, HOLDER.settings.bias)
+
+
+def global_attribute_mod(bias):
+    HOLDER.settings.bias = bias
+    return global_attribute
+
+
+FORMS = {
+    "default_argument": default_argument_mod,
+    "keyword_only_default": keyword_only_default_mod,
+    "partial": lambda bias: functools.partial(biased, bias=bias),
+    "partial_positional": lambda bias: functools.partial(
+        lambda bias, score, b, h, q_idx, kv_idx: biased(score, b, h, q_idx, kv_idx, bias), bias
+    ),
+    "callable_instance": CallableMod,
+    "global_attribute": global_attribute_mod,
+}
+
+
+def grads(backend, mod, tensors):
+    q, k, v, *_ = tensors
+    out = softmax_attention(q, k, v, is_causal=True, score_mod=mod, backend=backend)
+    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape)
+    return torch.autograd.grad((out * weights).sum(), tensors, allow_unused=True)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_learnable_tensor_the_mod_reaches_gets_naives_gradient_under_auto(form):
+    """It got none under auto (chunked, picked as if the mod captured nothing)."""
+    bias = learnable()
+    mod = FORMS[form](bias)
+    assert any(t is bias for t in captured_tensors(mod))
+    q, k, v = qkv()
+    assert "mod_grad" in describe_call(q, k, v, is_causal=True, score_mod=mod).features
+    assert [c.chosen for c in explain(softmax_attention, q, k, v, is_causal=True,
+                                      score_mod=mod)] == ["naive"]  # fmt: skip
+    want = grads("naive", mod, [q, k, v, bias])
+    got = grads("auto", mod, [q, k, v, bias])
+    assert got[-1] is not None and want[-1].abs().sum() > 0
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, **TIGHT)
+
+
+def test_the_brief_repro_gives_the_default_argument_its_gradient():
+    torch.manual_seed(0)
+    heads = 4
+    q, k, v = (torch.randn(1, heads, 6, 16, requires_grad=True) for _ in range(3))
+    bias = torch.zeros(heads, 1, 1, requires_grad=True)
+
+    def sm(s, b, h, i, j, bias=bias):
+        return s + bias[h.view(-1)].view(1, heads, 1, 1) * (i - j)
+
+    softmax_attention(q, k, v, score_mod=sm, is_causal=True).sum().backward()
+    assert bias.grad is not None and bias.grad.abs().sum() > 0
+
+
+def test_module_parameters_and_attributes_count_and_no_grad_tensors_change_nothing():
+    layer = torch.nn.Linear(1, 1)
+    holder = types.SimpleNamespace(layer=layer, table=learnable(), name="x")
+    mod = functools.partial(biased, bias=holder)  # an object reached through a partial
+    found = captured_tensors(mod)
+    assert {id(t) for t in found} == {id(t) for t in [*layer.parameters(), holder.table]}
+    cycle = types.SimpleNamespace()
+    cycle.self = cycle  # a cycle ends
+    cycle.bias = torch.zeros(H, 1, 1)  # requires no grad: chunked still serves the call
+    mod = CallableMod(cycle)
+    assert [t is cycle.bias for t in captured_tensors(mod)] == [True]
+    q, k, v = qkv()
+    assert "mod_grad" not in describe_call(q, k, v, is_causal=True, score_mod=mod).features
+
+
+class Opaque:
+    """A callable whose code is not Python (here: a C slot), so its tensors cannot be seen."""
+
+    __call__ = torch.Tensor.__add__
+
+
+def test_a_callable_whose_code_cannot_be_read_is_taken_as_capturing_a_learnable_tensor():
+    q, k, v = qkv()
+    mod = Opaque()
+    assert "mod_grad" in describe_call(q, k, v, score_mod=mod).features
+    mod.parameters = []  # it declares what it reads: trusted
+    assert "mod_grad" not in describe_call(q, k, v, score_mod=mod).features
