@@ -6,8 +6,10 @@ skipped with the build's reason, and the fallback itself is tested in a child pr
 
 import functools
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -151,6 +153,27 @@ def test_a_failed_build_is_reported_with_the_compiler_error(tmp_path):
     why, shape = child.stdout.strip().splitlines()[-2:]
     assert why.startswith("building broken.cpp failed") and "no usable compiler here" in why
     assert shape == "torch.Size([1, 2, 4, 10])"
+
+
+@needs_cpp
+def test_a_builder_killed_mid_build_does_not_hang_the_next(tmp_path):
+    """A process SIGKILLed while it builds the kernel leaves torch's `lock` file behind (torch
+    waits forever while it exists): the next process still builds and loads the kernel."""
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")}
+    code = "from attn_zoo.kernels.relational.cpp import cpp_missing; print(cpp_missing())"
+    builder = subprocess.Popen([sys.executable, "-c", code], env=env)
+    lock = tmp_path / "extensions"
+    deadline = time.monotonic() + 120
+    while not list(lock.glob("*/lock")) and builder.poll() is None:
+        assert time.monotonic() < deadline, "the first build never started"
+        time.sleep(0.05)
+    builder.send_signal(signal.SIGKILL)
+    builder.wait()
+    assert list(lock.glob("*/lock")), "the killed builder left no lock: nothing was tested"
+    child = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert child.stdout.strip() == "None", child.stderr[-2000:]
 
 
 @needs_cpp

@@ -26,10 +26,12 @@ Whether the kernel is built is decided outside the traced graph (`cpp_missing` i
 to the compiler): the build happens when the first call, eager or traced, asks.
 """
 
+import fcntl
 import hashlib
 import os
 import platform
 import re
+import sys
 import threading
 from pathlib import Path
 
@@ -58,6 +60,17 @@ def _cpu_tag() -> str:
     return hashlib.sha1(info.encode()).hexdigest()[:8]
 
 
+def build_directory(name: str) -> Path:
+    """Where torch.utils.cpp_extension builds extension `name` on CPU: under
+    $TORCH_EXTENSIONS_DIR, else under torch's default root in a folder per Python version."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    if root := os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(root) / name
+    python = f"py{sys.version_info.major}{sys.version_info.minor}"
+    return Path(get_default_build_root()) / f"{python}_cpu" / name
+
+
 def _build() -> None:
     if os.environ.get("ATTN_ZOO_NO_CPP") == "1":
         _state["error"] = "disabled by ATTN_ZOO_NO_CPP=1"
@@ -66,14 +79,24 @@ def _build() -> None:
 
     torch_version = re.sub(r"\W", "_", torch.__version__)
     name = f"attn_zoo_relational_cpu_torch{torch_version}_{_cpu_tag()}"
+    directory = build_directory(name)
     try:
-        load(
-            name=name,
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-        )
+        directory.mkdir(parents=True, exist_ok=True)
+        # torch marks a build in progress with a file `lock` and waits, forever, while it
+        # exists: a builder killed mid-build (SIGKILL, a timeout) left every later load hung.
+        # Builders here first take an OS lock, which dies with its process: whoever holds it
+        # knows any `lock` file is a dead builder's and removes it.
+        with open(directory / "attn_zoo_build.lock", "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            (directory / "lock").unlink(missing_ok=True)
+            load(
+                name=name,
+                sources=[str(SOURCE)],
+                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(directory),
+                is_python_module=False,
+            )
     # the build runs a compiler, ninja and the dynamic loader: any failure means "unavailable"
     except Exception as err:  # noqa: BLE001
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
