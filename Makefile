@@ -9,7 +9,10 @@ BIN := $(VENV)/bin
 
 # --no-compile: no bytecode for the ~20,000 installed modules at install time (a module's is
 # written when it is first imported): 95 s less of set-up here (torch 55 s -> 31 s, the extras
-# 186 s -> 117 s).
+# 186 s -> 117 s). Which needs Python allowed to write it: with PYTHONDONTWRITEBYTECODE set (as
+# in some sandboxes and CI images) every process, and the suite starts hundreds, would compile
+# torch's modules from source again on import (a minute of collection per pytest worker).
+unexport PYTHONDONTWRITEBYTECODE
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --no-compile torch==2.13.0
