@@ -4,6 +4,7 @@ self-attention branch's mods and their causality, an output 0.37 off with a slid
 the example plugin (examples/sliding_window.py: it took score_mod and mask_mod and ignored
 them)."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,9 +63,19 @@ def test_dual_attentions_weights_path_refuses_one_sided_alibi_without_causality(
             layer(x, x, need_weights=need_weights)
 
 
-@pytest.mark.parametrize("argument", ["score_mod", "mask_mod"])
-def test_the_example_plugin_refuses_mods_it_would_ignore(argument):
+@pytest.fixture
+def example_plugin(restore_registries):
+    """The example plugin imported, then taken out of this test process again (its mechanism
+    and its module): the other tests of this worker list the built-in mechanisms."""
     import_plugins([str(EXAMPLE)])
+    yield
+    for name, module in list(sys.modules.items()):
+        if getattr(module, "__file__", None) == str(EXAMPLE):
+            del sys.modules[name]
+
+
+@pytest.mark.parametrize("argument", ["score_mod", "mask_mod"])
+def test_the_example_plugin_refuses_mods_it_would_ignore(argument, example_plugin):
     spec = "alibi" if argument == "score_mod" else {"name": "sliding_window", "window": 2}
     with pytest.raises(ValueError, match=argument):
         az.build("sliding_window", d_model=16, n_heads=2, window=3, **{argument: spec})

@@ -156,6 +156,30 @@ def test_a_failed_build_is_reported_with_the_compiler_error(tmp_path):
 
 
 @needs_cpp
+def test_a_lock_left_by_a_dead_builder_does_not_hang_the_build(tmp_path):
+    """torch's `lock` file in the build folder, as a builder killed mid-build leaves it: the
+    next build goes ahead (here a source that does not compile, so it ends in seconds with the
+    compiler's error) instead of waiting for the file to go."""
+    broken = tmp_path / "broken.cpp"
+    broken.write_text('#error "built, not hung"\n')
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")}
+    code = (
+        "import pathlib, sys\n"
+        "from attn_zoo.kernels.relational import cpp\n"
+        "folder = cpp.build_directory(cpp.extension_name())\n"
+        "folder.mkdir(parents=True)\n"
+        "(folder / 'lock').touch()\n"
+        f"cpp.SOURCE = pathlib.Path({str(broken)!r})\n"
+        "print(cpp.cpp_missing())\n"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "built, not hung" in child.stdout, child.stderr[-2000:]
+
+
+@pytest.mark.slow  # two builds of the kernel: about 30 s
+@needs_cpp
 def test_a_builder_killed_mid_build_does_not_hang_the_next(tmp_path):
     """A process SIGKILLed while it builds the kernel leaves torch's `lock` file behind (torch
     waits forever while it exists): the next process still builds and loads the kernel."""

@@ -10,6 +10,7 @@ attn-zoo ablate best GRID [--set k=v]
 attn-zoo report GRID_OR_STORE [--out DIR] [--target T] [--note TEXT] [--track mlflow]
                               [--tracking-uri URI]
 attn-zoo report CELLS_CSV --out DIR [--grid GRID [--set k=v]] [--target T] [--note TEXT]
+attn-zoo reproduce REPORT_DIR [--sample N] [--seed S] [--key KEY ...]
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import argparse
 import sys
 
 from ablations.arguments import Help
-from ablations.cli import ablate, bench, report
+from ablations.cli import ablate, bench, report, reproduce
 
 
 def _version() -> str:
@@ -39,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"attn-zoo {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
-    for command in (bench, ablate, report):  # each module builds its own command
+    for command in (bench, ablate, report, reproduce):  # each module builds its own command
         command.add_parser(sub)
     return p
 

@@ -60,6 +60,12 @@ def _cpu_tag() -> str:
     return hashlib.sha1(info.encode()).hexdigest()[:8]
 
 
+def extension_name() -> str:
+    """The extension's name: one per torch version and CPU (`_cpu_tag`)."""
+    torch_version = re.sub(r"\W", "_", torch.__version__)
+    return f"attn_zoo_relational_cpu_torch{torch_version}_{_cpu_tag()}"
+
+
 def build_directory(name: str) -> Path:
     """Where torch.utils.cpp_extension builds extension `name` on CPU: under
     $TORCH_EXTENSIONS_DIR, else under torch's default root in a folder per Python version."""
@@ -77,8 +83,7 @@ def _build() -> None:
         return
     from torch.utils.cpp_extension import load
 
-    torch_version = re.sub(r"\W", "_", torch.__version__)
-    name = f"attn_zoo_relational_cpu_torch{torch_version}_{_cpu_tag()}"
+    name = extension_name()
     directory = build_directory(name)
     try:
         directory.mkdir(parents=True, exist_ok=True)

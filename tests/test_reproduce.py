@@ -1,0 +1,100 @@
+"""`attn-zoo reproduce REPORT_DIR` (ablations/run/reproduce.py): a report's cells rebuilt from its
+cells.csv, rerun here, and compared metric by metric with what the report says."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+from grids import REL, STD, tiny_grid
+
+from ablations.grid.spec import load_grid
+from ablations.report.build import write_report
+from ablations.results.store import ResultsStore
+from ablations.run.reproduce import FILE, TIMINGS, reproduce
+from ablations.run.runner import run_grid
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """A report of a tiny grid (2 mechanisms x 2 seeds) trained here with one thread."""
+    tmp = tmp_path_factory.mktemp("reproduce")
+    spec = load_grid(tiny_grid(tmp, mechanisms=[STD, REL]))
+    assert run_grid(spec, workers=1, out=io.StringIO())["done"] == 4
+    return write_report(ResultsStore(spec.store, readonly=True), tmp / "report")
+
+
+def copied(report, tmp_path, edit=None):
+    """The report's cells.csv (edited by `edit(frame)`) and provenance in a fresh folder."""
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    cells = pd.read_csv(report / "cells.csv", dtype=str, keep_default_na=False)
+    if edit is not None:
+        edit(cells)
+    cells.to_csv(folder / "cells.csv", index=False)
+    (folder / "provenance.json").write_bytes((report / "provenance.json").read_bytes())
+    return folder
+
+
+def test_the_command_reruns_cells_and_finds_them_identical_here(report, tmp_path):
+    """Same machine, same code, the threads recorded: every metric but the timings comes back
+    bit for bit, and the CSV says so per cell and metric."""
+    folder = copied(report, tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-m", "ablations.cli", "reproduce", str(folder), "--sample", "2"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    frame = pd.read_csv(folder / FILE, keep_default_na=False)
+    assert frame.key.nunique() == 2 and not set(frame.metric) & TIMINGS
+    assert {"test_acc", "test_loss", "val_loss"} <= set(frame.metric)
+    assert (frame.difference.astype(float) == 0).all(), frame
+    assert "test_acc: 2 of 2 cells identical" in run.stdout
+
+
+def test_a_changed_number_in_the_report_shows_as_a_difference(report, tmp_path):
+    """A metric of cells.csv moved by 0.25 (a report whose numbers the code no longer gives):
+    the rerun's difference is -0.25 for that cell and metric, 0 elsewhere."""
+    first = pd.read_csv(report / "cells.csv", dtype=str).key[0]
+
+    def edit(cells):
+        row = cells.key == first
+        value = float(cells.loc[row, "metrics.test_loss"].iloc[0])
+        cells.loc[row, "metrics.test_loss"] = str(value + 0.25)
+
+    frame = reproduce(copied(report, tmp_path, edit), keys=[first])
+    moved = frame[frame.metric == "test_loss"].difference.iloc[0]
+    assert moved == pytest.approx(-0.25, abs=1e-12)
+    assert (frame[frame.metric != "test_loss"].difference == 0).all()
+
+
+def test_a_row_that_is_no_longer_its_cell_is_refused_before_training(report, tmp_path):
+    """A setting changed in cells.csv: the config hashes to another key, refused naming both,
+    and nothing is written."""
+
+    def edit(cells):
+        cells.loc[0, "training.lr"] = "0.5"
+
+    folder = copied(report, tmp_path, edit)
+    key = pd.read_csv(folder / "cells.csv", dtype=str).key[0]
+    with pytest.raises(ValueError, match=f"cell {key}: the config its row holds hashes to"):
+        reproduce(folder, keys=[key])
+    assert not (folder / FILE).exists()
+
+
+def test_a_key_that_is_no_done_cell_is_refused(report, tmp_path):
+    with pytest.raises(ValueError, match="--key nope: no done cell"):
+        reproduce(copied(report, tmp_path), keys=["nope"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the cell reruns")
+def test_a_cell_recorded_on_a_gpu_is_listed_as_not_rerun(report, tmp_path):
+    def edit(cells):
+        cells["environment.device"] = "cuda"
+
+    frame = reproduce(copied(report, tmp_path, edit), sample=1)
+    assert list(frame.note) == ["not rerun: ran on a GPU"]
