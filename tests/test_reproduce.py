@@ -98,3 +98,22 @@ def test_a_cell_recorded_on_a_gpu_is_listed_as_not_rerun(report, tmp_path):
 
     frame = reproduce(copied(report, tmp_path, edit), sample=1)
     assert list(frame.note) == ["not rerun: ran on a GPU"]
+
+
+def test_reruns_of_other_cells_add_up_and_a_cell_rerun_keeps_its_newest_rows(report, tmp_path):
+    folder = copied(report, tmp_path)
+    first, second = pd.read_csv(folder / "cells.csv", dtype=str).key[:2]
+    reproduce(folder, keys=[first])
+    reproduce(folder, keys=[second])
+    reproduce(folder, keys=[first])
+    frame = pd.read_csv(folder / FILE, dtype={"key": str})
+    assert list(frame.key.drop_duplicates()) == [second, first]
+    assert frame.groupby("key").metric.apply(lambda m: m.is_unique).all()
+
+
+def test_a_file_named_reproduce_csv_that_is_not_one_is_refused_before_training(report, tmp_path):
+    folder = copied(report, tmp_path)
+    (folder / FILE).write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="is not a reproduce.csv"):
+        reproduce(folder, sample=1)
+    assert (folder / FILE).read_text() == "a,b\n1,2\n"

@@ -97,10 +97,12 @@ def reproduce(
     on_cell: Callable[[int, int, str], None] | None = None,
 ) -> pd.DataFrame:
     """Rerun cells of the report in folder `report` (see the module) and write the comparison to
-    `report`/reproduce.csv (replacing an earlier one whole); `on_cell(i, n, cell)` before each
-    cell. The frame has `COLUMNS`. ValueError (before any training) for a report without a
-    cells.csv, a row that is no cell, or keys that are no done cell."""
+    `report`/reproduce.csv (an earlier one's rows kept for the cells not rerun now);
+    `on_cell(i, n, cell)` before each cell. The frame (this run's rows) has `COLUMNS`.
+    ValueError (before any training) for a report without a cells.csv, a row that is no cell,
+    keys that are no done cell, or a reproduce.csv that is not one."""
     cells = CellsFile(report / "cells.csv")
+    earlier = _earlier(report / FILE)
     folder = grid_folder(report)
     rows = chosen_rows(cells.rows(), sample, seed, keys)
     chosen = [(row, rebuilt_cell(row, folder)) for row in rows]  # every row checked first
@@ -134,8 +136,26 @@ def reproduce(
             lines.append({**place, "metric": metric, "committed": value, "rerun": rerun,
                           "difference": difference, "rerun_device": where, "note": ""})  # fmt: skip
     frame = pd.DataFrame(lines, columns=list(COLUMNS))
-    _write(frame, report / FILE)
+    _write(_merged(earlier, frame), report / FILE)
     return frame
+
+
+def _earlier(path: Path) -> pd.DataFrame | None:
+    """The rows of an earlier reproduce.csv at `path` (None without one); ValueError for a file
+    of that name that is not one."""
+    if not path.is_file():
+        return None
+    earlier = pd.read_csv(path, dtype={"key": str}, keep_default_na=False)
+    if list(earlier.columns) != list(COLUMNS):
+        raise ValueError(f"{path} is not a reproduce.csv (columns {', '.join(earlier.columns)})")
+    return earlier
+
+
+def _merged(earlier: pd.DataFrame | None, frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` after the `earlier` rows of the cells it does not rerun: reruns of other samples
+    add up, a cell rerun again keeps its newest rows only."""
+    kept = None if earlier is None else earlier[~earlier.key.isin(set(frame.key))]
+    return frame if kept is None or kept.empty else pd.concat([kept, frame], ignore_index=True)
 
 
 def _number(value: object) -> bool:
