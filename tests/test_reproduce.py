@@ -117,3 +117,16 @@ def test_a_file_named_reproduce_csv_that_is_not_one_is_refused_before_training(r
     with pytest.raises(ValueError, match="is not a reproduce.csv"):
         reproduce(folder, sample=1)
     assert (folder / FILE).read_text() == "a,b\n1,2\n"
+
+
+def test_a_rerun_with_other_threads_is_kept_beside_the_recorded_count(report, tmp_path):
+    """--threads 2 (a run-to-run variance probe): its rows sit beside the one-thread rerun's,
+    each saying how many threads it ran with and how many the report's cell had."""
+    folder = copied(report, tmp_path)
+    key = pd.read_csv(folder / "cells.csv", dtype=str).key[0]
+    reproduce(folder, keys=[key])
+    reproduce(folder, keys=[key], threads=2)
+    frame = pd.read_csv(folder / FILE, dtype={"key": str})
+    assert sorted(frame.threads.unique()) == [1, 2] and set(frame.committed_threads) == {1}
+    one, two = (frame[frame.threads == n].set_index("metric") for n in (1, 2))
+    assert list(one.index) == list(two.index)

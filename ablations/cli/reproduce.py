@@ -30,6 +30,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="a cell to rerun, by its key (cells.csv's first column; repeatable; in place of "
         "--sample)",
     )  # fmt: skip
+    r.add_argument(
+        "--threads", type=number(int, 1), default=None,
+        help="torch threads for every rerun (default: each cell's recorded count): a probe of "
+        "run-to-run variance, its rows kept beside those of other thread counts",
+    )  # fmt: skip
     add_import(r)
     r.set_defaults(func=reproduce)
 
@@ -47,7 +52,7 @@ def reproduce(args: argparse.Namespace) -> int:
     try:
         frame = reproduce(
             folder, sample=args.sample, seed=args.seed, keys=args.keys, imports=args.imports,
-            on_cell=on_cell,
+            threads=args.threads, on_cell=on_cell,
         )  # fmt: skip
     except (OSError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None

@@ -12,10 +12,10 @@ when this machine has it; a cell recorded on a GPU that this machine lacks is li
 rerun, with the reason. `sample` done cells are drawn with `seed` (`keys` picks them instead).
 
 One row per (cell, metric) both runs have: committed, rerun, difference (rerun - committed),
-and where each ran (commit, device, threads). Timings (`TIMINGS`) are machine facts, not
-results: left out. The differences are left to the reader to weigh: a difference within the
-run-to-run variance across thread counts (reports/thread_variance) is noise; one above it has a
-cause to find.
+and where each ran (commit, device, threads: `threads` is the rerun's). Timings (`TIMINGS`)
+are machine facts, not results: left out. The differences are left to the reader to weigh: a
+difference within the run-to-run variance across thread counts (reports/thread_variance) is
+noise; one above it has a cause to find.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ FILE = "reproduce.csv"
 TIMINGS = frozenset({"step_ms", "wall_s"})  # how fast, not what: differs by machine and load
 COLUMNS = ("key", "task", "size", "mechanism", "seed", "metric", "committed", "rerun",
            "difference", "committed_commit", "rerun_commit", "committed_device", "rerun_device",
-           "threads", "note")  # fmt: skip
+           "committed_threads", "threads", "note")  # fmt: skip
 
 
 def rebuilt_cell(row: dict, folder: str) -> Cell:
@@ -94,10 +94,13 @@ def reproduce(
     seed: int = 0,
     keys: Sequence[str] = (),
     imports: Sequence[str] = (),
+    threads: int | None = None,
     on_cell: Callable[[int, int, str], None] | None = None,
 ) -> pd.DataFrame:
     """Rerun cells of the report in folder `report` (see the module) and write the comparison to
     `report`/reproduce.csv (an earlier one's rows kept for the cells not rerun now);
+    `threads`: the torch threads of every rerun in place of each cell's recorded count (a probe
+    of run-to-run variance: rows of other thread counts are kept beside them);
     `on_cell(i, n, cell)` before each cell. The frame (this run's rows) has `COLUMNS`.
     ValueError (before any training) for a report without a cells.csv, a row that is no cell,
     keys that are no done cell, or a reproduce.csv that is not one."""
@@ -112,16 +115,17 @@ def reproduce(
         if on_cell is not None:
             on_cell(i, len(chosen), str(cell))
         recorded = row["environment"] or {}
-        threads = int(recorded.get("threads") or 1)
+        count = threads if threads is not None else int(recorded.get("threads") or 1)
         device = str(recorded.get("device") or "cpu")
         place = dict(key=row["key"], task=cell.task, size=cell.size["label"],
                      mechanism=cell.mechanism, seed=cell.seed,
                      committed_commit=recorded.get("commit", "not recorded"), rerun_commit=commit,
-                     committed_device=device, threads=threads)  # fmt: skip
+                     committed_device=device, committed_threads=recorded.get("threads", ""),
+                     threads=count)  # fmt: skip
         if device.startswith("cuda") and not torch.cuda.is_available():
             lines.append({**place, "rerun_device": "", "note": "not rerun: ran on a GPU"})
             continue
-        outcome = run_cell(cell, threads, imports=imports, device=device)
+        outcome = run_cell(cell, count, imports=imports, device=device)
         where = (outcome.environment or {}).get("device", "")
         if outcome.status != "done":
             error = (outcome.error or "").strip().splitlines()[-1:] or [""]
@@ -152,9 +156,15 @@ def _earlier(path: Path) -> pd.DataFrame | None:
 
 
 def _merged(earlier: pd.DataFrame | None, frame: pd.DataFrame) -> pd.DataFrame:
-    """`frame` after the `earlier` rows of the cells it does not rerun: reruns of other samples
-    add up, a cell rerun again keeps its newest rows only."""
-    kept = None if earlier is None else earlier[~earlier.key.isin(set(frame.key))]
+    """`frame` after the `earlier` rows of the (cell, threads) it does not rerun: reruns of
+    other samples or thread counts add up, a cell rerun again with as many threads keeps its
+    newest rows only."""
+
+    def pairs(rows: pd.DataFrame) -> list[tuple[str, int]]:
+        return list(zip(rows.key, rows.threads.astype(int), strict=True))
+
+    rerun = set(pairs(frame))
+    kept = None if earlier is None else earlier[[pair not in rerun for pair in pairs(earlier)]]
     return frame if kept is None or kept.empty else pd.concat([kept, frame], ignore_index=True)
 
 
