@@ -13,6 +13,7 @@ from matplotlib.image import imread
 
 from ablations.bench import measure as measure_module
 from ablations.bench import suites as suites_module
+from ablations.bench.masks import MASKS, MaskedKernel
 from ablations.bench.measure import (
     Workload,
     add_ratios,
@@ -23,7 +24,13 @@ from ablations.bench.measure import (
     wall_ms,
 )
 from ablations.bench.report import write_bench_report
-from ablations.bench.suites import bench_mechanisms, bench_relational, bench_softmax, bench_window
+from ablations.bench.suites import (
+    bench_masks,
+    bench_mechanisms,
+    bench_relational,
+    bench_softmax,
+    bench_window,
+)
 from ablations.cli import main, parser
 
 
@@ -52,6 +59,35 @@ def test_window_suite_times_the_window_as_a_mod_and_as_a_dense_mask():
                                   "sdpa:mask"}  # fmt: skip
     assert table.note.fillna("").eq("").all()  # every variant ran
     assert (table[table.backend == "chunked:mask"]["time_vs_chunked:mask"] == 1).all()
+
+
+def test_masks_suite_times_each_mask_as_a_mod_and_as_a_dense_mask_with_its_ratios():
+    table = bench_masks(lengths=[24, 48], window=4, repeats=1, heads=2, head_dim=4, memory=False)
+    assert set(table.backend) == {f"{m}:{b}" for m in MASKS for b in ("chunked", "sdpa")}
+    assert table.note.fillna("").eq("").all()  # every workload ran
+    sdpa = table[table.backend.str.endswith(":sdpa")]
+    assert (sdpa.time_vs_dense == 1).all() and (sdpa.fwd_vs_dense == 1).all()
+    rows = table.set_index(["backend", "N"])
+    times = rows.fwd_bwd_ms
+    assert rows.time_vs_dense["window:chunked", 48] == (
+        times["window:chunked", 48] / times["window:sdpa", 48]
+    )
+    assert rows.growth["window:chunked", 48] == (
+        times["window:chunked", 48] / times["window:chunked", 24]
+    )
+    assert (table.kept_tiles == 1).all()  # one tile of chunked's block at these lengths
+    chunked = table.backend.str.endswith(":chunked")
+    assert table.time_vs_kept_dense[chunked].equals(table.time_vs_dense[chunked])
+    assert table.time_vs_kept_dense[~chunked].isna().all()
+    assert table[table.N == 24].growth.isna().all()  # no N / 2 measured
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+def test_the_masks_suite_compares_the_same_attention_as_a_mod_and_as_a_mask(mask):
+    x = torch.randn(1, 40, 3 * 2 * 4, dtype=torch.float64)
+    as_mod = MaskedKernel(24, 2, mask, 5, dense=False, backend="chunked")(x)
+    as_mask = MaskedKernel(24, 2, mask, 5, dense=True, backend="sdpa")(x)
+    torch.testing.assert_close(as_mod, as_mask)
 
 
 def test_peak_memory_sees_a_large_temporary():

@@ -7,7 +7,10 @@
   attention on SDPA;
 - generation: tokens per second of `LanguageModel.generate`, cached vs uncached;
 - window: a causal sliding window as a mask mod on chunked (O(N w)) against the same window as
-  a dense mask.
+  a dense mask;
+- masks: local masks and a combination as mask mods on chunked (its block mask skipping the
+  empty tiles: O(N visible)) against the same masks as dense masks on sdpa (ablations.bench.
+  masks), with the growth per doubling of N and the cost over the dense cost of the tiles kept.
 
 `BenchRun` holds one run's settings (the CLI's options); `run_bench` measures its suites,
 prints each table and writes the CSVs and the report it asks for (ablations.bench.report).
@@ -26,6 +29,7 @@ import pandas as pd
 import torch
 
 from ablations.bench import SUITES
+from ablations.bench.masks import MASKS, MaskedKernel, kept_tiles
 from ablations.bench.measure import (
     Workload,
     check_lengths,
@@ -45,6 +49,7 @@ DEFAULT_LENGTHS = {
     "relational": [512, 1024, 2048, 4096],  # and every other layer suite
     "generation": [64, 256, 512],  # total tokens (prompt + generated)
     "window": [512, 1024, 2048, 4096, 8192],
+    "masks": [1024, 2048, 4096, 8192, 16384],
 }
 # The generation suite's model: LanguageModel sizes, and the prompt length
 GENERATION_SIZES = {"d_model": 128, "n_layers": 4, "heads": 4, "prompt": 16}
@@ -96,6 +101,47 @@ def bench_window(
     ]
     baselines = ("chunked:mask", "sdpa:mask")
     return measure(workloads, lengths, repeats, device, baselines, memory, progress)
+
+
+def bench_masks(
+    lengths: Sequence[int] = (1024, 2048, 4096, 8192, 16384),
+    window: int = 64,
+    repeats: int = 5,
+    device: str = "cpu",
+    heads: int = 8,
+    head_dim: int = 64,
+    memory: bool = True,
+    progress: Steps | None = None,
+) -> pd.DataFrame:
+    """Each of ablations.bench.masks.MASKS (width `window`) as a mask mod on chunked
+    (<mask>:chunked) and as a dense boolean mask on sdpa (<mask>:sdpa), batch 1, `heads`
+    heads of width `head_dim`, float32, all in one run (repeats interleaved), with per row:
+    fwd_vs_dense, time_vs_dense (fwd, fwd+bwd over the same mask's sdpa row at that N);
+    kept_tiles (the fraction of chunked's tiles the mask leaves non-empty) and, for chunked,
+    time_vs_kept_dense (fwd+bwd over sdpa's times kept_tiles: the dense cost of the tiles
+    computed); growth (fwd+bwd over the same row's at N / 2, where measured: 2 is linear)."""
+    kernel = f"{MaskedKernel.__module__}.{MaskedKernel.__name__}"
+    shape = dict(d_model=3 * heads * head_dim, heads=heads, window=window)
+    workloads = [
+        Workload(f"{mask}:{backend}", "module", kernel,
+                 {**shape, "mask": mask, "dense": backend == "sdpa", "backend": backend},
+                 causal=False)
+        for mask in MASKS
+        for backend in ("chunked", "sdpa")
+    ]  # fmt: skip
+    table = measure(workloads, lengths, repeats, device, (), memory, progress)
+    mask = table.backend.str.split(":").str[0]
+    dense = table[table.backend.str.endswith(":sdpa")].assign(mask=mask).set_index(["mask", "N"])
+    keys = pd.MultiIndex.from_arrays([mask, table.N])
+    table["fwd_vs_dense"] = table.fwd_ms.to_numpy() / dense.fwd_ms.reindex(keys).to_numpy()
+    table["time_vs_dense"] = table.fwd_bwd_ms.to_numpy() / dense.fwd_bwd_ms.reindex(keys).to_numpy()
+    table["kept_tiles"] = [kept_tiles(m, n, window) for m, n in zip(mask, table.N, strict=True)]
+    chunked = table.backend.str.endswith(":chunked")
+    table["time_vs_kept_dense"] = (table.time_vs_dense / table.kept_tiles).where(chunked)
+    halves = table.set_index(["backend", "N"]).fwd_bwd_ms
+    half = pd.MultiIndex.from_arrays([table.backend, table.N // 2])
+    table["growth"] = table.fwd_bwd_ms.to_numpy() / halves.reindex(half).to_numpy()
+    return table[[c for c in table.columns if c != "note"] + ["note"]]
 
 
 def reference_package() -> str | None:
@@ -347,6 +393,13 @@ class BenchRun:
                 f"softmax attention kernel: batch {self.batch}, {self.heads} heads of width "
                 f"{self.head_dim}, {how}, {self.dtype}"
             )
+        if suite == "masks":
+            return (
+                f"local masks of width {self.window} on the softmax kernel, non-causal calls "
+                f"(the masks hold any causality): batch 1, {self.heads} heads of width "
+                f"{self.head_dim}, float32; as a mask mod on chunked (:chunked) or as a dense "
+                "(N, N) boolean mask on sdpa (:sdpa, built before timing)"
+            )
         if suite == "window":
             return (
                 f"causal sliding window of {self.window} keys on the softmax kernel: batch "
@@ -381,7 +434,7 @@ class BenchRun:
         if self.ra_backends:
             words += ["--ra-backends", *self.ra_backends]
         options = {"--repeats": self.repeats, "--device": self.device}
-        if "window" in self.suite:
+        if "window" in self.suite or "masks" in self.suite:
             options["--window"] = self.window
         if self.suite != ["generation"]:
             options |= {
@@ -415,6 +468,11 @@ def _suite_table(bench: BenchRun, suite: str, causal: bool, progress: Steps) -> 
             lengths=lengths, window=bench.window, repeats=bench.repeats, device=bench.device,
             batch=bench.batch, heads=bench.heads, head_dim=bench.head_dim, memory=memory,
             progress=progress,
+        )  # fmt: skip
+    if suite == "masks":
+        return bench_masks(
+            lengths=lengths, window=bench.window, repeats=bench.repeats, device=bench.device,
+            heads=bench.heads, head_dim=bench.head_dim, memory=memory, progress=progress,
         )  # fmt: skip
     if suite == "mechanisms":
         return bench_mechanisms(

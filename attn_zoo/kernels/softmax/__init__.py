@@ -5,14 +5,25 @@
 
 Inputs and features: family.py. Backends, each registering itself in its own file: naive
 (the ground truth), chunked (online softmax, O(N) memory), sdpa (torch SDPA), flex
-(FlexAttention, CUDA only), xformers (CUDA).
+(FlexAttention, CUDA only), xformers (CUDA). Mask mods (mods.py) combine with and_masks,
+or_masks and not_mask; block_mask (blocks.py) says which tiles of a mask mod are empty, full
+or partial.
 """
 
 import torch
 
 from attn_zoo.kernels.softmax import chunked, flex, naive, sdpa, xformers  # noqa: F401 (register)
+from attn_zoo.kernels.softmax.blocks import block_mask
 from attn_zoo.kernels.softmax.family import SOFTMAX, check_mask, check_qkv, describe_call
-from attn_zoo.kernels.softmax.mods import MODS, MaskMod, ScoreMod, build_mod
+from attn_zoo.kernels.softmax.mods import (
+    MODS,
+    MaskMod,
+    ScoreMod,
+    and_masks,
+    build_mod,
+    not_mask,
+    or_masks,
+)
 
 
 def softmax_attention(
@@ -38,9 +49,13 @@ def softmax_attention(
 __all__ = [
     "MODS",
     "SOFTMAX",
+    "and_masks",
+    "block_mask",
     "build_mod",
     "check_mask",
     "check_qkv",
     "describe_call",
+    "not_mask",
+    "or_masks",
     "softmax_attention",
 ]

@@ -16,16 +16,19 @@ gets dmask_ij = ds_ij, summed over the dims it broadcasts (its gradient has its 
 Causality, top-left (j <= i) or bottom-right (j <= i + M - N), is applied per tile: tiles
 wholly above the diagonal are skipped, the diagonal's tiles build their own (bq, bk) mask, so
 neither alignment costs an N x M mask. Score and mask mods (mods.py) are evaluated per tile
-too; a mask mod's `kv_range` hint skips the key tiles outside it (a sliding window of width w:
-O(N w) time), and backward takes the score mod's derivative tile by tile (autograd on the
-recomputed tile: ds_raw = ds d score_mod / d s). Both passes run outside autocast, in the
-inputs' dtype (under it, a bfloat16 forward and a float32 backward gave gradients of other
-weights than the forward's: rows summing to 1 +- 2e-3). As backward calls the mods again,
-chunked refuses a mod declaring pure = False where there is a backward, and a score mod
-capturing a tensor that requires grad (``impure_mod``, ``mod_grad``: naive serves them), and
-checks that each row's recomputed weights still sum to 1 (eager calls), so an undeclared
-impure mod is an error. Dropout masks are drawn per tile from a seed and redrawn in backward.
-Half-precision inputs are computed in float32.
+too. A mask mod's block mask (blocks.py: derived from the mod once per mod and shape, cached)
+says which tiles it leaves empty, full or partial: empty tiles are never touched, full ones
+apply no mask mod, so a local mask or a combination of them (a sliding window of w keys,
+documents, a prefix LM, with causality or not) costs O(N visible) time and memory. Backward
+takes the score mod's derivative tile by tile (autograd on the recomputed tile: ds_raw = ds
+d score_mod / d s). Both passes run outside autocast, in the inputs' dtype (under it, a
+bfloat16 forward and a float32 backward gave gradients of other weights than the forward's:
+rows summing to 1 +- 2e-3). As backward calls the mods again, chunked refuses a mod
+declaring pure = False where there is a backward, and a score mod capturing a tensor that
+requires grad (``impure_mod``, ``mod_grad``: naive serves them), and checks that each row's
+recomputed weights still sum to 1 (eager calls), so an undeclared impure mod is an error.
+Dropout masks are drawn per tile from a seed and redrawn in backward. Half-precision inputs
+are computed in float32.
 """
 
 import torch
@@ -33,6 +36,7 @@ from einops import einsum, rearrange
 
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import group_queries
+from attn_zoo.kernels.softmax.blocks import EMPTY, FULL, block_mask
 from attn_zoo.kernels.softmax.family import BOTTOM_RIGHT, FEATURES, MODS, RECOMPUTES_MODS
 from attn_zoo.kernels.softmax.masks import causal_mask, is_additive, restrict
 from attn_zoo.kernels.softmax.mods import (
@@ -53,7 +57,9 @@ class Tiles:
 
     q (B, Hkv, G, N, d) grouped, k (B, Hkv, M, d), attn_mask None or 4-D broadcastable to
     (B, H, N, M) (`add_mask_grad` gives its gradient in its own shape); is_causal False, True
-    (top-left: key j allowed iff j <= i) or "bottom_right" (j <= i + M - N).
+    (top-left: key j allowed iff j <= i) or "bottom_right" (j <= i + M - N); `classes`: the
+    mask mod's block mask (blocks.py) as lists, classes[I][J] of query tile I and key tile J,
+    or None without a mask mod.
     """
 
     def __init__(self, q, k, attn_mask, is_causal, dropout_p, seed, block, mods=(None, None)):
@@ -68,19 +74,25 @@ class Tiles:
         self.offset = self.m - self.n if is_causal == "bottom_right" else 0  # j <= i + offset
         self.dropout_p, self.seed, self.block = dropout_p, seed, block
         self.n_key_blocks = -(-self.m // block)
+        self.classes = None
+        if self.mask_mod is not None:
+            b, heads = q.shape[0], q.shape[1] * q.shape[2]
+            classes = block_mask(self.mask_mod, b, heads, self.n, self.m, block, q.device)
+            self.classes = classes.tolist()
 
     def query_blocks(self):
         return [(i, min(i + self.block, self.n)) for i in range(0, self.n, self.block)]
 
     def key_blocks(self, i0: int, i1: int):
-        """Key ranges for queries [i0, i1): all, or those not wholly above the diagonal (none
-        when every query precedes the first key, bottom-right with N > M)."""
-        start, stop = 0, min(self.m, i1 + self.offset) if self.is_causal else self.m
-        kv_range = getattr(self.mask_mod, "kv_range", None)
-        if kv_range is not None:  # the keys the mask mod can allow these queries
-            low, high = kv_range(i0, i1, self.m)
-            start, stop = low // self.block * self.block, min(stop, high)
-        return [(j, min(j + self.block, self.m)) for j in range(start, stop, self.block)]
+        """Key ranges for queries [i0, i1): those not wholly above the diagonal (none when
+        every query precedes the first key, bottom-right with N > M) nor empty in the mask
+        mod's block mask."""
+        stop = min(self.m, i1 + self.offset) if self.is_causal else self.m
+        keys = [(j, min(j + self.block, self.m)) for j in range(0, stop, self.block)]
+        if self.classes is None:
+            return keys
+        row = self.classes[i0 // self.block]
+        return [(j0, j1) for j0, j1 in keys if row[j0 // self.block] != EMPTY]
 
     def tile_mask(self, i0, i1, j0, j1, device):
         """The tile's mask (boolean or additive), broadcastable to (B, Hkv, G, bq, bk), or None
@@ -92,7 +104,7 @@ class Tiles:
         if self.is_causal and j1 - 1 > i0 + self.offset:  # last key past the first row's limit
             offset = i0 + self.offset - j0
             mask = restrict(mask, causal_mask(i1 - i0, j1 - j0, device, offset=offset))
-        if self.mask_mod is not None:
+        if self.mask_mod is not None and self.classes[i0 // self.block][j0 // self.block] != FULL:
             allowed = apply_mask_mod(self.mask_mod, self.indices(i0, i1, j0, j1, device))
             if allowed.shape[1] == 1:  # the same for every head
                 mask = restrict(mask, allowed.unsqueeze(2))

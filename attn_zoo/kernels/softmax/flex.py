@@ -20,7 +20,7 @@ import torch
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.softmax.family import FEATURES, LOW_AND_SINGLE, MODS, RECOMPUTES_MODS
 from attn_zoo.kernels.softmax.masks import as_boolean, is_additive
-from attn_zoo.kernels.softmax.mods import MaskMod, ScoreMod, checked_result
+from attn_zoo.kernels.softmax.mods import MaskMod, ScoreMod, and_masks, checked_result
 
 
 def flex_missing() -> str | None:
@@ -54,13 +54,6 @@ def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
 
     return torch.compile(flex_attention, dynamic=False)
-
-
-def _all_of(mods: list[MaskMod]) -> MaskMod:
-    def mask_mod(b, h, q_idx, kv_idx):
-        return functools.reduce(torch.logical_and, (mod(b, h, q_idx, kv_idx) for mod in mods))
-
-    return mask_mod
 
 
 @register_backend(
@@ -101,8 +94,8 @@ def flex(
     if n == 0 or m == 0:  # nothing to attend (zeros); with M = 0 the kernel divides by 0
         return q.new_zeros(b, h, n, v.shape[-1])
     mask_mods, bias = [], None
-    if mask_mod is not None:  # its result checked as on every backend (flex: the type only)
-        mask_mods.append(lambda *idx: checked_result("mask_mod", mask_mod, mask_mod(*idx)))
+    if mask_mod is not None:  # and_masks checks its result's type (flex: scalar calls)
+        mask_mods.append(mask_mod)
     if is_causal:
         mask_mods.append(_causal)
     if attn_mask is not None:
@@ -113,7 +106,7 @@ def flex(
     if mask_mods == [_causal]:
         block_mask = _causal_block_mask(n, m, q.device)
     elif mask_mods:
-        block_mask = create_block_mask(_all_of(mask_mods), b, h, n, m, device=q.device,
+        block_mask = create_block_mask(and_masks(*mask_mods), b, h, n, m, device=q.device,
                                        _compile=False)  # fmt: skip
     else:
         block_mask = None

@@ -16,11 +16,12 @@ and anything else is refused (ValueError naming the mod, what it returned and wh
                query) but not M (a mask says which keys a query sees)
 
 The softmax family takes them on every backend: naive and chunked apply them (chunked per
-tile: O(N block) memory; a mask_mod with a `kv_range(q_start, q_stop, m)` hint, as
-`sliding_window`'s, lets it skip the key tiles outside the range: O(N w) time), the others get
-a mask_mod as a materialised boolean mask (O(N M) memory) and refuse a score_mod by
-capability. Gradients flow through a score_mod to q and k, and to the tensors it captures
-(`captured_tensors`) on the backends that serve them.
+tile, skipping the tiles its block mask (blocks.py), derived from the mask mod itself, finds
+empty: O(N visible) time and memory for a local mask or any combination of them), the others
+get a mask_mod as a materialised boolean mask (O(N M) memory) and refuse a score_mod by
+capability. Mask mods combine with `and_masks`, `or_masks` and `not_mask`. Gradients flow
+through a score_mod to q and k, and to the tensors it captures (`captured_tensors`) on the
+backends that serve them.
 
 What a mod may declare, as attributes of the function:
 
@@ -94,11 +95,16 @@ RETURNS = {  # what each kind of mod returns, for the messages refusing anything
 }
 
 
-def checked_result(kind: str, mod: Callable, result: object, shape=None) -> torch.Tensor:
+def checked_result(
+    kind: str, mod: Callable, result: object, shape=None, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """`result` of the mod `mod` (`kind`: "score_mod" or "mask_mod"), or ValueError naming the
     mod, what it returned and `RETURNS[kind]` (the same message on every backend, but for the
     sizes of a wrong shape); `shape`: the score's (B, H, N, M) (the call's index tensors
-    broadcast), None to check the type only (FlexAttention's scalar calls)."""
+    broadcast), None to check the type only (FlexAttention's scalar calls); `dtype`: the
+    score's, which a score mod's result must hold (``torch.promote_types(result, dtype)`` is
+    the result's dtype: float32 from a float64 score would compute the float64 reference in
+    float32), None for no such check."""
     score = kind == "score_mod"
     if not isinstance(result, torch.Tensor):
         got = f"{type(result).__name__} {result!r}, not a tensor"
@@ -106,6 +112,8 @@ def checked_result(kind: str, mod: Callable, result: object, shape=None) -> torc
         got = f"a {result.dtype} tensor"
     elif shape is not None and not _fits(result.shape, shape, exact=score):
         got = f"shape {tuple(result.shape)} (B, H, N, M here: {tuple(shape)})"
+    elif score and dtype is not None and torch.promote_types(result.dtype, dtype) != result.dtype:
+        got = f"a {result.dtype} tensor from a {dtype} score (narrower than it: return {dtype})"
     else:
         return result
     raise ValueError(f"{kind} {mod_name(mod)} returned {got}: {RETURNS[kind]}")
@@ -134,7 +142,8 @@ def apply_score_mod(score_mod: ScoreMod | None, scores: torch.Tensor, indices) -
     """`scores` (B, H, N, M) through `score_mod` (None: as they are), checked, in their dtype."""
     if score_mod is None:
         return scores
-    modded = checked_result("score_mod", score_mod, score_mod(scores, *indices), scores.shape)
+    modded = score_mod(scores, *indices)
+    modded = checked_result("score_mod", score_mod, modded, scores.shape, scores.dtype)
     return modded.to(scores.dtype)
 
 
@@ -306,6 +315,65 @@ def build_mod(spec: object) -> Callable | None:
     )
 
 
+def and_masks(*mods: MaskMod) -> MaskMod:
+    """A mask mod allowing key j to query i where every one of `mods` does (a logical and;
+    FlexAttention's and_masks): ``and_masks(document(lengths), causal())`` packs documents
+    into a causal LM. Pure if every mod is; a causal mask itself (`replaces_causal`) if any
+    mod is (``and_masks(prefix_lm(p), document(lengths))``: each document's prefix sees itself
+    both ways)."""
+    combined = _combined("and_masks", torch.logical_and, mods)
+    combined.replaces_causal = any(getattr(mod, "replaces_causal", False) for mod in mods)
+    return combined
+
+
+def or_masks(*mods: MaskMod) -> MaskMod:
+    """A mask mod allowing key j to query i where any of `mods` does (a logical or):
+    ``or_masks(sliding_window(w), sink)``, sink(b, h, q_idx, kv_idx) = kv_idx < 4, a window
+    that also sees the first 4 keys. Pure if every mod is; a causal mask itself
+    (`replaces_causal`) if any mod is: a causal layer then applies the union as it is, not
+    the union cut by causality."""
+    combined = _combined("or_masks", torch.logical_or, mods)
+    combined.replaces_causal = any(getattr(mod, "replaces_causal", False) for mod in mods)
+    return combined
+
+
+def not_mask(mod: MaskMod) -> MaskMod:
+    """A mask mod allowing exactly the (query, key) pairs `mod` does not. Pure if `mod` is;
+    never a causal mask itself (the complement of prefix_lm is no causal mask), so a causal
+    layer cuts it by causality."""
+    _check_mask_mods("not_mask", (mod,))
+
+    def inverted_mask(b, h, q_idx, kv_idx):
+        return ~checked_result("mask_mod", mod, mod(b, h, q_idx, kv_idx))
+
+    inverted_mask.__name__, inverted_mask.pure = f"not_mask({mod_name(mod)})", is_pure(mod)
+    return inverted_mask
+
+
+def _combined(name: str, op: Callable, mods: tuple[MaskMod, ...]) -> MaskMod:
+    """The mask mod reducing the (type-checked) results of `mods` with `op`."""
+    _check_mask_mods(name, mods)
+
+    def combined_mask(b, h, q_idx, kv_idx):
+        results = (checked_result("mask_mod", mod, mod(b, h, q_idx, kv_idx)) for mod in mods)
+        return functools.reduce(op, results)
+
+    combined_mask.__name__ = f"{name}({', '.join(mod_name(mod) for mod in mods)})"
+    combined_mask.pure = all(is_pure(mod) for mod in mods)
+    return combined_mask
+
+
+def _check_mask_mods(name: str, mods: tuple) -> None:
+    if not mods:
+        raise ValueError(f"{name}() needs one or more mask mods, got none")
+    for i, mod in enumerate(mods):
+        if not callable(mod):
+            raise ValueError(
+                f"{name}: argument {i} is {type(mod).__name__} {mod!r}: must be a mask mod, "
+                "mask_mod(b, h, q_idx, kv_idx) -> boolean tensor"
+            )
+
+
 def shift_queries(mod: Callable | None, offset: int, score: bool) -> Callable | None:
     """`mod` seeing query i as position i + `offset`: the new queries of a cached decoding
     step are the last positions of the keys (offset = M - N). Its declarations carry over."""
@@ -323,8 +391,6 @@ def shift_queries(mod: Callable | None, offset: int, score: bool) -> Callable | 
             return mod(b, h, q_idx + offset, kv_idx)
 
         shifted = shifted_mask
-        if hasattr(mod, "kv_range"):
-            shifted.kv_range = lambda i0, i1, m: mod.kv_range(i0 + offset, i1 + offset, m)
     shifted.__name__, shifted.pure = mod_name(mod), is_pure(mod)  # for messages, dispatch
     return shifted
 
@@ -363,11 +429,6 @@ def sliding_window(window: int, causal: bool = True) -> MaskMod:
         near = (q_idx - kv_idx).abs() < window
         return near & (kv_idx <= q_idx) if causal else near
 
-    def kv_range(q_start: int, q_stop: int, m: int) -> tuple[int, int]:
-        stop = q_stop if causal else q_stop + window - 1
-        return max(0, q_start - window + 1), min(m, stop)
-
-    sliding_window_mask.kv_range = kv_range
     return sliding_window_mask
 
 
@@ -388,8 +449,8 @@ def prefix_lm(prefix: int) -> MaskMod:
 @MODS.register("document")
 def document(lengths: list[int]) -> MaskMod:
     """Packed documents of `lengths` tokens, in order (positions past their sum: one more
-    document): a query sees only keys of its own document. Combine with causality for a
-    packed causal LM."""
+    document): a query sees only keys of its own document. For a packed causal LM, combine
+    it with causality: is_causal=True, or ``and_masks(document(lengths), causal())``."""
     if not isinstance(lengths, list | tuple) or not lengths:
         raise ValueError(f"lengths={lengths!r}: must be a non-empty list of positive ints")
     for i, length in enumerate(lengths):
