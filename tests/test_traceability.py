@@ -1,6 +1,7 @@
-"""Every number in the conclusions' prose and the README's claims table comes from committed
-data (the rules: tests/traceability.py)."""
+"""Every number in the conclusions' prose and in the claims tables (the README's and
+docs/claims.md's) comes from committed data (the rules: tests/traceability.py)."""
 
+import re
 import shutil
 from pathlib import Path
 
@@ -23,9 +24,26 @@ def test_every_number_in_a_conclusion_is_in_committed_data(path):
     assert not found, report(found)
 
 
-def test_every_number_in_the_readme_claims_table_is_in_committed_data():
-    found = check_claims_table(ROOT / "README.md")
+@pytest.mark.parametrize("page", ["README.md", "docs/claims.md"])
+def test_every_number_in_a_claims_table_is_in_committed_data(page):
+    found = check_claims_table(ROOT / page)
     assert not found, report(found)
+
+
+def test_the_readme_and_the_manual_list_the_same_claims():
+    """The README's table is one line per claim, docs/claims.md's holds the outcomes: the same
+    claims, in the same order, and each README row links to the conclusion of a grid that
+    docs/claims.md's row names."""
+    readme = claims_rows((ROOT / "README.md").read_text())
+    manual = claims_rows((ROOT / "docs" / "claims.md").read_text())
+    assert len(readme) == len(manual) >= 5
+    for (_, short), (_, full) in zip(readme, manual, strict=True):
+        assert short.split(" | ")[0][:60] == full.split(" | ")[0][:60]  # the claim's opening
+        conclusions = re.findall(r"ablations/grids/([\w-]+)\.conclusion\.md", short)
+        assert conclusions, short
+        for grid in conclusions:
+            assert (ROOT / "ablations" / "grids" / f"{grid}.conclusion.md").is_file(), grid
+            assert f"{grid}.toml" in full or f"reports/{grid}/" in full, (grid, full[:80])
 
 
 def test_the_allowlist_gives_a_reason_for_every_phrase_and_each_holds_a_number():

@@ -1,7 +1,8 @@
 """Numbers in prose traced to committed data (tests/test_traceability.py runs it).
 
-A number in a conclusion (ablations/grids/<grid>.conclusion.md) or in a row of the README's
-claims table is traceable when it appears, at the precision it is written, in
+A number in a conclusion (ablations/grids/<grid>.conclusion.md) or in a row of a claims table
+(the README's, one line per claim, and docs/claims.md's, with the outcomes) is traceable when
+it appears, at the precision it is written, in
 
 - a committed CSV of a grid the text belongs to or cites: reports/<grid>/*.csv, for a conclusion
   its own grid's, and those of every grid it names as `<grid>.toml`, `<grid>.conclusion.md` or
@@ -43,6 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # Numbers that are not data: the phrase that holds each one, and why it needs no source.
 ALLOWED = {
     "95%": "the confidence level of every interval, a convention",
+    "80% power": "the power of every minimum detectable effect (paired.csv's detectable)",
+    "4 x 5 x 2": "a count of the pairs, sizes and test sets a text names beside it",
     "Wu et al. 2021": "a citation's year",
     "Fig. 3": "a figure number of the cited paper",
     "torch 2.11": "the version of the software that ran the grid (the report's header)",
@@ -218,13 +221,13 @@ def check_conclusion(path: Path, root: Path = ROOT) -> list[Untraceable]:
     return untraceable(path.relative_to(root), lines, Sources.of(text, grid, root))
 
 
-def claims_rows(readme: str) -> list[tuple[int, str]]:
-    """The rows (line number, text) of the README's claims table: the markdown table whose
-    header row starts with "| claim |", without its header and separator."""
-    lines = readme.splitlines()
+def claims_rows(page: str) -> list[tuple[int, str]]:
+    """The rows (line number, text) of a page's claims table: the markdown table whose header
+    row starts with "| claim |", without its header and separator."""
+    lines = page.splitlines()
     starts = [i for i, line in enumerate(lines) if line.startswith("| claim |")]
     if len(starts) != 1:
-        raise ValueError(f"the README has {len(starts)} tables headed '| claim |'; expected one")
+        raise ValueError(f"the page has {len(starts)} tables headed '| claim |'; expected one")
     rows = []
     for i in range(starts[0] + 2, len(lines)):
         if not lines[i].startswith("|"):
@@ -234,8 +237,8 @@ def claims_rows(readme: str) -> list[tuple[int, str]]:
 
 
 def check_claims_table(path: Path, root: Path = ROOT) -> list[Untraceable]:
-    """Untraceable numbers of the README's claims table, each row against what it cites (the
-    reports it links, the grid TOMLs it names)."""
+    """Untraceable numbers of the claims table of the page `path` (README.md, docs/claims.md),
+    each row against what it cites (the reports it names, the grid TOMLs and conclusions)."""
     rows = claims_rows(path.read_text())
     if not rows:
         raise ValueError(f"the claims table of {path} has no rows")

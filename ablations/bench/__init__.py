@@ -4,6 +4,7 @@ measure.py   what is timed and how: `Workload`, interleaved medians, peak memory
              process, `measure` (a table per suite, ratios to baselines of the same run)
 suites.py    the suites (softmax, relational, dual, mechanisms, generation), their
              defaults and titles, and `run_bench` (what ``attn-zoo bench`` does)
+masks.py     the masks suite's kernels: local masks as mask mods against dense masks
 report.py    `write_bench_report`: report.md, index.html, CSVs and plots of any suites
 """
 

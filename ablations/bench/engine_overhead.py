@@ -22,7 +22,7 @@ told to.) Prints markdown tables:
 
 With `--report FOLDER` it also writes what it printed there: runs.csv, run_cell.csv, store.csv,
 and report.md and index.html naming the machine, the date and the command (`make
-engine-overhead` writes reports/engine_overhead/, which the README's numbers cite).
+engine-overhead` writes reports/engine_overhead/, which docs/grids.md's numbers cite).
 """
 
 from __future__ import annotations

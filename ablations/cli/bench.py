@@ -17,10 +17,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Time (median of interleaved repeats) and peak memory of the backends.",
     )  # fmt: skip
     b.add_argument(
-        "--suite", nargs="+", choices=[*SUITES, "generation", "window"], default=list(SUITES),
+        "--suite", nargs="+", choices=[*SUITES, "generation", "window", "masks"],
+        default=list(SUITES),
         help=f"which suites to run (default: {' '.join(SUITES)}); generation (tokens per second, "
         "cached vs uncached) runs on its own; window: a sliding window as a mask mod against "
-        "the same window as a dense mask",
+        "the same window as a dense mask; masks: window, document, prefix LM and a combination "
+        "as mask mods on chunked against dense masks on sdpa",
     )  # fmt: skip
     b.add_argument("--lengths", type=COUNT, nargs="+", default=None,
                    help="sequence lengths N (without: each suite's own list)")  # fmt: skip
