@@ -99,20 +99,26 @@ def check_not_shadowed() -> None:
 
 
 @contextmanager
-def importing_plugin() -> Iterator[None]:
+def importing_plugin() -> Iterator[list[str]]:
     """The block imports a plugin: first `check_not_shadowed`; its prints go to stderr (a
     command's stdout stays what the command prints, e.g. `ablate best`'s --set lines); if it
     raises, every registry change made by the code of a module that the failure left
     unimported (the plugin, modules that failed with it) is undone in every registry, so that
     importing it again raises the same error, not "already registered". Modules that were
-    imported whole keep theirs (a re-import does not run them again)."""
+    imported whole keep theirs (a re-import does not run them again). Yields a list that,
+    once the block ends without error, holds the names of the modules it imported (those new
+    in sys.modules), in order: the code the plugin brought in (ablations/grid/plugins.py
+    digests their files)."""
     global _importing
     check_not_shadowed()
     start = len(_changes)
+    before = set(sys.modules)
+    brought: list[str] = []
     _importing += 1
     try:
         with redirect_stdout(sys.stderr):
-            yield
+            yield brought
+        brought += [name for name in list(sys.modules) if name not in before]
     except BaseException:
         for module, take_back in reversed(_changes[start:]):
             if module not in sys.modules:
@@ -156,12 +162,17 @@ def unknown_name_error(kind: str, name: object, valid: Iterable[str]) -> ValueEr
     return ValueError(f"unknown {kind}: {name!r}.{hint} Valid: {', '.join(valid) or '(none)'}.")
 
 
+EXTRA_KWARGS = "extra_kwargs"  # the class attribute declaring the names an __init__ pops
+
+
 def keyword_arguments(entry: Callable) -> list[str] | None:
     """The keyword arguments `entry` (a class or a function) accepts, in order; None when it
     takes **kwargs (anything goes). A class's __init__ that takes **kwargs passes them to its
     base's (``super().__init__(d_model, n_heads, **kwargs)``, as a plugin extending a mechanism
     does): the keyword arguments of the __init__ methods up its MRO count too, to the first
-    without **kwargs (None if there is none)."""
+    without **kwargs (None if there is none), and so do the names a class declares in its
+    `EXTRA_KWARGS` attribute (``extra_kwargs = ("alpha",)``: those its __init__ takes out of
+    **kwargs itself, ``alpha = kwargs.pop("alpha", 1.0)``)."""
     keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     if isinstance(entry, type):
         inits = [vars(c)["__init__"] for c in entry.__mro__ if "__init__" in vars(c)]
@@ -174,8 +185,29 @@ def keyword_arguments(entry: Callable) -> list[str] | None:
             params = params[1:]  # self
         names += [p.name for p in params if p.kind in keyword and p.name not in names]
         if all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in params):
-            return names
+            extra = declared_kwargs(entry) if isinstance(entry, type) else []
+            return names + [name for name in extra if name not in names]
     return None
+
+
+def _takes_var_keyword(function: Callable) -> bool:
+    parameters = inspect.signature(function).parameters.values()
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def declared_kwargs(entry: type) -> list[str]:
+    """The names the classes of `entry`'s MRO declare in `EXTRA_KWARGS` (a tuple of str),
+    in order; TypeError naming the class whose declaration is not one."""
+    names: list[str] = []
+    for cls in entry.__mro__:
+        declared = vars(cls).get(EXTRA_KWARGS, ())
+        if not isinstance(declared, tuple | list) or not all(isinstance(n, str) for n in declared):
+            raise TypeError(
+                f"{cls.__qualname__}.{EXTRA_KWARGS} = {declared!r}: must be a tuple of keyword "
+                'names, e.g. ("alpha",)'
+            )
+        names += [name for name in declared if name not in names]
+    return names
 
 
 class Registry(Generic[T]):
@@ -272,7 +304,14 @@ class Registry(Generic[T]):
         )
         for key in kwargs:
             if key not in valid:
-                raise unknown_name_error(kind, key, valid)
+                error = unknown_name_error(kind, key, valid)
+                entry = self[name]
+                if isinstance(entry, type) and _takes_var_keyword(entry.__init__):
+                    error = ValueError(
+                        f"{error} If {entry.__qualname__}.__init__ takes {key!r} out of **kwargs "
+                        f"itself, declare it: {EXTRA_KWARGS} = ({key!r},) in the class"
+                    )
+                raise error
 
     def build(self, name: str, /, *args, **kwargs) -> object:
         """The entry `name` called with `args` and `kwargs`, the kwargs checked by name first."""

@@ -1,3 +1,6 @@
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -7,20 +10,57 @@ load_profile()
 torch.set_num_threads(max(1, torch.get_num_threads()))
 
 
-@pytest.fixture
-def restore_registries():
-    """Undo mechanism and backend registrations a test makes."""
-    from attn_zoo.kernels.dispatch import FAMILIES
-    from attn_zoo.mechanisms.registry import MECHANISMS
+ROOT = Path(__file__).resolve().parents[1]
 
-    mechanisms = set(MECHANISMS)
-    families = set(FAMILIES)
-    backends = {name: dict(FAMILIES[name].backends) for name in families}
+
+def registries() -> list:
+    """Every registry of the library and the application (attn_zoo.registry.Registry)."""
+    from ablations.tasks.registry import TASKS
+    from attn_zoo.kernels.dispatch import FAMILIES
+    from attn_zoo.kernels.softmax.mods import MODS
+    from attn_zoo.mechanisms.registry import MECHANISMS
+    from attn_zoo.models.norms import NORMS
+    from attn_zoo.models.positional import POSITIONAL
+    from attn_zoo.symbols.registry import SYMBOL_RETRIEVERS
+
+    return [TASKS, FAMILIES, MODS, MECHANISMS, NORMS, POSITIONAL, SYMBOL_RETRIEVERS]
+
+
+@pytest.fixture(autouse=True)
+def restore_registries(tmp_path_factory):
+    """Around every test: every registry, every kernel family's backends and the record of
+    replaced names put back as they were (added, replaced and removed entries alike), and the
+    plugin modules the test imported (files under examples/ or pytest's temporary folders)
+    taken out of sys.modules, so that importing one again runs it again. A test registering
+    a mechanism or importing a plugin leaves nothing behind for the next test of its worker
+    (two coverage tests failed when one did)."""
+    from attn_zoo import registry
+    from attn_zoo.kernels.dispatch import FAMILIES
+
+    entries = [(r, dict(r._entries)) for r in registries()]
+    backends = {name: dict(family.backends) for name, family in FAMILIES._entries.items()}
+    replaced = list(registry._replaced)
+    modules = set(sys.modules)
     yield
-    for name in set(MECHANISMS) - mechanisms:
-        MECHANISMS.unregister(name)
-    for name in set(FAMILIES) - families:
-        FAMILIES.unregister(name)
-    for name in families:
-        FAMILIES[name].backends.clear()
-        FAMILIES[name].backends.update(backends[name])
+    for r, saved in entries:
+        r._entries.clear()
+        r._entries.update(saved)
+    for name, saved in backends.items():
+        FAMILIES._entries[name].backends.clear()
+        FAMILIES._entries[name].backends.update(saved)
+    registry._replaced[:] = replaced
+    plugin_folders = (str(ROOT / "examples"), str(tmp_path_factory.getbasetemp()))
+    for name in set(sys.modules) - modules:
+        if (getattr(sys.modules[name], "__file__", None) or "").startswith(plugin_folders):
+            del sys.modules[name]
+
+
+@pytest.fixture
+def example_plugin():
+    """examples/sliding_window.py imported as a plugin (ablations.grid.plugins); taken out of
+    the process after the test (`restore_registries`)."""
+    from ablations.grid.plugins import import_plugins
+
+    example = ROOT / "examples" / "sliding_window.py"
+    import_plugins([str(example)])
+    return example

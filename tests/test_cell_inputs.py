@@ -13,17 +13,17 @@ import pytest
 import torch
 from grids import STD, tiny_grid
 from test_relations_game_files import write_boards
+from test_resume import exact
 
 from ablations.grid.spec import load_grid
 from ablations.results.store import ResultsStore
 from ablations.run import train
 from ablations.run.progress import cell_label
-from ablations.run.provenance import plugin_record
+from ablations.run.provenance import plugin_record, source_state
 from ablations.run.resume import ResumePlan
 from ablations.run.torch_state import DEFAULTS, reset_torch_state, torch_state
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMING = ("wall_s", "step_ms")
 TRAINING = {"steps": 30, "eval_every": 10}
 
 
@@ -36,14 +36,11 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def exact(metrics: dict) -> dict:
-    return {k: v for k, v in metrics.items() if k not in TIMING}
-
-
-def cli(grid: Path, *extra: str) -> subprocess.CompletedProcess:
-    """`attn-zoo ablate run GRID` in a child process with 2 worker processes."""
+def cli(grid: Path, *extra: str, path: Path = ROOT) -> subprocess.CompletedProcess:
+    """`attn-zoo ablate run GRID` in a child process with 2 worker processes; `path`: a folder
+    of modules it imports, first on its sys.path (and the workers')."""
     command = [sys.executable, "-m", "ablations.cli", "ablate", "run", str(grid), "--workers", "2"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys([str(path), str(ROOT)]))}
     result = subprocess.run(
         [*command, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
@@ -105,13 +102,15 @@ def test_a_cell_that_changes_torchs_global_state_fails(tmp_path, monkeypatch, st
     assert torch_state() == DEFAULTS
 
 
-def planted_checkpoint(grid: Path, plugins: dict | None = None) -> None:
-    """A resume checkpoint of `grid`'s one cell at step 10, from the files as they are now,
-    where a killed run would have left it."""
+def planted_checkpoint(grid: Path) -> None:
+    """A resume checkpoint of `grid`'s one cell at step 10, from the files as they are now
+    (the code and plugins as a run's driver records them), where a killed run would have left
+    it."""
     spec = load_grid(grid)
     (cell,) = spec.cells
     points = []
-    train.train_cell(cell, resume=ResumePlan(every_steps=10), plugins=plugins,
+    sources = {"code": source_state(), "plugins": plugin_record(spec.imports)}
+    train.train_cell(cell, resume=ResumePlan(every_steps=10, sources=sources),
                      on_checkpoint=lambda step, data: points.append(data))  # fmt: skip
     with ResultsStore(spec.store) as store:
         file = store.resume_path(cell.key)
@@ -148,9 +147,28 @@ def test_a_checkpoint_is_not_resumed_after_its_plugin_changed(tmp_path):
     plugin.write_text("SCALE = 1.0\n")
     grid = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training=TRAINING)
     with_imports(grid, plugin)
-    planted_checkpoint(grid, plugin_record(load_grid(grid).imports))
+    planted_checkpoint(grid)
     plugin.write_text("SCALE = 2.0  # edited after the kill\n")
     result = cli(grid, "--set", "resume.every_steps=10")
+    assert_trained_from_zero(grid, result, "the plugin files")
+
+
+def test_a_checkpoint_is_not_resumed_after_a_module_of_its_plugin_package_changed(
+    tmp_path, monkeypatch
+):
+    """The hostile pass: with ``imports = ["pkg"]`` and the mechanism in pkg/impl.py, an edit
+    of impl.py after a SIGKILL resumed the cell from a checkpoint of the old code (only the
+    package's __init__.py was digested)."""
+    package = tmp_path / "edited_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text(f"from {package.name} import impl  # noqa: F401\n")
+    (package / "impl.py").write_text("SCALE = 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    grid = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training=TRAINING)
+    grid.write_text(f'imports = ["{package.name}"]\n' + grid.read_text())
+    planted_checkpoint(grid)
+    (package / "impl.py").write_text("SCALE = 2.0  # edited after the kill\n")
+    result = cli(grid, "--set", "resume.every_steps=10", path=tmp_path)
     assert_trained_from_zero(grid, result, "the plugin files")
 
 
@@ -192,16 +210,15 @@ def test_a_plugin_that_replaces_a_built_in_name_is_recorded_in_each_cell(tmp_pat
     assert the_row(grid)["environment"]["replaced"] == ["mechanism standard"]
 
 
-def test_a_checkpoint_of_other_code_is_not_resumed(tmp_path, monkeypatch):
+def test_a_checkpoint_of_other_code_is_not_resumed(tmp_path):
     """The hostile pass: after an edit of attn_zoo/mechanisms/standard.py a killed cell
     resumed from its checkpoint: only attn_zoo's version was compared."""
     grid = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training=TRAINING)
     (cell,) = load_grid(grid).cells
-    points, here = [], train.source_state()
-    with monkeypatch.context() as patch:
-        patch.setattr(train, "source_state", lambda: {"commit": "0" * 40})
-        train.train_cell(cell, resume=ResumePlan(every_steps=10),
-                         on_checkpoint=lambda step, data: points.append(data))  # fmt: skip
+    points, here = [], source_state()
+    other = {"code": {"commit": "0" * 40}, "plugins": {}}
+    train.train_cell(cell, resume=ResumePlan(every_steps=10, sources=other),
+                     on_checkpoint=lambda step, data: points.append(data))  # fmt: skip
     [note] = train.train_cell(cell, resume=ResumePlan(data=points[0])).notes
     assert note.startswith(
         f"resume checkpoint ignored (the code (attn_zoo, ablations) changed since it was "

@@ -4,17 +4,12 @@ self-attention branch's mods and their causality, an output 0.37 off with a slid
 the example plugin (examples/sliding_window.py: it took score_mod and mask_mod and ignored
 them)."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 import attn_zoo as az
-from ablations.grid.plugins import import_plugins
 
 TIGHT = dict(atol=1e-12, rtol=1e-10)
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sliding_window.py"
 SA_KWARGS = {
     "no mod": {},
     "sliding_window": {"mask_mod": {"name": "sliding_window", "window": 2}},
@@ -61,17 +56,6 @@ def test_dual_attentions_weights_path_refuses_one_sided_alibi_without_causality(
     for need_weights in (False, True):
         with pytest.raises(ValueError, match="for causal attention only"):
             layer(x, x, need_weights=need_weights)
-
-
-@pytest.fixture
-def example_plugin(restore_registries):
-    """The example plugin imported, then taken out of this test process again (its mechanism
-    and its module): the other tests of this worker list the built-in mechanisms."""
-    import_plugins([str(EXAMPLE)])
-    yield
-    for name, module in list(sys.modules.items()):
-        if getattr(module, "__file__", None) == str(EXAMPLE):
-            del sys.modules[name]
 
 
 @pytest.mark.parametrize("argument", ["score_mod", "mask_mod"])

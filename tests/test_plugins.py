@@ -175,8 +175,7 @@ def test_an_installed_package_registers_through_its_entry_point(tmp_path):
     assert "sliding_window" in listed.stdout, listed.stderr
 
 
-def test_the_example_mechanism_agrees_across_backends_and_with_its_band():
-    import_plugins([str(EXAMPLE)])
+def test_the_example_mechanism_agrees_across_backends_and_with_its_band(example_plugin):
     from attn_zoo.testing import assert_mechanism_backends_agree
 
     kwargs = {"d_model": 8, "n_heads": 2, "window": 3}
@@ -192,8 +191,9 @@ def test_the_example_mechanism_agrees_across_backends_and_with_its_band():
     assert changed.tolist() == [False, False, True, True, False, False, False]
 
 
-def test_the_example_mechanism_adds_a_float_mask_to_the_scores_as_standard_attention_does():
-    import_plugins([str(EXAMPLE)])
+def test_the_example_mechanism_adds_a_float_mask_to_the_scores_as_standard_attention_does(
+    example_plugin,
+):
     torch.manual_seed(0)
     window = az.build("sliding_window", d_model=8, n_heads=2, window=2, backend="naive").double()
     standard = az.build("standard", d_model=8, n_heads=2, backend="naive").double()

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from grids import SAME_PAIR, STD, small, tiny_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -98,34 +99,26 @@ def test_an_installed_plugin_that_fails_half_way_fails_the_same_way_again(tmp_pa
     assert len(errors) == 2 and all("RuntimeError: my bug" in e for e in errors), errors
 
 
-SEARCH_GRID = """
-name = "loud"
-seeds = [0]
-store = "loud.sqlite"
-[[tasks]]
-name = "same_pair"
-kwargs = { n_train = 64, n_validation = 16, n_test = 16 }
-[[sizes]]
-label = "xs"
-d_model = 16
-n_layers = 1
-[[mechanisms]]
-label = "std"
-name = "standard"
-kwargs = { n_heads = 2 }
-[training]
-steps = 4
-eval_every = 2
+SEARCH = """
 [search]
 trials = 2
 space."training.lr" = { low = 1e-4, high = 3e-2, log = true }
 """
 
 
+def loud_grid(tmp_path: Path, search: bool = False) -> Path:
+    """tmp_path/grid.toml: one cell of a tiny task (with `search`: a search of two trials)."""
+    path = tiny_grid(tmp_path, name="loud", seeds=[0], tasks=[small(SAME_PAIR, 64, 16)],
+                     mechanisms=[STD], training={"steps": 4, "eval_every": 2})  # fmt: skip
+    if search:
+        path.write_text(path.read_text() + SEARCH)
+    return path
+
+
 def test_a_plugins_prints_stay_off_the_lines_ablate_best_prints(tmp_path):
     """`ablate best` prints --set lines a user copies: a plugin printing as it is imported
     wrote among them."""
-    (tmp_path / "grid.toml").write_text(SEARCH_GRID)
+    loud_grid(tmp_path, search=True)
     (tmp_path / "loud.py").write_text("print('hello from the plugin')\n")
     result = run([str(BIN / "attn-zoo"), "ablate", "best", "grid.toml", "--import", "loud.py"],
                  tmp_path)  # fmt: skip
@@ -152,7 +145,7 @@ def test_a_folder_named_attn_zoo_in_the_working_folder_is_named_with_the_fix(tmp
     plugin's `az.register_mechanism` was an AttributeError naming neither."""
     (tmp_path / "attn_zoo").mkdir()
     (tmp_path / "mine.py").write_text(PLUGIN)
-    (tmp_path / "grid.toml").write_text(SEARCH_GRID.split("[search]")[0])
+    loud_grid(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     probe = subprocess.run(
         [sys.executable, "-c", "import attn_zoo, ablations; print(attn_zoo.__file__)"],

@@ -12,7 +12,6 @@ import pytest
 from grids import SAME_PAIR, XS, tiny_grid
 
 import attn_zoo as az
-from ablations.grid.plugins import import_plugins
 from ablations.grid.spec import SpecError, load_grid
 from attn_zoo.mechanisms.registry import mechanism_kwargs
 
@@ -74,10 +73,9 @@ def test_every_registry_refuses_a_taken_name_and_records_an_explicit_replacement
     )
 
 
-def test_a_plugin_mechanism_passing_kwargs_on_gets_the_closest_valid_kwarg():
+def test_a_plugin_mechanism_passing_kwargs_on_gets_the_closest_valid_kwarg(example_plugin):
     """The example's __init__(d_model, n_heads, window=8, **kwargs) hands the rest to
     StandardAttention: a typo was a raw TypeError from StandardAttention.__init__."""
-    import_plugins([str(EXAMPLE)])
     with pytest.raises(ValueError, match="'windw'. Did you mean 'window'"):
         az.build("sliding_window", d_model=8, n_heads=2, windw=3)
     with pytest.raises(ValueError, match="'n_kv_head'. Did you mean 'n_kv_heads'"):
@@ -88,7 +86,9 @@ def test_a_plugin_mechanism_passing_kwargs_on_gets_the_closest_valid_kwarg():
     assert len(kwargs) == len(set(kwargs))
 
 
-def test_a_grid_with_a_typo_in_a_plugin_mechanisms_kwargs_names_the_closest_valid_one(tmp_path):
+def test_a_grid_with_a_typo_in_a_plugin_mechanisms_kwargs_names_the_closest_valid_one(
+    tmp_path, example_plugin
+):
     window = {"label": "w", "name": "sliding_window", "kwargs": {"n_heads": 2, "windw": 4}}
     grid = tiny_grid(tmp_path, tasks=[SAME_PAIR], sizes=[XS], seeds=[0], mechanisms=[window])
     with pytest.raises(SpecError, match=r"kwargs.windw .* Did you mean 'window'\? Valid: n_heads"):

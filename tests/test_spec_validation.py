@@ -487,3 +487,41 @@ def test_epochs_resolve_to_steps_per_task_and_batch_size(tmp_path):
 
 def _toml(value) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else repr(value)
+
+
+@pytest.mark.parametrize(
+    ("sweep", "override", "fragments"),
+    [
+        ("training.lr = [1e-3, 3e-3]", "training={ steps = 20, lr = 3e-3 }",
+         ["(its training.lr = 0.003) is overridden where [sweep] sweeps training.lr",
+          "--set 'sweep.training.lr=[0.003]'"]),
+        ("mechanism_kwargs.n_heads = [1, 2]", "mechanisms[0].kwargs={ n_heads = 4 }",
+         ["(its mechanisms[0].kwargs.n_heads = 4) is overridden where [sweep] sweeps "
+          "mechanism_kwargs.n_heads", "--set 'mechanisms[0].sweep.mechanism_kwargs.n_heads=[4]'"]),
+        ("model.dff = [32, 64]", "model={ dff = 128 }",
+         ["(its model.dff = 128) is overridden", "--set 'sweep.model.dff=[128]'"]),
+        ("model.dff = [32, 64]", "sizes[0].dff=128",
+         ["--set sizes[0].dff=128 is overridden where [sweep] sweeps model.dff (over [32, 64])",
+          "--set 'sweep.model.dff=[128]' (which sets it in every cell [sweep] reaches, not only "
+          "sizes[0]'s)"]),
+        ("model.dff = [32, 64]", 'sizes=[{ label = "xs", d_model = 16, n_layers = 1, dff = 8 }]',
+         ["(its sizes[0].dff = 8) is overridden where [sweep] sweeps model.dff"]),
+    ],
+)  # fmt: skip
+def test_a_set_of_a_whole_table_or_a_size_that_a_sweep_overrides_is_refused(
+    tmp_path, sweep, override, fragments
+):
+    """The hostile pass: only --set keys of 2 and 4 parts were checked, so a whole table
+    (training={...}, mechanisms[0].kwargs={...}, model={...}) or a size's field (sizes[0].dff)
+    was silently replaced by a sweep of a key inside it."""
+    path = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0])
+    path.write_text(path.read_text() + f"\n[sweep]\n{sweep}\n")
+    assert_refused(path, [f"--set {override}", *fragments], [override])
+
+
+def test_the_set_a_refusal_suggests_runs_the_value_and_a_set_no_sweep_reaches_applies(tmp_path):
+    path = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0])
+    path.write_text(path.read_text() + "\n[sweep]\nmodel.dff = [32, 64]\n")
+    assert {c.size["dff"] for c in load_grid(path, ["sweep.model.dff=[128]"]).cells} == {128}
+    cells = load_grid(path, ["training={ steps = 20, eval_every = 10, lr = 3e-3 }"]).cells
+    assert {c.training.lr for c in cells} == {3e-3} and len(cells) == 2

@@ -114,7 +114,7 @@ def run_grid(args: argparse.Namespace) -> int:
 
 def show_status(args: argparse.Namespace) -> int:
     from ablations.run.search import trial_spec
-    from ablations.run.status import status_text
+    from ablations.run.status import plugin_code, status_text
 
     spec = trial_spec(load_grid(args, args.grid, here=False))
 
@@ -124,6 +124,8 @@ def show_status(args: argparse.Namespace) -> int:
     print(f"\ngrid {spec.name!r}, store {spec.store}: " + ", ".join(
         f"{n} {status}" for status, n in counts.items()
     ))  # fmt: skip
+    for line in plugin_code(spec):  # what the store's cells ran with besides the library
+        print(line)
     return 0
 
 

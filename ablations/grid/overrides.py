@@ -4,9 +4,12 @@ dotted keys, list entries indexed, TOML values (``--set training.steps=50``,
 
 from __future__ import annotations
 
+import json
 import re
 import sys
+from collections.abc import Iterator
 
+from ablations.grid.cell import LENGTH
 from ablations.grid.schema import GridFile
 from ablations.grid.validate import MAX_DEPTH, SpecError, check_depth, flat_sweep, step_name
 
@@ -34,6 +37,17 @@ def _steps(key: str, path) -> list[str | int]:
     return steps
 
 
+def _value(text: str) -> object:
+    """A --set's value: `text` as a TOML value, a bare word as that string; None where it is
+    nested too deep for the parser."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+    except RecursionError:
+        return None
+
+
 def apply_overrides(raw: dict, overrides: list[str], path) -> dict:
     """`key=value` strings applied to the raw spec: a dotted key whose parts may index a list
     (``mechanisms[1].kwargs.n_heads=4``, ``sweep.training.lr=[1e-3,3e-3]``); TOML values,
@@ -42,12 +56,7 @@ def apply_overrides(raw: dict, overrides: list[str], path) -> dict:
         if "=" not in item:
             raise SpecError(f"{path}: --set {item!r} must look like key=value")
         key, text = item.split("=", 1)
-        try:
-            value = tomllib.loads(f"v = {text}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = text
-        except RecursionError:
-            value = None  # nested too deep for the parser: refused below
+        value = _value(text)
         if value is None:
             raise SpecError(f"{path}: --set {key}: its value is nested more than {MAX_DEPTH} deep")
         check_depth(path, f"--set {key}", value)
@@ -77,34 +86,93 @@ def apply_overrides(raw: dict, overrides: list[str], path) -> dict:
     return raw
 
 
+# The fixed settings of the cells a --set may reach, by the first part of its key: how many
+# parts name one setting (training.lr, sizes[0].dff, mechanisms[0].kwargs.n_heads)
+SETTING_PARTS = {"training": 2, "model": 2, "sizes": 3, "tasks": 4, "mechanisms": 4}
+ENTRY_TABLES = {"kwargs": None, "training": "training", "model": "model"}  # a task's or
+# mechanism's fixed tables, and the section of a swept key they hold (None: its kwargs)
+
+
+def _settings(steps: list[str | int], value: object) -> Iterator[tuple[list[str | int], object]]:
+    """(key parts, value) of each fixed cell setting that a --set of `steps` to `value` sets:
+    the key itself where it names one (``training.lr``), every setting inside a table or list
+    it sets whole (``training={lr=...}``, ``sizes[0]={...}``, ``mechanisms=[...]``); none for a
+    key that names no fixed setting of the cells (a sweep, a label, seeds, ...)."""
+    parts = SETTING_PARTS.get(steps[0])
+    entry = steps[0] in ("tasks", "mechanisms")
+    if parts is None or (entry and len(steps) > 2 and steps[2] not in ENTRY_TABLES):
+        return
+    if len(steps) == parts:
+        yield steps, value
+    elif len(steps) < parts and isinstance(value, dict):
+        for key, inner in value.items():
+            yield from _settings([*steps, key], inner)
+    elif len(steps) == 1 and parts > 2 and isinstance(value, list):  # sizes, tasks, mechanisms
+        for index, inner in enumerate(value):
+            yield from _settings([*steps, index], inner)
+
+
+def _swept_key(steps: list[str | int]) -> tuple[str | None, int | None, str]:
+    """(the table, its entry's index, the swept key) of a fixed setting's key parts
+    (`_settings`): ["mechanisms", 0, "kwargs", "n_heads"] -> ("mechanisms", 0,
+    "mechanism_kwargs.n_heads"); (None, None, "training.lr") for the grid's own tables."""
+    if len(steps) == 2:
+        return None, None, f"{steps[0]}.{steps[1]}"
+    if steps[0] == "sizes":
+        return "sizes", steps[1], f"model.{steps[2]}"
+    table, index, section, name = steps
+    section = ENTRY_TABLES[section] or f"{table[:-1]}_kwargs"
+    return table, index, f"{section}.{name}"
+
+
+def _toml_text(value: object) -> str:
+    """`value` as a TOML value: an inline table for a dict, JSON's text for the rest."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_text(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)
+
+
 def check_overrides_apply(grid: GridFile, overrides: list[str], path) -> None:
     """SpecError for a --set of a fixed setting that a sweep replaces in the cells it would set
     (a sweep beats a fixed value, ablations/grid/expand.py): ``--set
-    'mechanisms[0].training.lr=3e-3'`` in a grid that sweeps training.lr would change nothing.
-    The message names the sweep and the --set that does take effect."""
+    'mechanisms[0].training.lr=3e-3'`` in a grid that sweeps training.lr would change nothing,
+    nor would ``--set 'training={lr=3e-3}'`` or ``--set 'sizes[0].dff=128'`` where model.dff is
+    swept. The message names the --set, the setting inside it, the sweep and the --set that
+    does take effect."""
     for item in overrides:
-        steps = _steps(item.split("=", 1)[0], path)
-        if steps[:1] in (["tasks"], ["mechanisms"]) and len(steps) == 4:
-            table, index, section, name = steps
-            section = {"kwargs": f"{table[:-1]}_kwargs"}.get(section, section)
-        elif len(steps) == 2:
-            (section, name), table, index = steps, None, None
-        else:
-            continue  # not a fixed setting of the cells (a sweep, a label, seeds, ...)
-        key = f"{section}.{name}"
-        levels = {"[sweep]": grid.sweep}  # every sweep that reaches cells the --set reaches
-        for other in ("tasks", "mechanisms"):
-            for i, entry in enumerate(getattr(grid, other)):
-                if other != table or i == index:
-                    levels[f"{other}[{i}].sweep"] = entry.sweep
-        for where, sweep in levels.items():
-            values = flat_sweep(sweep).get(key)
-            if values is None:
-                continue
-            value = item.split("=", 1)[1]
-            scope = f"{table}[{index}].sweep.{key}" if table else f"sweep.{key}"
-            raise SpecError(
-                f"{path}: --set {item} is overridden where {where} sweeps {key} (over "
-                f"{values}): a sweep beats a fixed value; to run {value} alone, "
-                f"--set '{scope}=[{value}]'"
-            )
+        key, text = item.split("=", 1)
+        steps = _steps(key, path)
+        for setting, value in _settings(steps, _value(text)):
+            shown = text if setting == steps else _toml_text(value)
+            inner = "" if setting == steps else f" (its {step_name(setting)} = {shown})"
+            _check_not_swept(grid, f"--set {item}{inner}", setting, shown, path)
+
+
+def _check_not_swept(grid: GridFile, what: str, steps: list, shown: str, path) -> None:
+    """SpecError where a sweep reaching the cells that the fixed setting `steps` (`_settings`)
+    sets sweeps its key; `what`: the --set, as the message names it; `shown`: its value."""
+    table, index, key = _swept_key(steps)
+    lengths = [f"training.{k}" for k in LENGTH]  # steps and epochs: one setting
+    keys = lengths if key in lengths else [key]
+    levels = {"[sweep]": grid.sweep}  # every sweep that reaches cells the setting reaches
+    for other in ("tasks", "mechanisms"):
+        for i, entry in enumerate(getattr(grid, other)):
+            if other != table or i == index:
+                levels[f"{other}[{i}].sweep"] = entry.sweep
+    for where, sweep in levels.items():
+        swept = flat_sweep(sweep)
+        found = next((k for k in keys if k in swept), None)
+        if found is None:
+            continue
+        # the --set that works: a sweep of the setting's own entry, where none is more
+        # specific (a mechanism's beats a task's); else the sweep that beat it, for its cells
+        own = table == "mechanisms" or (table == "tasks" and not where.startswith("mechanisms"))
+        scope = f"{table}[{index}].sweep" if own else where.replace("[sweep]", "sweep")
+        caveat = "" if own or table is None else (
+            f" (which sets it in every cell {where} reaches, not only {table}[{index}]'s)"
+        )  # fmt: skip
+        raise SpecError(
+            f"{path}: {what} is overridden where {where} sweeps {found} (over {swept[found]}): "
+            f"a sweep beats a fixed value; to run {shown} alone, --set '{scope}.{key}=[{shown}]'"
+            f"{caveat}"
+        )

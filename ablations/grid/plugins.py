@@ -28,10 +28,15 @@ import importlib
 import importlib.util
 import os
 import sys
+import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
 
+import attn_zoo
 from attn_zoo.registry import PluginError, importing_plugin, load_entry_point_plugins
+
+_brought: dict[str, list[str]] = {}  # a plugin (resolved name) -> the modules its import
+# brought into this process (`importing_plugin`)
 
 
 def is_file(name: str) -> bool:
@@ -100,10 +105,11 @@ def _import(name: str) -> None:
     if not is_file(name):
         if name in sys.modules:
             return
-        with importing_plugin():  # finding a dotted name imports its parent package
+        with importing_plugin() as brought:  # finding a dotted name imports its parent package
             spec = importlib.util.find_spec(name)
             if spec is None or not spec.origin or not _loaded(spec.origin):
                 importlib.import_module(name)
+        _brought[name] = brought
         return
     path = Path(name)
     digest = hashlib.sha256(str(path).encode()).hexdigest()[:8]
@@ -115,9 +121,48 @@ def _import(name: str) -> None:
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    with importing_plugin():
+    with importing_plugin() as brought:
         try:
             spec.loader.exec_module(module)
         except BaseException:
             del sys.modules[module_name]  # before `importing_plugin` undoes what it registered
             raise
+    _brought[name] = brought
+
+
+def _library_folders() -> tuple[str, ...]:
+    """The folders of code a plugin's digest leaves out: Python's and the installed packages'
+    (their versions are the environment's), attn_zoo's and ablations' (the cell's commit records
+    them: ablations.run.provenance.source_state)."""
+    paths = sysconfig.get_paths()
+    folders = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    folders += [Path(attn_zoo.__file__).parent, Path(__file__).parents[1]]  # ablations
+    return tuple(os.path.join(os.path.realpath(folder), "") for folder in folders)
+
+
+def plugin_files(name: str) -> list[str]:
+    """The files of plugin `name`'s code in this process (`name` resolved, as `resolve` gives
+    it), each once: its own file first (none for a module without one), then, sorted, those
+    of its package's modules that are loaded (``mypkg.impl`` of a plugin ``mypkg``) and of
+    every other module its import brought in (`importing_plugin`: a helper module beside it)
+    that is not part of Python, an installed package, attn_zoo or ablations
+    (`_library_folders`). A file's edit then changes the plugin's digest
+    (ablations.run.provenance.plugin_record)."""
+    package: list[str] = []
+    if is_file(name):
+        own = name
+    else:
+        spec = importlib.util.find_spec(name)
+        own = spec.origin if spec is not None else None
+        package = [module for module in list(sys.modules) if module.startswith(f"{name}.")]
+    own = os.path.realpath(own) if own and os.path.isfile(own) else None
+    library = _library_folders()
+    files = set()
+    for module in [*package, *_brought.get(name, [])]:
+        file = getattr(sys.modules.get(module), "__file__", None)
+        if not isinstance(file, str) or not os.path.isfile(file):
+            continue
+        file = os.path.realpath(file)
+        if module in package or not file.startswith(library):
+            files.add(file)
+    return ([own] if own else []) + sorted(files - {own})

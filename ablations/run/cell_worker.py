@@ -16,7 +16,6 @@ from ablations.grid.cell import Cell
 from ablations.grid.plugins import import_plugins
 from ablations.results.store import error_summary
 from ablations.run.devices import attempted_device
-from ablations.run.provenance import plugin_record
 from ablations.run.resume import ResumePlan, ResumePoint
 from ablations.run.train import CellOutcome, environment, train_cell
 
@@ -63,7 +62,8 @@ def run_cell(
     (`ablations.run.train.attention_record`), and why recording them failed if it did.
     `progress.put((key, step, loss))` is called at each evaluation when a queue is given, and
     `progress.put(ResumePoint(...))` with each resume checkpoint `resume` asks for (and the
-    cell starts from its checkpoint, if any: ablations.run.resume); best-effort: a put that fails
+    cell starts from its checkpoint, if any, made from the code and plugins of the plan's
+    `sources`, the driver's record: ablations.run.resume); best-effort: a put that fails
     ends the reporting, never the cell. `CellInterrupted` (not an Exception) passes through."""
     torch.set_num_threads(threads)
     key = cell.key
@@ -84,7 +84,6 @@ def run_cell(
         import_plugins(imports)
         result = train_cell(
             cell,
-            plugins=plugin_record(imports),  # a resume checkpoint of other plugins is not taken
             on_progress=lambda step, loss: send((key, step, loss)),
             keep_state=keep_state,
             keep_maps=keep_state,

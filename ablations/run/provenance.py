@@ -10,8 +10,11 @@ and a run refused before training when finished cells of its grid were made from
     environment["data"]     {path: sha256} of each file the task read (`Task.data_files`),
                             recorded by the worker that trained the cell
     environment["plugins"]  {name: sha256} of each plugin the grid's run imported
-                            (`GridSpec.imports`: a file's path, a module's name; a module's
-                            digest is its file's), recorded by the driver ({} for none)
+                            (`GridSpec.imports`: a file's path, a module's name), over every
+                            file of its code (`plugin_record`: its own, its package's modules,
+                            the helper modules it imported), recorded by the driver ({} for
+                            none), which hands it and its commit to the workers for their
+                            resume checkpoints (ablations.run.resume.ResumePlan.sources)
 
 A cell's key holds a data file as the grid names it ("boards.npz") and a mechanism by its
 registered name ("standard"); a changed file, or a plugin that re-registers a built-in name,
@@ -25,7 +28,6 @@ were recorded) is not compared.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -35,21 +37,28 @@ from functools import cache
 from pathlib import Path
 
 from ablations.grid.cell import Cell
-from ablations.grid.plugins import is_file
+from ablations.grid.plugins import plugin_files
 from ablations.results.store import ResultsStore
 
 COMPARED = ("done", "diverged")  # the finished cells a run skips and a report uses
 
 
 def file_sha256(path: str | Path) -> str:
-    """The SHA-256 of the file at `path` (hex), read once per state of the file (its size and
-    modification time)."""
+    """The SHA-256 of the file at `path` (hex), read once per state of the file: `file_state`."""
+    return _sha256(os.path.realpath(path), file_state(path))
+
+
+def file_state(path: str | Path) -> tuple[int, ...]:
+    """What tells one content of the file at `path` (a link followed) from another without
+    reading it: its device and inode (another file put in its place, or a link repointed to
+    one of the same size and time, is another inode), size, modification and change times (a
+    rewrite that puts the modification time back changes the change time)."""
     stat = os.stat(path)
-    return _sha256(os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
 
 
 @cache
-def _sha256(path: str, size: int, mtime_ns: int) -> str:
+def _sha256(path: str, state: tuple[int, ...]) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as file:
         for block in iter(lambda: file.read(1 << 20), b""):
@@ -97,16 +106,19 @@ def data_record(task) -> dict[str, str]:
 
 
 def plugin_record(imports: Sequence[str]) -> dict[str, str | None]:
-    """{name: SHA-256} of each plugin of `imports` (resolved names, as `GridSpec.imports`): a
-    file's own digest, a module's that of its file (None for a module without one)."""
-    record = {}
+    """{name: SHA-256} of each plugin of `imports` (resolved names, as `GridSpec.imports`) over
+    the files of its code in this process (ablations.grid.plugins.plugin_files: its own, its
+    package's modules, the helper modules its import brought in): the digest of its file where
+    that is all (of a module without a file: None), else the SHA-256 of their sorted digests
+    (one per line), so that an edit of any of them changes it."""
+    record: dict[str, str | None] = {}
     for name in imports:
-        if is_file(name):
-            record[name] = file_sha256(name)
+        files = plugin_files(name)
+        if len(files) <= 1:
+            record[name] = file_sha256(files[0]) if files else None
             continue
-        spec = importlib.util.find_spec(name)
-        origin = spec.origin if spec is not None else None
-        record[name] = file_sha256(origin) if origin and os.path.isfile(origin) else None
+        digests = sorted(file_sha256(file) for file in files)
+        record[name] = hashlib.sha256("\n".join(digests).encode()).hexdigest()
     return record
 
 

@@ -8,12 +8,13 @@ which `load_state` checks).
     loop = load_state(data, cell, model, optimizer, schedule, batches, device, inputs)
 
 A checkpoint holds the inputs that can change a result besides the cell's config (its `inputs`: the
-digests of the data files the task read and of the plugin files imported, and torch's global state,
-ablations/run/torch_state.py) and everything the training loop (ablations.run.train) carries from
-one step to the next: the model's weights, the optimizer's and LR schedule's state, every random
-state (torch's CPU generator and the device's, Python's `random`, NumPy's, and the generator that
-draws the batches: the position in the data order) and the `LoopState` (step, curve so far, last
-validation metrics, early-stopping state, training seconds). It is no part of the cell's config or
+digests of the data files the task read and of the plugins' code, torch's global state,
+ablations/run/torch_state.py, and the code's commit) and everything the training loop
+(ablations.run.train) carries from one step to the next: the model's weights, the optimizer's and
+LR schedule's state, every random state (torch's CPU generator and the device's, Python's
+`random`, NumPy's, and the generator that draws the batches: the position in the data order) and
+the `LoopState` (step, curve so far, last validation metrics, early-stopping state, training
+seconds). It is no part of the cell's config or
 key: how often checkpoints are taken changes no result.
 
 Its bytes are `MAGIC`, the SHA-256 of the payload, then the payload (torch.save of a dict of
@@ -65,11 +66,15 @@ class ResumeError(ValueError):
 class ResumePlan:
     """What a worker is told about resuming a cell: take a checkpoint every `every_steps`
     steps and every `every_seconds` seconds of training (0: not on that count), and start from
-    `data` (a checkpoint's bytes; None: from step 0)."""
+    `data` (a checkpoint's bytes; None: from step 0); `sources`: the code and plugins the
+    driver records for the cell's run ({"code": provenance.source_state(), "plugins":
+    provenance.plugin_record(imports)}), which its checkpoints hold and must match, computed
+    once per run (None: the code here, no plugins)."""
 
     every_steps: int = 0
     every_seconds: float = 0.0
     data: bytes | None = None
+    sources: dict | None = None
 
     def due(self, step: int, seconds: float) -> bool:
         """Whether a checkpoint is due after `step`, `seconds` after the last one."""
@@ -150,8 +155,8 @@ def save_state(
     inputs: dict,
 ) -> bytes:
     """The resume checkpoint of `cell` after step `loop.step`, trained from `inputs` (`INPUTS`:
-    {"data": {path: sha256}, "plugins": {name: sha256}, "torch": torch_state()}): its bytes (see
-    the module)."""
+    {"data": {path: sha256}, "plugins": {name: sha256}, "torch": torch_state(), "code":
+    source_state()}): its bytes (see the module)."""
     buffer = io.BytesIO()
     torch.save(
         {

@@ -44,6 +44,7 @@ the run takes no more, and its cells train on without them.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import signal
@@ -130,9 +131,12 @@ def kept_files(store: ResultsStore, key: str, outcome: CellOutcome) -> dict[Path
     return {path: data for path, data in files.items() if data is not None}
 
 
-def resume_plan(spec: GridSpec, store: ResultsStore, key: str, progress: Progress) -> ResumePlan:
+def resume_plan(
+    spec: GridSpec, store: ResultsStore, key: str, progress: Progress, sources: dict | None = None
+) -> ResumePlan:
     """When cell `key` takes resume checkpoints (the grid's `[resume]`) and the one it starts
-    from: the bytes of its resume file, if any (one that cannot be read is noted, not used)."""
+    from: the bytes of its resume file, if any (one that cannot be read is noted, not used);
+    `sources`: the run's code and plugins, which its checkpoints hold (`ResumePlan.sources`)."""
     path = store.resume_path(key)
     try:
         data = path.read_bytes()
@@ -141,7 +145,8 @@ def resume_plan(spec: GridSpec, store: ResultsStore, key: str, progress: Progres
     except OSError as err:
         progress.note(f"resume checkpoint {path} cannot be read ({err}); trained from step 0")
         data = None
-    return ResumePlan(spec.resume["every_steps"], 60.0 * spec.resume["every_minutes"], data)
+    every = spec.resume
+    return ResumePlan(every["every_steps"], 60.0 * every["every_minutes"], data, sources)
 
 
 STORAGE_HINTS = {  # what an OSError writing the store's files means, in the stop line
@@ -213,6 +218,7 @@ class _Run:
     stop: _StopSignals
     trackers: object
     environment: dict  # what every recorded cell's environment gets: the commit, the plugins
+    sources: dict  # the code and plugins, once per run: the workers' checkpoints hold them
     retry_failed: bool = False
     judge: Judge | None = None
     running: dict = field(default_factory=dict)  # executor handle -> its cell
@@ -231,8 +237,9 @@ class _Run:
                 self.progress.skipped(cell)  # finished meanwhile, or held by another live run
                 continue
             self.claimed.add(cell.key)
-            plan = resume_plan(self.spec, self.store, cell.key, self.progress)
-            plan = ResumePlan(data=plan.data) if self.resume_off else plan  # takes none
+            plan = resume_plan(self.spec, self.store, cell.key, self.progress, self.sources)
+            if self.resume_off:  # takes none
+                plan = dataclasses.replace(plan, every_steps=0, every_seconds=0.0)
             asks = self.judge is not None  # its evaluations wait for the judge
             self.running[self.pool.submit(cell, self.spec.checkpoints, plan, asks=asks)] = cell
             self.progress.started(cell.key, cell)
@@ -364,7 +371,8 @@ def drive(
     device = spec.training.device  # where the local workers go
     threads = cell_threads(spec.resources)
     local = None if executor == "ray" else workers or default_local_workers(device, threads)
-    environment = {**source_state(), "plugins": plugins}
+    sources = {"code": source_state(), "plugins": plugins}  # ResumePlan.sources
+    environment = {**sources["code"], "plugins": plugins}
     if local is not None:  # cells timed side by side: contended where workers x threads > cpus
         environment.update(workers=local, cpus=usable_cpus())
     if executor == "ray" or local > 1:
@@ -380,7 +388,8 @@ def drive(
     progress.counts.update(counted)  # pruned, where cells may be
     progress.expect(todo)
     stop.progress = progress
-    run = _Run(spec, store, pool, progress, stop, trackers, environment, retry_failed, judge)
+    run = _Run(spec, store, pool, progress, stop, trackers, environment, sources, retry_failed,
+               judge)  # fmt: skip
     fault: Exception | None = None  # what stopped the run, when its store or disk failed
     try:
         while stop.signum is None:

@@ -13,6 +13,7 @@ every cell is todo.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pandas as pd
 
@@ -74,3 +75,31 @@ def status_text(frame: pd.DataFrame, swept: list[str]) -> str:
             form = terminal_text
         texts[column] = ["-" if is_missing(value) else form(value) for value in frame[column]]
     return texts.to_string(index=False)
+
+
+PLUGIN_CODE = {  # what a cell's environment records of plugin code, and how a line names it
+    "plugins": "plugins",
+    "replaced": "built-in names replaced by a plugin",
+    "outranking": "plugin backends outranking built-in ones (auto may pick them)",
+}
+
+
+def plugin_code(spec: GridSpec) -> list[str]:
+    """One line per kind of plugin code (`PLUGIN_CODE`) the cells of `spec` in its store were
+    run with, as their environments record it (ablations/run/train.py, ablations.run.
+    provenance): "plugins: mine.py 1a2b3c4d5e6f", "built-in names replaced by a plugin:
+    mechanism standard", "plugin backends outranking built-in ones (auto may pick them):
+    softmax backend fast"; none where there is none (or no store)."""
+    if not spec.store.exists():
+        return []
+    keys = {cell.key for cell in spec.cells}
+    found: dict[str, dict] = {kind: {} for kind in PLUGIN_CODE}
+    for row in ResultsStore(spec.store, readonly=True).rows():
+        if row["key"] not in keys:
+            continue
+        env = row["environment"] or {}
+        for name, digest in (env.get("plugins") or {}).items():
+            found["plugins"][f"{Path(name).name} {(digest or 'no file')[:12]}"] = None
+        for kind in ("replaced", "outranking"):
+            found[kind].update(dict.fromkeys(env.get(kind) or []))
+    return [f"{PLUGIN_CODE[kind]}: {', '.join(names)}" for kind, names in found.items() if names]

@@ -56,6 +56,7 @@ from ablations.run.provenance import data_record, source_state
 from ablations.run.resume import LoopState, ResumeError, ResumePlan, load_state, save_state
 from ablations.run.torch_state import changes, reset_torch_state, torch_state
 from ablations.tasks import IGNORE_INDEX
+from attn_zoo.kernels.dispatch import plugin_backends_first
 from attn_zoo.maps import recording_attention
 from attn_zoo.registry import replaced_names
 
@@ -112,7 +113,10 @@ def environment(device: str | None = None, dtype: str | None = None) -> dict:
     trained on ("cpu", "cuda:0", ...; with "device_name" for a GPU) and its compute dtype
     ("float32", or "bfloat16" under autocast); "replaced": the registry entries a plugin
     replaced in this process (attn_zoo.registry.replaced_names: "mechanism standard"), where
-    any was: a name in the config then means another entry than the built-in one."""
+    any was: a name in the config then means another entry than the built-in one;
+    "outranking": the plugins' kernel backends that outrank a built-in one, which ``auto`` may
+    pick for built-in mechanisms (attn_zoo.kernels.dispatch.plugin_backends_first: "softmax
+    backend fast"), where any does."""
     import attn_zoo
 
     env = {
@@ -132,6 +136,9 @@ def environment(device: str | None = None, dtype: str | None = None) -> dict:
     replaced = replaced_names()
     if replaced:
         env["replaced"] = [f"{registry} {name}" for registry, name in replaced]
+    outranking = plugin_backends_first()
+    if outranking:
+        env["outranking"] = outranking
     return env
 
 
@@ -255,7 +262,6 @@ def train_cell(
     resume: ResumePlan | None = None,
     on_checkpoint=None,
     should_prune=None,
-    plugins: dict | None = None,
 ) -> CellResult:
     """Train and evaluate `cell`; `on_progress(step, loss)` is called at each evaluation;
     `should_prune(step, val_loss, val_metric)` at each evaluation after which the cell would
@@ -266,10 +272,10 @@ def train_cell(
     placement), default the cell's `training.device` resolved here (`resolve_device`).
     `resume` (ablations.run.resume): the checkpoint to start from, if any (one that is not trusted
     is ignored, with a note: the cell trains from step 0), and when `on_checkpoint(step, data)`
-    is handed a new one (never after the last step); `plugins`: the digests of the plugin files
-    imported (ablations.run.provenance.plugin_record), which a checkpoint must match with the
-    data files' and torch's global state (ablations/run/torch_state.py: put back to torch's
-    defaults first, with a note). Exceptions propagate (the runner records
+    is handed a new one (never after the last step); a checkpoint must match the code and
+    plugins of the plan's `sources` (the driver's; without them, this checkout's code and no
+    plugins), the data files' digests and torch's global state (ablations/run/torch_state.py:
+    put back to torch's defaults first, with a note). Exceptions propagate (the runner records
     them as failed cells with the traceback), a compile error included."""
     t = cell.training
     device = torch.device(resolve_device(t.device) if device is None else device)
@@ -286,15 +292,15 @@ def train_cell(
     }
     model = build_cell_model(cell, task).to(device)  # built on the CPU: the same weights anywhere
     check_torch_state("building the cell's model")
-    inputs = {"data": data, "plugins": dict(plugins or {}), "torch": torch_state(),
-              "code": source_state()}  # what a resume checkpoint must match  # fmt: skip
+    resume = resume or ResumePlan()
+    sources = resume.sources or {"code": source_state(), "plugins": {}}
+    inputs = {"data": data, "torch": torch_state(), **sources}  # what a checkpoint must match
     run = torch.compile(model) if t.compile else model
     opt = torch.optim.AdamW(
         model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, t))
     gen = torch.Generator().manual_seed(cell.seed)
-    resume = resume or ResumePlan()
     loop = LoopState()
     if resume.data is not None:
         try:

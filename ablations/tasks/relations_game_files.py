@@ -73,15 +73,26 @@ def _array_bytes(archive: zipfile.ZipFile, field: str) -> int:
 
 def load_boards(path: Path, game: int) -> tuple[Tensor, Tensor]:
     """The boards of `path` (of game `game`; -1: all): uint8 images (n, 3, H, W) and int64
-    labels (n,), read once per state of the file (its size and modification time); ValueError
-    naming the file and what is wrong with it, before reading its arrays when it is no .npz
-    archive or they would take more than `memory_limit()`."""
-    stat = path.stat() if path.is_file() else None
-    return _load_boards(path, game, stat and (stat.st_size, stat.st_mtime_ns))
+    labels (n,), read once per content of the file (`_file_state`); ValueError naming the file
+    and what is wrong with it, before reading its arrays when it is no .npz archive or they
+    would take more than `memory_limit()`."""
+    return _load_boards(path, game, _file_state(path))
+
+
+def _file_state(path: Path) -> tuple | None:
+    """What tells one content of the file at `path` from another without reading it (None: no
+    file): the file a link leads to (its resolved path, device and inode: a link repointed to
+    another file of the same size and time is another inode), its size and modification and
+    change times (a rewrite that puts the modification time back changes the change time)."""
+    if not path.is_file():
+        return None
+    stat = path.stat()
+    times = stat.st_mtime_ns, stat.st_ctime_ns
+    return path.resolve(), stat.st_dev, stat.st_ino, stat.st_size, *times
 
 
 @cache
-def _load_boards(path: Path, game: int, state: tuple[int, int] | None) -> tuple[Tensor, Tensor]:
+def _load_boards(path: Path, game: int, state: tuple | None) -> tuple[Tensor, Tensor]:
     if state is None:
         looked = path.is_relative_to(DATA)  # a relative path: say where it was looked up
         raise ValueError(f"{path}: no such file" + (

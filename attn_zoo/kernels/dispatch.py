@@ -342,6 +342,33 @@ def family(name: str) -> KernelFamily:
     return FAMILIES[name]
 
 
+def plugin_backends_first() -> list[str]:
+    """Each backend defined outside attn_zoo (its function's module: a plugin's) that outranks
+    a built-in backend of its family, a higher priority on a device both serve, as "<family>
+    backend <name>". ``auto`` (and a tier name) then picks it for the calls it fits where
+    the built-in one would have served, so the results of built-in mechanisms come from its
+    code: each cell's environment records these ("outranking", ablations/run/train.py), as it
+    records replaced names (attn_zoo.registry.replaced_names)."""
+    found = []
+    for name in FAMILIES.names():
+        backends = FAMILIES[name].backends.values()
+        built_in = [b for b in backends if _built_in(b)]
+        for backend in backends:
+            if not _built_in(backend) and any(_outranks(backend, b) for b in built_in):
+                found.append(f"{name} backend {backend.name}")
+    return found
+
+
+def _built_in(backend: Backend) -> bool:
+    return (getattr(backend.fn, "__module__", None) or "").startswith("attn_zoo.")
+
+
+def _outranks(backend: Backend, other: Backend) -> bool:
+    """Whether `backend` has a higher priority than `other` on a device both serve."""
+    shared = backend.capabilities.devices & other.capabilities.devices
+    return any(backend.rank(device) > other.rank(device) for device in shared)
+
+
 def register_backend(
     family_name: str,
     name: str,

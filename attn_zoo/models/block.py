@@ -34,6 +34,8 @@ from attn_zoo.models.feedforward import FeedForward
 from attn_zoo.models.norms import create_norm
 from attn_zoo.registry import unknown_name_error
 
+BLOCK_FILLED = ("d_model", "backend")  # what a block gives its mechanisms from its own fields
+
 
 @dataclass(frozen=True)
 class BlockConfig:
@@ -75,6 +77,14 @@ class BlockConfig:
             raise ValueError(f"dff={self.dff!r}: must be None or an integer >= 1")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout!r}: must be in [0, 1)")
+        for where in ("attention_kwargs", "cross_attention"):
+            for key in BLOCK_FILLED:
+                if key in (getattr(self, where) or {}):
+                    raise ValueError(
+                        f"{where}[{key!r}]={getattr(self, where)[key]!r}: the block fills in "
+                        f"its mechanisms' {key}; set the block's own field {key}= (BlockConfig."
+                        f"{key}) instead"
+                    )
 
     @classmethod
     def fields(cls) -> list[str]:

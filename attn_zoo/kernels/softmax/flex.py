@@ -113,7 +113,8 @@ def flex(
 
     def scores(score, bi, hi, qi, ki):  # the naive path's order: score_mod, then the bias
         if score_mod is not None:
-            score = checked_result("score_mod", score_mod, score_mod(score, bi, hi, qi, ki))
+            result = score_mod(score, bi, hi, qi, ki)
+            score = checked_result("score_mod", score_mod, result, dtype=score.dtype)
         return score if bias is None else score + bias[bi, hi, qi, ki]
 
     modded = score_mod is not None or bias is not None
