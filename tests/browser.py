@@ -37,25 +37,42 @@ FLAGS = [
     "--host-resolver-rules=MAP * ~NOTFOUND",  # no host name resolves: nothing leaves the machine
 ]
 # What the page tells about itself once loaded: every image's source (shortened), whether it
-# finished loading and its natural width, and the text a reader sees.
-INSPECT = """JSON.stringify({
-  images: [...document.images].map(i => ({src: i.src.slice(0, 80), complete: i.complete,
-                                          width: i.naturalWidth})),
-  text: document.body.innerText,
-})"""
+# finished loading, its natural width and alt text, where it lies and whether inside a
+# <details>; where the question, each table and each <details> lie (CSS pixels from the page's
+# top: `box`; a closed <details>' content has none), and the text a reader sees.
+INSPECT = """(() => {
+  const box = e => { const r = e.getBoundingClientRect();
+                     return {top: r.top + scrollY, bottom: r.bottom + scrollY}; };
+  const question = document.querySelector('.question');
+  return JSON.stringify({
+    images: [...document.images].map(i => ({src: i.src.slice(0, 80), complete: i.complete,
+      width: i.naturalWidth, alt: i.alt, in_details: i.closest('details') !== null, ...box(i)})),
+    tables: [...document.querySelectorAll('table')].map(t => ({header: t.rows[0].innerText,
+      in_details: t.closest('details') !== null, ...box(t)})),
+    details: [...document.querySelectorAll('details')].map(d => ({
+      summary: d.querySelector('summary').innerText, ...box(d)})),
+    question: question && {text: question.innerText, ...box(question)},
+    text: document.body.innerText,
+  });
+})()"""
 
 
 @dataclass
 class Page:
     """What Chromium did with a page: console errors and uncaught exceptions (`errors`), the
     messages of JavaScript dialogs it opened (`dialogs`), every URL it requested (`requests`,
-    their first 100 characters),
-    its images ({src, complete, width}), its visible text and a PNG screenshot."""
+    their first 100 characters), its images ({src, complete, width, alt, in_details, top,
+    bottom}), tables ({header, in_details, top, bottom}), <details> ({summary, top, bottom}),
+    its question ({text, top, bottom}; None without), its visible text (not a closed
+    <details>' content) and a PNG screenshot of the window."""
 
     errors: list[str]
     dialogs: list[str]
     requests: list[str]
     images: list[dict]
+    tables: list[dict]
+    details: list[dict]
+    question: dict | None
     text: str
     png: bytes
 
@@ -177,6 +194,9 @@ def open_page(path: Path, width: int = 1100, height: int = 1300, timeout: float 
             p["request"]["url"][:100] for p in _params(browser.events, "Network.requestWillBeSent")
         ],
         images=shown["images"],
+        tables=shown["tables"],
+        details=shown["details"],
+        question=shown["question"],
         text=shown["text"],
         png=base64.b64decode(png),
     )

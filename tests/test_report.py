@@ -13,7 +13,7 @@ import pytest
 import scipy.stats
 from matplotlib.image import imread
 
-from ablations.report.build import report_page, summary_table, write_report
+from ablations.report.build import report_page, write_report
 from ablations.report.pages import (
     INSIDE_LEGEND,
     LEGEND_ROW_INCHES,
@@ -26,6 +26,7 @@ from ablations.report.pages import (
     plot_title,
     render_markdown,
 )
+from ablations.report.tables import summary_table, tidy_cells
 from ablations.results.store import ResultsStore
 from ablations.tasks import build_task
 
@@ -149,7 +150,8 @@ def check_summary(summary: pd.DataFrame, inputs: dict, target: float) -> None:
 
 def test_summary_matches_the_inputs(grid):
     store, inputs = grid
-    summary = summary_table(store.to_dataframe(), store.curves())  # target: early_stop_target
+    summary = summary_table(tidy_cells(store.to_dataframe()), store.curves())  # target: its
+    # early_stop_target
     check_summary(summary, inputs, EARLY_STOP)
     assert 0 < summary.reached.sum() < summary.seeds.sum()  # the target is met only sometimes
     cells = summary.set_index(["task", "size", "mechanism"]).cells
@@ -247,6 +249,7 @@ def test_the_page_model_holds_each_table_once_with_its_best_cells_marked(grid, p
     headings = [section.heading for section in page.sections]
     assert headings == [f"Task: {task}" for task in TASKS] + [
         "Training-set size: match_pattern",
+        "Provenance and how to read the tables",
         "Cells not in the tables",
     ]
     for task in TASKS:
@@ -321,7 +324,7 @@ def test_task_labels_and_empty_store(tmp_path):
     for label in ("copy_short", "copy_long"):
         cell = config("same_pair", "small", "softmax", 0) | {"task": label, "task_name": "copy"}
         store.finish(store.claim(cell), "done", *outcome(0, 0, 0, 0))
-    summary = summary_table(store.to_dataframe(), store.curves())
+    summary = summary_table(tidy_cells(store.to_dataframe()), store.curves())
     assert list(summary.task) == ["copy_short", "copy_long"]
 
     out = write_report(ResultsStore(tmp_path / "empty.sqlite"), tmp_path / "empty")

@@ -188,22 +188,26 @@ def test_every_text_of_the_page_model_is_escaped_on_both_pages(tmp_path):
     (tmp_path / "plot.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     table = Table(pd.DataFrame({evil: [evil]}), pd.DataFrame({evil: [True]}))
     section = Section(evil, [Paragraph(evil), Bullets([evil]), table, Image("plot.png", evil)])
-    page = Page(evil, [evil], evil, evil, [section])
+    details = Section(evil, [Paragraph(evil)], details=True)
+    page = Page(evil, [evil], evil, evil, [details, section], question=evil)
     markdown = render_markdown(page)
     assert "<" not in markdown and ">" not in markdown.replace("&gt;", "")
     assert markdown.split("\n\n") == [
         f"# {one_line}",
+        f"**Question:** {one_line}",
         f"- {one_line}",
         one_line,
-        "&lt;i&gt;x&lt;/i&gt; &amp; a|b [c] \\d\ne",  # the note: its lines and markdown kept
-        f"## {one_line}",
+        f"## {one_line}",  # the open section, then the note, then the details
         one_line,
         f"- {one_line}",
         f"| {one_line} |\n|---|\n| **{one_line}** |",
-        f"![{one_line}](plot.png)\n",
+        f"![{one_line}](plot.png)",
+        "&lt;i&gt;x&lt;/i&gt; &amp; a|b [c] \\d\ne",  # the note: its lines and markdown kept
+        f"## {one_line}",
+        f"{one_line}\n",
     ]
     page_html = render_html(page, tmp_path)
-    assert "<i>" not in page_html and page_html.count("&lt;i&gt;x&lt;/i&gt; &amp; a|b") == 11
+    assert "<i>" not in page_html and page_html.count("&lt;i&gt;x&lt;/i&gt; &amp; a|b") == 14
     with pytest.raises(ValueError):  # an image must be a file inside the folder
         render_html(Page("t", sections=[Section("s", [Image("../plot.png", "a")])]), tmp_path)
 

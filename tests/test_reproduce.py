@@ -130,3 +130,20 @@ def test_a_rerun_with_other_threads_is_kept_beside_the_recorded_count(report, tm
     assert sorted(frame.threads.unique()) == [1, 2] and set(frame.committed_threads) == {1}
     one, two = (frame[frame.threads == n].set_index("metric") for n in (1, 2))
     assert list(one.index) == list(two.index)
+
+
+def test_a_report_rebuilt_keeps_the_comparison_and_names_it(report, tmp_path):
+    """Rebuilt from its cells.csv, or written again into its folder, a report keeps its
+    reproduce.csv and says in its provenance what it found."""
+    folder = tmp_path / "report"
+    write_report(report / "cells.csv", folder)
+    reproduce(folder, sample=1)
+    rebuilt = write_report(folder / "cells.csv", tmp_path / "rebuilt")
+    assert (rebuilt / FILE).read_bytes() == (folder / FILE).read_bytes()
+    for page in (rebuilt / "report.md", folder / "report.md"):
+        text = page.read_text()
+        assert ("Reproduced (reproduce.csv): 1 of the report's cells rerun at" in text) == (
+            page.parent == rebuilt
+        )
+    write_report(rebuilt / "cells.csv", folder)  # the folder of the comparison replaced
+    assert "Reproduced (reproduce.csv)" in (folder / "report.md").read_text()

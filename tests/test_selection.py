@@ -121,7 +121,7 @@ def family(rows, margin=None, effect=None):
     test_acc where a row leaves it out; 5 seeds whose differences have sd 0.04."""
     rows = [(*row, "test_acc") if len(row) == 5 else row for row in rows]
     frame = pd.DataFrame(rows, columns=["a", "b", "mean", "p", "tost_p", "reported"])
-    return verdicts(frame.assign(n=5, sd=0.04), margin, effect)
+    return verdicts(frame.assign(n=5, sd=0.04, incomplete=""), margin, effect)
 
 
 def test_verdicts_use_the_holm_adjusted_p_and_say_equivalent_only_with_a_margin():

@@ -32,8 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     r.add_argument(
         "--grid", default=None, metavar="GRID",
-        help="with a cells.csv: the grid file whose [selection] the report uses (without: "
-        "the one its provenance.json records, if any); its SHA-256 goes into the report",
+        help="with a cells.csv: the grid file whose [selection] and [report] the report uses "
+        "(without: those its provenance.json records, if any); its SHA-256 goes into the report",
     )  # fmt: skip
     r.add_argument("--out", default=None,
                    help="folder to write (without: reports/<grid name>)")  # fmt: skip
@@ -65,7 +65,7 @@ def report(args: argparse.Namespace) -> int:
     from ablations.results.cells_file import CellsFile
     from ablations.results.store import ResultsStore
 
-    source, selection, keys, tracking = Path(args.source), None, None, None
+    source, selection, keys, tracking, lead = Path(args.source), None, None, None, None
     grid = Path(args.source) if source.suffix == ".toml" else args.grid
     if args.grid is not None and source.suffix != ".csv":
         raise SystemExit(
@@ -76,12 +76,14 @@ def report(args: argparse.Namespace) -> int:
 
         spec = trial_spec(load_grid(args, args.source, here=False))
         store, name, selection, tracking = spec.store, spec.name, spec.selection, spec.tracking
+        lead = spec.file.report
         keys = {cell.key: cell.config() for cell in spec.cells}  # those not run: listed
     elif source.suffix == ".csv":  # a report's cells: its grid's [selection] from --grid
         if grid is None:
             import_plugins(args)
         else:
-            selection = load_grid(args, grid, here=False).selection
+            spec = load_grid(args, grid, here=False)
+            selection, lead = spec.selection, spec.file.report
         store, name = _cells_source(args, source), source.parent.name
     else:
         import_plugins(args)
@@ -107,6 +109,7 @@ def report(args: argparse.Namespace) -> int:
                 store, out, title=args.title, target=args.target, note=args.note,
                 selection=selection, keys=keys, progress=progress, grid=grid,
                 overrides=args.set if grid is not None else (), require_clean=args.require_clean,
+                report=lead,
             )  # fmt: skip
         print(f"wrote {out}/report.md, {out}/index.html and the CSVs and plots beside them")
         for warning in log_report(tracking, name, store.path, out):

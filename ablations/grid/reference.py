@@ -21,6 +21,8 @@ from ablations.grid.schema import (
     GridRules,
     MechanismEntry,
     ModelOptions,
+    ReferenceCurve,
+    ReportSettings,
     Resources,
     Resume,
     Search,
@@ -48,6 +50,8 @@ TABLES: list[tuple[str, type[Table]]] = [  # (heading, schema) in the order a gr
     ("[grid]", GridRules),
     ("[tracking]", Tracking),
     ("[search]", Search),
+    ("[report]", ReportSettings),
+    ("[[report.reference_curves]]", ReferenceCurve),
 ]
 HEADINGS = {schema: heading for heading, schema in TABLES}
 

@@ -312,6 +312,42 @@ class Selection(Table):
         return [self.reported] if isinstance(self.reported, str) else list(self.reported)
 
 
+REFERENCE_CSV = (
+    "a CSV file (lines starting with '#' are comments) with the columns `task` (a task label "
+    "of the grid: its rows are drawn on that task's panel), `model` (one curve per model), the "
+    "headline figure's axis named as the swept key's last part (`n_train` for "
+    "task_kwargs.n_train; `size` for the model sizes' labels; none where the figure is per "
+    "task) and the value `column`"
+)
+
+
+class ReferenceCurve(Table):
+    """An entry of [report]'s `reference_curves`: `file` (a path relative to the grid file's
+    folder; a CSV of the columns that key names), its curves drawn dashed on the report's
+    headline figure, each labelled "`label`: <model>", the figure's caption naming the
+    `source`; `column`: its CSV column of values (default: "<first reported metric>_mean")."""
+
+    file: rule(StrictStr, "a non-empty str (a path, relative to the grid file's folder)", bool)
+    label: Label
+    source: Label
+    column: Label | None = None
+
+
+class ReportSettings(Table):
+    """[report]: what a report of the grid leads with: `question` (one sentence; default: one
+    read from the [selection]), and `reference_curves`, published curves (e.g. a paper's)
+    drawn dashed beside the mechanisms on the headline figure (ablations/report/headline.py)."""
+
+    question: Label | None = None
+    reference_curves: Annotated[
+        list[ReferenceCurve],
+        Valid(
+            'a list of tables, e.g. [{ file = "paper.csv", label = "paper", source = "Smith '
+            '2024, fig. 2" }]: ' + REFERENCE_CSV
+        ),
+    ] = []
+
+
 Backends = Annotated[
     list[choice(tuple(BACKENDS))],
     Field(min_length=1),
@@ -399,6 +435,15 @@ class GridFile(Table):
     model: ModelOptions = ModelOptions()
     sweep: Sweep = Sweep()
     selection: Selection | None = None
+    report: Annotated[
+        ReportSettings,
+        Valid(
+            "a table: [report]: `question` (a sentence the report leads with; default: read "
+            "from the [selection]) and `reference_curves`, a list of tables { file (relative "
+            "to the grid file), label, source, column (the value column; default: "
+            '"<first reported metric>_mean") }, each file ' + REFERENCE_CSV
+        ),
+    ] = ReportSettings()
     resources: Resources = Resources()
     resume: Resume = Resume()
     grid: GridRules = GridRules()

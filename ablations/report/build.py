@@ -21,6 +21,14 @@
     vs_train_size_<family>.png  test accuracy vs n_train, where a task family's n_train varies
     attention_<cell>.png attention maps recorded when each cell finished, in grids that keep
                          checkpoints (report/attention_maps.py; writing a report runs no model)
+    headline.png         with a [selection]: the reported metric of each mechanism at its
+                         selected setting against the grid's main axis, 95% band, and the
+                         reference curves of the grid's [report] dashed (report/headline.py)
+
+The page leads with the answer: the question (the grid's [report], else read from the
+[selection]), the verdict table and the headline figure, then the note (the conclusion), then the
+details (every setting, learning curves, provenance, the cells not in the tables: collapsed in
+index.html; without a selection, the tables are the answer and stay open).
 
 (with a grid's [selection]: the curves and vs_params plots draw each mechanism's selected
 setting only, the curves one plot per setting of the axes not chosen over, named
@@ -50,7 +58,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ablations.grid.schema import Selection
+from ablations.grid.schema import ReportSettings, Selection
 from ablations.report.attention_maps import attention_sections, carried_attention_sections
 from ablations.report.folder import (
     check_replaceable,
@@ -59,15 +67,37 @@ from ablations.report.folder import (
     recover,
     replace_folder,
 )
-from ablations.report.pages import Image, Page, label_colours, write_csv, write_pages
+from ablations.report.headline import (
+    RecordedReport,
+    question_text,
+    recorded_report,
+    report_record,
+)
+from ablations.report.pages import (
+    Bullets,
+    Image,
+    Page,
+    Paragraph,
+    Section,
+    label_colours,
+    write_csv,
+    write_pages,
+)
 from ablations.report.provenance import (
+    RERUNS,
+    carried_reruns,
     code_versions,
-    contended,
     non_finite_metrics,
     provenance_record,
+    reruns_fact,
     unclean_code,
 )
-from ablations.report.sections import task_sections, train_size_sections, unfinished_section
+from ablations.report.sections import (
+    headline_section,
+    task_sections,
+    train_size_sections,
+    unfinished_section,
+)
 from ablations.report.selection import axis_columns, differing_settings
 from ablations.report.selection_section import differing_note, selection_section
 from ablations.report.tables import (
@@ -99,19 +129,13 @@ INTRO = (
     "the source, the grid file's SHA-256 and the environments. `attn-zoo report "
     "<folder>/cells.csv --grid <grid> --out <folder>` rebuilds this report from them."
 )
+PROVENANCE = "Provenance and how to read the tables"
 
 
-def _page(
-    frame: pd.DataFrame,
-    cells: pd.DataFrame,
-    title: str | None,
-    note: str | None,
-    provenance: dict,
-) -> Page:
-    """The page without sections: title, facts (grid names and the report's source, the grid
-    file and its SHA-256, cells by status, environment, date: `provenance`), how to read the
-    tables, and the note."""
-    grids = sorted(set(frame.get("grid", [])))
+def _provenance_section(grids: list[str], cells: pd.DataFrame, provenance: dict) -> Section:
+    """The details section of what the report was built from: the facts (grid names and the
+    report's source, the grid file and its SHA-256, cells by status, code, environment, date:
+    `provenance`) and how to read the tables."""
     counts = cells.status.value_counts()
     shown = ("done", "failed", "diverged", "running")  # pruned: a search's; todo: not run
     shown += tuple(s for s in ("pruned", "todo") if counts.get(s))
@@ -138,8 +162,7 @@ def _page(
     ]
     if not provenance["curves"]:
         facts.append(f"Learning curves and steps to target: left out ({NO_CURVES})")
-    title = title or "Ablation report: " + (", ".join(grids) or "empty store")
-    return Page(title, facts, INTRO, note or None)
+    return Section(PROVENANCE, [Bullets(facts), Paragraph(INTRO)], details=True)
 
 
 def write_report(
@@ -154,6 +177,7 @@ def write_report(
     grid: str | Path | None = None,
     overrides: Sequence[str] = (),
     require_clean: bool = False,
+    report: ReportSettings | None = None,
 ) -> Path:
     """Write the report of `store` (a ResultsStore or the path of its SQLite file; or a report's
     cells.csv, ablations.results.cells_file) into the folder `out_dir`: report.md, index.html,
@@ -174,7 +198,13 @@ def write_report(
     as not run, and no selection takes a setting that lacks one. `progress` (ablations.steps) counts
     the steps: the tables, each plot and attention map, and the pages. `require_clean` refuses
     (ValueError) cells that did not all run from one clean commit
-    (ablations.report.provenance.unclean_code). Returns `out_dir`.
+    (ablations.report.provenance.unclean_code). `report`: the grid file's [report] (its
+    question and reference curves, files relative to `grid`; default: as the provenance.json
+    beside a cells.csv records them, ablations/report/headline.py). Returns `out_dir`.
+
+    The page leads with the answer: the question, the verdict table and the headline figure
+    (with a [selection]), the note; then the details (every setting, the learning curves,
+    provenance, the cells not in the tables), collapsed in index.html.
 
     The folder belongs to the report and is written whole or not at all: the report is written
     into a new hidden sibling folder (``.<name>.partial-<pid>-<random>``), which then replaces
@@ -187,13 +217,15 @@ def write_report(
     of .md, .html, .csv, .png and .json files holding report.md (FileExistsError otherwise).
     A cells.csv inside `out_dir` is read whole before the folder is replaced."""
     store = open_store(store)
-    if require_clean:  # before anything is written
+    recorded = lead_record(store, report, grid)  # before anything is written: its files read,
+    if require_clean:  # the cells checked
         problem = unclean_code([row for row in store.rows() if keys is None or row["key"] in keys])
         if problem is not None:
             raise ValueError(f"--require-clean: {problem}")
     final = Path(out_dir).resolve()
     recover(final)
     check_replaceable(final)
+    reruns = carried_reruns(store, final)  # read before the folder is replaced
     final.parent.mkdir(parents=True, exist_ok=True)
     partial_dir = hidden_sibling(final, "partial")
     partial_dir.mkdir()
@@ -201,8 +233,13 @@ def write_report(
         progress = progress or Steps()
         progress.expect(1)  # the pages, after report_page's steps
         page = report_page(
-            store, partial_dir, title, target, note, selection, keys, progress, grid, overrides
-        )
+            store, partial_dir, title, target, note, selection, keys, progress, grid, overrides,
+            recorded,
+        )  # fmt: skip
+        if reruns is not None:  # `attn-zoo reproduce`'s comparison is kept, and named
+            new_file(partial_dir, RERUNS).write_bytes(reruns)
+            about = next(section for section in page.sections if section.heading == PROVENANCE)
+            about.parts[0].items.append(reruns_fact(reruns))
         progress.doing("pages: report.md, index.html")
         write_pages(page, partial_dir)
         replace_folder(partial_dir, final)
@@ -225,6 +262,21 @@ def open_store(store: str | Path | CellSource) -> CellSource:
     return ResultsStore(store, readonly=True)
 
 
+def lead_record(
+    store: CellSource, report: ReportSettings | None, grid: str | Path | None
+) -> RecordedReport | None:
+    """The [report] a report leads with: the grid file's `report` with its reference curve
+    files read (ValueError without the `grid` file they are relative to), else the one the
+    provenance.json beside a cells.csv records, else none."""
+    if report is not None:
+        if grid is None:
+            raise ValueError("a grid's [report] needs its grid file: its curve files lie there")
+        return report_record(report, Path(grid))
+    if isinstance(store, CellsFile):
+        return recorded_report(store.path.with_name("provenance.json"))
+    return None
+
+
 def recorded_selection(axes: dict[str, GridAxes], grids: list[str]) -> Selection | None:
     """The [selection] the runs of every grid of `grids` recorded (results/axes.py), where they
     recorded one and the same; None otherwise (no selection section)."""
@@ -245,10 +297,12 @@ def report_page(
     progress: Steps | None = None,
     grid: str | Path | None = None,
     overrides: Sequence[str] = (),
+    recorded: RecordedReport | None = None,
 ) -> Page:
     """Write the report's data and plots (summary.csv, cells.csv, curves.csv, provenance.json,
     the PNGs) into the empty `folder` and return its page (the model report.md and index.html
-    are rendered from, see `report_pages.write_pages`); the arguments are `write_report`'s.
+    are rendered from, see `report_pages.write_pages`); the arguments are `write_report`'s,
+    `recorded` its [report] (`lead_record`).
     The plots are planned first and drawn last, so that `progress` knows their number before
     the first is drawn."""
     store, folder = open_store(store), Path(folder)
@@ -260,32 +314,37 @@ def report_page(
     frame, curves = cells_table(records), store.curves()
     non_finite = non_finite_metrics(store)
     frame["non_finite"] = [non_finite.get(key, "") for key in frame.key]
-    frame["contended"] = [contended(record) for record in records]
     grids = list(dict.fromkeys(frame.get("grid", pd.Series()).dropna()))
-    axes = {name: recorded for name, recorded in store.axes().items() if name in grids}
+    axes = {name: kept for name, kept in store.axes().items() if name in grids}
     swept = swept_of(axes, grids)  # None: a store older than the record; the axes then vary
     if selection is None:  # the report of a store or cells.csv alone: as its grids' runs chose
         selection = recorded_selection(axes, grids)
-    cells = tidy_cells(frame, swept).assign(family=[task_family(config) for config in configs])
-    summary = summary_table(frame, curves, target)
+    environments = [record.get("environment") for record in records]
+    cells = tidy_cells(frame, swept, environments)
+    cells = cells.assign(family=[task_family(config) for config in configs])
+    summary = summary_table(cells, curves, target)
 
     progress = progress or Steps()
     progress.expect(1)  # the tables: cells, summary, and selection
     progress.doing("tables")
-    stored = frame.drop(columns="contended")  # from the environment, which cells.csv holds
-    write_csv(cells_csv(stored, records), new_file(folder, "cells.csv"))
+    write_csv(cells_csv(frame, records), new_file(folder, "cells.csv"))
     if curves is not None:  # the report's cells' only
         write_csv(curves[curves.key.isin(frame.key)], new_file(folder, "curves.csv"))
     write_csv(summary, new_file(folder, "summary.csv"))
-    provenance = provenance_record(store, curves, grid, overrides, axes, code_versions(records))
+    provenance = provenance_record(
+        store, curves, grid, overrides, axes, code_versions(records), recorded
+    )
     text = json.dumps(provenance, indent=2, ensure_ascii=False) + "\n"
     new_file(folder, "provenance.json").write_text(text, encoding="utf-8")
-    page = _page(frame, cells, title, note, provenance)
+    title = title or "Ablation report: " + (", ".join(sorted(grids)) or "empty store")
+    page = Page(title, note=note or None, question=question_text(recorded, selection))
+    about = _provenance_section(sorted(grids), cells, provenance)
+    facts = about.parts[0].items
     if left_out:
-        page.facts.insert(2, f"Left out: {left_out} cells of the store that are not in the grid")
+        facts.insert(2, f"Left out: {left_out} cells of the store that are not in the grid")
     unswept = [key for key in axis_columns(cells) if swept is not None and key not in swept]
     if unswept:  # kept apart all the same: their cells are no seeds of one setting
-        page.facts.append(
+        facts.append(
             f"Not swept by the grid, yet varying among its cells (shown as axes): "
             f"{', '.join(unswept)} (cells of an earlier version of the grid?)"
         )
@@ -295,21 +354,26 @@ def report_page(
     done = cells[cells.status == "done"]
     chosen_keys = None  # the cells of each mechanism's selected setting: their maps are shown
     plotted, metric = done, "test_acc"  # the cells the task plots draw, the metric they show
+    plots, answer = [], None
     if selection is not None:
-        section, rows = selection_section(cells, selection, folder)
+        selected = selection_section(cells, selection, folder)
+        section = selected.section
         section.parts[1:1] = [differing_note(task, keys) for task, keys in differing.items()]
-        page.sections.append(section)
-        chosen_keys = set(frame.loc[sorted(rows), "key"])
-        plotted, metric = done.loc[done.index.isin(rows)], selection.reported_metrics[0]
-    tasks, plots = task_sections(
+        chosen_keys = set(frame.loc[sorted(selected.rows), "key"])
+        plotted, metric = done.loc[done.index.isin(selected.rows)], selection.reported_metrics[0]
+        answer = headline_section(selected, metric, colours, recorded)
+        page.sections += [answer.section, section]
+        plots.append(answer)
+    tasks, task_plots = task_sections(
         summary, plotted, configs, curves, colours, selection, metric, differing
     )
     sizes, size_plots = train_size_sections(cells, plotted, selection, metric, colours)
     page.sections += tasks + sizes
+    plots += task_plots + size_plots
 
-    progress.expect(len(plots) + len(size_plots))
+    progress.expect(len(plots))
     progress.advance()  # the tables
-    for section, name, alt, draw in plots + size_plots:  # one figure at a time in memory
+    for section, name, alt, draw in plots:  # one figure at a time in memory
         progress.doing(f"plot {name}")
         figure = draw()
         if figure is not None:
@@ -321,5 +385,8 @@ def report_page(
         page.sections.extend(attention_sections(store, folder, keys, chosen_keys, progress))
     elif store.attention is not None:  # a cells.csv: the maps of the report beside it
         page.sections.extend(carried_attention_sections(store.attention, folder))
-    page.sections.append(unfinished_section(cells))
+    page.sections += [about, unfinished_section(cells)]
+    if answer is not None:  # the answer leads, the rest are its details (without: the tables
+        for section in page.sections:  # are the answer, shown open)
+            section.details = section is not answer.section
     return page

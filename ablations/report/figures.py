@@ -5,12 +5,15 @@ page asks (ablations/report/build.py)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, NullFormatter
 
 from ablations.grid.schema import Selection
+from ablations.report.headline import RecordedCurve
 from ablations.report.pages import (
     TITLE_LABEL,
     legend,
@@ -29,6 +32,7 @@ FIGURE_ALTS = {"curves": "learning curves", "loss_curves": "loss curves",
                "vs_params": "{metric} vs parameters"}  # fmt: skip
 CURVE_COLUMNS = {"accuracy": "val_metric", "loss": "val_loss"}  # of ResultsStore.curves()
 FLAT_PARAMS = 1.1  # parameter counts within this ratio: no figure against them
+TICK_CHARS = 24  # at most this many characters of a label on a categorical axis
 
 
 def bounded(ax, metric: str) -> None:
@@ -213,4 +217,132 @@ def plot_vs_train_size(
         plot_title(f"{short_label(task_name, TITLE_LABEL)}: {metric} vs training-set size")
     )
     legend(figure, ax)
+    return figure
+
+
+def headline_axis(chosen: pd.DataFrame) -> str:
+    """The x axis of the headline figure of `chosen` (`select`'s rows: the axes not chosen
+    over, the grid's swept keys first): the first of its axes that takes several values (e.g.
+    task_kwargs.n_train, a length), else "size" where the model sizes differ, else "task"."""
+    for column in axis_columns(chosen):
+        if chosen[column].nunique() > 1:
+            return column
+    return "size" if chosen["size"].nunique() > 1 else "task"
+
+
+def reference_column(axis: str) -> str:
+    """A reference curve file's column of the headline axis `axis`: the swept key's last part
+    ("n_train" for "task_kwargs.n_train"), "size" or "task"."""
+    return axis.rsplit(".", 1)[-1]
+
+
+def _positions(values: pd.Series) -> tuple[dict[str, float], bool]:
+    """Each value of an axis (as text) at its place on the x axis, and whether the axis is
+    numeric: its number where every value is one, else its rank in order of appearance."""
+    texts = list(dict.fromkeys(values.astype(str)))
+    numbers = pd.to_numeric(pd.Series(texts), errors="coerce")
+    if numbers.notna().all():
+        return dict(zip(texts, numbers.astype(float), strict=True)), True
+    return {text: float(i) for i, text in enumerate(texts)}, False
+
+
+def reference_rows(curve: RecordedCurve, axis: str, metric: str) -> pd.DataFrame:
+    """The rows of a reference curve file (`curve.rows`) as task, model, the `axis` column
+    (`reference_column`) and `value` (its `column`, default "<metric>_mean"); ValueError
+    naming the file, the missing columns and the columns it has."""
+    rows, column = pd.DataFrame(curve.rows), curve.column or f"{metric}_mean"
+    needed = list(dict.fromkeys(["task", "model", reference_column(axis), column]))
+    missing = [name for name in needed if name not in rows.columns]
+    if missing:
+        raise ValueError(
+            f"[report] reference_curves file {curve.file} has no column {', '.join(missing)} "
+            f"(its columns: {', '.join(map(str, rows.columns)) or 'none'}); the headline figure "
+            f"draws {metric} against {axis}, so the file needs {', '.join(needed)} (set the "
+            "entry's `column` to name its value column)"
+        )
+    keys = rows[["task", "model", reference_column(axis)]]
+    return keys.assign(value=pd.to_numeric(rows[column], errors="coerce"))
+
+
+def plot_headline(
+    chosen: pd.DataFrame,
+    metric: str,
+    colours: dict,
+    references: Sequence[RecordedCurve] = (),
+) -> Figure | None:
+    """The headline figure: `metric` of each mechanism at its selected setting (`chosen`,
+    `select`'s rows) against the `headline_axis`, one panel per task (one panel of all tasks
+    where the axis is the task): mean over seeds, band (error bars across tasks) its 95%
+    interval; a line per mechanism (and size, and setting of other varying axes), coloured by
+    `colours`; each reference curve (`RecordedCurve`: a file's rows, per model) dashed in
+    black. None where no mechanism has a mean. ValueError naming a reference file without the
+    axis's or the value's column."""
+    points = chosen.dropna(subset=["mean"]) if "mean" in chosen else chosen
+    if points.empty:
+        return None
+    axis = headline_axis(chosen)
+    per_task = axis == "task"
+    panels = [("", points)] if per_task else list(points.groupby("task", sort=False))
+    place, numeric = _positions(points[axis])
+    columns = min(len(panels), 3)
+    figure = Figure(
+        figsize=(max(6.4, 4.2 * columns), 3.6 * -(-len(panels) // columns)), layout="constrained"
+    )
+    FigureCanvasAgg(figure)
+    grid = figure.subplots(-(-len(panels) // columns), columns, squeeze=False).ravel()
+    sizes = list(dict.fromkeys(points["size"]))
+    rest = [c for c in axis_columns(points) if c != axis and points[c].nunique() > 1]
+    several_sizes = len(sizes) > 1 and axis != "size"
+    shown: set[str] = set()  # the labels in the legend: each once, however many panels
+
+    def once(label: str) -> str:
+        first = label not in shown
+        shown.add(label)
+        return label if first else "_nolegend_"
+
+    for ax, (task, group) in zip(grid, panels, strict=False):
+        lines = group.groupby(["mechanism", "size", *rest], sort=False, dropna=False)
+        for i, ((mechanism, size, *_), line) in enumerate(lines):
+            setting = setting_text(line.iloc[0], rest)
+            label = plot_text(_curve_label(mechanism, size, setting, several_sizes))
+            x = line[axis].astype(str).map(place)
+            line = line.assign(x=x).sort_values("x")
+            colour = colours[mechanism]
+            if per_task:  # a point per task, side by side: no line between tasks
+                spread = (line["high"] - line["mean"]).fillna(0.0)
+                ax.errorbar(
+                    line.x + 0.08 * (i - (lines.ngroups - 1) / 2), line["mean"], yerr=spread,
+                    fmt=MARKERS[sizes.index(size) % len(MARKERS)], capsize=3, color=colour,
+                    label=once(label),
+                )  # fmt: skip
+            else:
+                ax.plot(line.x, line["mean"], "o-", color=colour, label=once(label))
+                ax.fill_between(line.x, line["low"], line["high"], color=colour, alpha=0.2)
+        for n, curve in enumerate(references):
+            rows = reference_rows(curve, axis, metric)
+            if not per_task:
+                rows = rows[rows.task.astype(str) == str(task)]
+            for m, (model, found) in enumerate(rows.groupby("model", sort=False)):
+                given = found[reference_column(axis)]  # numeric: every value of the file's
+                x = given.astype(str).map(place)
+                if numeric:
+                    x = pd.to_numeric(given, errors="coerce")
+                found = found.assign(x=x).dropna(subset=["x", "value"]).sort_values("x")
+                label = plot_text(f"{curve.label}: {model}")
+                style = LINESTYLES[1:][n % 3]
+                ax.plot(found.x, found.value, style, color="black", label=once(label),
+                        marker=MARKERS[m % len(MARKERS)], markersize=4)  # fmt: skip
+        if not numeric:  # a categorical axis: its values by name, tilted where they crowd
+            ticks = [plot_text(short_label(text, TICK_CHARS)) for text in place]
+            ax.set_xticks(list(place.values()), labels=ticks)
+            ax.tick_params(axis="x", labelrotation=20 if len(place) > 3 else 0)
+        ax.set(xlabel=axis, ylabel=metric_name(metric))
+        if not per_task and len(panels) > 1:
+            ax.set_title(plot_title(short_label(task, TITLE_LABEL)))
+        bounded(ax, metric)
+    for ax in grid[len(panels) :]:
+        ax.set_visible(False)
+    figure.suptitle(plot_title(f"{metric_name(metric)} vs {axis}: each mechanism at its "
+                               "selected setting, 95% interval"))  # fmt: skip
+    legend(figure, grid[0], outside=True)
     return figure

@@ -2,8 +2,10 @@
 through two Jinja2 templates (templates/report.md.j2, templates/report.html.j2), shared by the
 grid reports (ablations.report.build) and the benchmark reports (ablations.bench).
 
-A `Page` has a title, header facts (a bullet list), an intro paragraph, the researcher's `note`
-and `Section`s; a section has a heading and parts, in order: `Paragraph`, `Bullets`, `Table`
+A `Page` has a title, the `question` it answers, header facts (a bullet list), an intro
+paragraph, the researcher's `note` and `Section`s, shown in that order but for the note, which
+follows the open sections and precedes the `details` ones (collapsed in index.html); a section
+has a heading and parts, in order: `Paragraph`, `Bullets`, `Table`
 (a DataFrame of the cells' texts and a boolean DataFrame of the cells shown in bold) and
 `Image` (a PNG in the report's folder: linked from the markdown, embedded in the HTML).
 
@@ -69,12 +71,13 @@ INSIDE_LEGEND = 8  # legends of up to this many entries sit inside the plot
 LEGEND_ROW_INCHES = 0.2  # the height one row of an outside legend adds to its figure
 
 
-def legend(figure: Figure, ax: Axes) -> None:
-    """`ax`'s legend: inside the plot for up to INSIDE_LEGEND entries, else below it (two
-    columns where they fit the figure's width, else one, the figure widened to hold it), the
-    figure taller by its rows, so that the plot keeps its size however many entries there are."""
-    entries = len(ax.get_legend_handles_labels()[1])
-    if entries <= INSIDE_LEGEND:
+def legend(figure: Figure, ax: Axes, outside: bool = False) -> None:
+    """The legend of `figure`'s plots: inside `ax` for up to INSIDE_LEGEND entries (unless
+    `outside`), else below the plots (two columns where they fit the figure's width, else one,
+    the figure widened to hold it), the figure taller by its rows, so that the plots keep their
+    size however many entries there are."""
+    entries = sum(len(axes.get_legend_handles_labels()[1]) for axes in figure.axes)
+    if entries <= INSIDE_LEGEND and not outside:
         ax.legend(fontsize="small")
         return
     width, height = figure.get_size_inches()
@@ -265,22 +268,31 @@ Part = Paragraph | Bullets | Table | Image
 
 @dataclass
 class Section:
-    """A section of a page: a heading (level 2) and its parts, in order."""
+    """A section of a page: a heading (level 2) and its parts, in order; a `details` section
+    is one of the page's details, shown after the note, collapsed in index.html (<details>)."""
 
     heading: str
     parts: list[Part] = field(default_factory=list)
+    details: bool = False
 
 
 @dataclass
 class Page:
-    """A report page: its title (level 1 heading), facts (a bullet list), an intro paragraph,
-    the researcher's note (markdown, see the module) and sections."""
+    """A report page, in the order shown: its title (level 1 heading), the `question` it
+    answers, facts (a bullet list), an intro paragraph, the sections that are not `details`,
+    the researcher's note (markdown, see the module), then the `details` sections."""
 
     title: str
     facts: list[str] = field(default_factory=list)
     intro: str = ""
     note: str | None = None
     sections: list[Section] = field(default_factory=list)
+    question: str | None = None
+
+    @property
+    def ordered(self) -> list[Section]:
+        """The sections as shown: the open ones, then the details (each in its order)."""
+        return sorted(self.sections, key=lambda section: section.details)
 
 
 MARKDOWN_SPECIAL = re.compile(

@@ -4,6 +4,7 @@ the date; and the done cells stored with non-finite metrics."""
 
 from __future__ import annotations
 
+import io
 import math
 import re
 from collections import Counter
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ablations.report.headline import RecordedReport
 from ablations.report.pages import generated_now
 from ablations.results.axes import CellSource, GridAxes
 from ablations.results.cells_file import lacks_environment
@@ -81,15 +83,6 @@ def unclean_code(rows: list[dict]) -> str | None:
     return f"the cells come from {counts}; not one clean commit ({'; '.join(named)})"
 
 
-def contended(row: dict) -> bool:
-    """Whether a cell was timed while other cells competed for its cores: its run had more
-    local workers x torch threads than CPUs (its environment's workers, threads and cpus;
-    False where they are not recorded)."""
-    env = row.get("environment") or {}
-    workers, threads, cpus = (env.get(k) for k in ("workers", "threads", "cpus"))
-    return None not in (workers, threads, cpus) and workers * threads > cpus
-
-
 def non_finite_metrics(store: CellSource) -> dict[str, str]:
     """Per key of a done cell with NaN or infinite metrics (a store written before training
     recorded such a cell as diverged), those metrics' names: 'val_loss, test_loss'."""
@@ -109,14 +102,16 @@ def provenance_record(
     overrides: Sequence[str],
     axes: dict[str, GridAxes],
     code: dict[str, int],
+    recorded: RecordedReport | None = None,
 ) -> dict:
     """What the report was built from, as provenance.json holds it: `source` (the store's or
     cells.csv's path), `curves` (whether it had learning curves), `attention_carried` (whether a
     cells.csv's report beside it gave it at least one attention map), `grid_file` and `grid_sha256`
     (the grid file's SHA-256; None without a grid), `overrides` (its --set values), `axes` (the
     report's grids' swept keys and selection, as their runs recorded them: results/axes.py, read
-    back by a report rebuilt from its cells.csv), `environment` (`_environments`) and `generated`
-    (the date)."""
+    back by a report rebuilt from its cells.csv), `report` (the grid's [report] with its reference
+    curves' rows, `recorded`: ablations/report/headline.py; None without), `environment`
+    (`_environments`) and `generated` (the date)."""
     digest = None if grid is None else file_sha256(grid)
     return {
         "source": str(store.path),
@@ -126,7 +121,43 @@ def provenance_record(
         "grid_sha256": digest,
         "overrides": list(overrides),
         "axes": {name: grid_axes.to_json() for name, grid_axes in axes.items()},
+        "report": None if recorded is None else recorded.model_dump(mode="json"),
         "code": code,
         "environment": _environments(store),
         "generated": generated_now(),
     }
+
+
+RERUNS = "reproduce.csv"  # `attn-zoo reproduce`'s comparison (ablations/run/reproduce.py)
+
+
+def carried_reruns(store: CellSource, folder: Path) -> bytes | None:
+    """The reproduce.csv a rebuilt report keeps: the one beside the cells.csv it is built from,
+    else the one in the report folder it replaces (None without either)."""
+    places = [store.path.with_name(RERUNS)] if store.path.suffix == ".csv" else []
+    for path in [*places, folder / RERUNS]:
+        if path.is_file():
+            return path.read_bytes()
+    return None
+
+
+def reruns_fact(reruns: bytes) -> str:
+    """One line of the report's provenance saying what reproduce.csv found."""
+    frame = pd.read_csv(io.BytesIO(reruns), dtype={"key": str}, keep_default_na=False)
+    compared = frame[frame.metric != ""]
+    differences = pd.to_numeric(compared.difference, errors="coerce")
+    commits = ", ".join(sorted(set(frame.rerun_commit)))
+    line = (
+        f"Reproduced ({RERUNS}): {frame.key.nunique()} of the report's cells rerun at {commits}; "
+        f"{int((differences == 0).sum())} of {len(compared)} metric values identical"
+    )
+    if differences.abs().gt(0).any():
+        largest = compared.loc[differences.abs().idxmax()]
+        line += (
+            f", largest difference {float(largest.difference):+.4g} ({largest.metric}, "
+            f"{largest.mechanism}, seed {largest.seed}, {largest.threads} threads)"
+        )
+    skipped = frame[frame.note != ""]
+    if len(skipped):
+        line += f"; not compared: {len(skipped)} ({'; '.join(sorted(set(skipped.note)))})"
+    return line

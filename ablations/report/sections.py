@@ -1,6 +1,8 @@
 """The report's per-task sections: one builder per section, each returning its sections and
 the plots they show (drawn later, one at a time: ablations/report/build.py).
 
+- `headline_section`: the answer the page leads with (with a [selection]): the verdict table
+  and the headline figure;
 - `task_sections`: per task, its summary table, the loss floor where the task knows one, its
   learning curves and metric-vs-parameters plots;
 - `train_size_sections`: per task family and setting of the other axes, the metric against the
@@ -21,16 +23,20 @@ from ablations.grid.schema import Selection
 from ablations.report.figures import (
     FIGURE_ALTS,
     curve_panels,
+    headline_axis,
     loss_floor,
     metric_name,
     plot_curves,
+    plot_headline,
     plot_vs_params,
     plot_vs_train_size,
+    reference_rows,
     selected_axes,
 )
+from ablations.report.headline import RecordedReport
 from ablations.report.pages import Paragraph, Section, Table, label_file_name
 from ablations.report.selection import axis_columns, setting_text, varying_per_task
-from ablations.report.selection_section import differing_note
+from ablations.report.selection_section import Selected, differing_note
 from ablations.report.tables import cell_detail, task_table, train_size_table
 
 N_TRAIN_AXES = ("task_kwargs.n_train", "training.steps")  # what a training-set size varies
@@ -43,6 +49,28 @@ class Plot(NamedTuple):
     file: str
     alt: str
     draw: Callable[[], Figure | None]
+
+
+def headline_section(
+    selected: Selected, metric: str, colours: dict, recorded: RecordedReport | None
+) -> Plot:
+    """The section the page leads with, "Answer": the verdict table (`selected.verdicts`) and
+    the headline figure (`plot_headline`: `metric` of each mechanism at its selected setting,
+    and the `recorded` [report]'s reference curves) under its caption, naming their sources.
+    ValueError before anything is drawn where a reference file lacks a column it needs."""
+    curves = [] if recorded is None else recorded.reference_curves
+    axis = "task" if selected.chosen.empty else headline_axis(selected.chosen)
+    for curve in curves:  # each file checked now, not after the other plots
+        reference_rows(curve, axis, metric)
+    sources = "; ".join(f"{curve.label}: {curve.source}" for curve in curves)
+    caption = Paragraph(
+        f"Headline: {metric} against {axis}, each mechanism at its selected setting: mean "
+        "over seeds, the band (error bars per task) its 95% interval (Student's t)"
+        + (f"; dashed, black: reference curves ({sources})." if curves else ".")
+    )
+    section = Section("Answer", [*selected.verdicts, caption])
+    draw = partial(plot_headline, selected.chosen, metric, colours, curves)
+    return Plot(section, "headline.png", f"{metric} vs {axis}: the headline figure", draw)
 
 
 def task_sections(
@@ -152,10 +180,12 @@ def unfinished_section(cells: pd.DataFrame) -> Section:
     (`cell_detail`); a setting column only where the cells have settings."""
     unfinished = cells[cells.status != "done"]
     if unfinished.empty:
-        return Section("Cells not in the tables", [Paragraph("None: every cell finished.")])
+        return Section(
+            "Cells not in the tables", [Paragraph("None: every cell finished.")], details=True
+        )
     columns = ["task", "size", "mechanism", "setting", "seed", "status"]
     if not unfinished.setting.astype(bool).any():  # no setting varies here: no column
         columns.remove("setting")
     data = unfinished[columns].astype(str)
     table = Table(data.assign(detail=unfinished.apply(cell_detail, axis=1)))
-    return Section("Cells not in the tables", [table])
+    return Section("Cells not in the tables", [table], details=True)

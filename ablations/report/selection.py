@@ -20,11 +20,12 @@ that any store can be read, one written before sweeps existed included:
   its own best setting, seed by seed over the seeds both finished: the mean difference, its 95%
   interval (a paired t interval), the two-sided paired t test's p-value and, with an
   equivalence `margin`, the two one-sided tests' (`t_test_p`, `tost_p`), per task, size and
-  other axes.
+  other axes; no test where a cell of either mechanism there has not finished (`incomplete`).
 - `verdicts(pairs, margin)`: over the family of every paired difference a report shows, the
   Holm-adjusted p-values (`holm`) and each difference's verdict at family-wise level `ALPHA`:
   "a ahead", "b ahead" (the better one in the reported metric: higher accuracy, lower loss),
-  "equivalent within ±m" (only with a margin) or "no clear difference".
+  "equivalent within ±m" (only with a margin), "no clear difference", or "incomplete" where a
+  cell of either mechanism is still running or not run (its best setting may change).
 
 As in zoology, the setting is chosen on validation data and the test metric of the chosen
 setting is reported; the interval covers seed-to-seed variation at that setting, not the
@@ -204,7 +205,8 @@ def select(
     `excluded` (why the others are not eligible, e.g. "training.lr=1e+30: 1 of 3 seeds
     diverged"; '' for none), the chosen setting's mean `metric` (`chosen_on`), the `reported`
     metric's mean, low, high and n, its cells' `seeds` and `rows` (index labels of `cells`),
-    and `edge` (`sweep_edge`: where the choice lies on the edge of the sweep)."""
+    `edge` (`sweep_edge`: where the choice lies on the edge of the sweep) and `unfinished`
+    (the group's cells at any setting still running or not run: the choice may change)."""
     axes = axis_columns(cells)
     over = [key for key in over if key in axes]
     others = [key for key in axes if key not in over]
@@ -229,7 +231,8 @@ def select(
                 best, best_score = runs, score
         row = dict(zip(GROUP + others, labels, strict=True))
         row["others"] = setting_text(pd.Series(row), shown[row["task"]])
-        row.update(candidates=eligible, settings=tried, excluded="; ".join(excluded))
+        row.update(candidates=eligible, settings=tried, excluded="; ".join(excluded),
+                   unfinished=int(group.status.isin(NOT_FINISHED).sum()))  # fmt: skip
         if best is None:
             missing = dict.fromkeys(("chosen_on", "mean", "low", "high"), math.nan)
             rows.append(row | missing | {"best": "-", "n": 0, "edge": ""})
@@ -260,6 +263,7 @@ def sweep_edge(group: pd.DataFrame, chosen: pd.Series, over: list[str]) -> str:
     return "; ".join(edges)
 
 
+NOT_FINISHED = ("running", "todo")  # statuses whose cell may still finish
 UNFINISHED = {
     "diverged": "diverged", "failed": "failed", "pruned": "pruned", "running": "unfinished",
     "todo": "not run",
@@ -293,7 +297,7 @@ ALPHA = 0.05  # the family-wise error rate of a report's verdicts
 POWER = 0.8  # the chance of detecting a difference the size of `detectable_effect`
 PAIRED_COLUMNS = [
     "task", "size", "others", "a", "b", "mean", "low", "high", "n", "sd", "p", "tost_p",
-    "reported",
+    "reported", "incomplete",
 ]  # fmt: skip
 
 
@@ -333,23 +337,33 @@ def paired(
     `reported`, its 95% paired interval, n, the differences' standard deviation (`sd`), the
     paired t test's two-sided p-value (`t_test_p`)
     and, with an equivalence `margin` (in `reported`'s units), the TOST p-value (`tost_p`;
-    NaN without), and `reported` (the metric: which sign of the difference is better)."""
+    NaN without), `reported` (the metric: which sign of the difference is better) and
+    `incomplete`: where a cell of either mechanism there (at any setting) is still running or
+    not run, e.g. "a: 2 cells running or not run", and then no p-value (no test: its best
+    setting may yet change); '' where both are complete. A complete mechanism without an
+    eligible setting there has no row (nothing to pair)."""
     rows = []
-    chosen = selected[selected.n > 0]
-    for (task, size, others), group in chosen.groupby(["task", "size", "others"], sort=False):
+    for (task, size, others), group in selected.groupby(["task", "size", "others"], sort=False):
         by = {row.mechanism: row for row in group.itertuples()}
-        if a not in by or b not in by:
+        if a not in by or b not in by or not all(by[m].n or by[m].unfinished for m in (a, b)):
             continue
-        runs = {m: cells.loc[list(by[m].rows)].set_index("seed")[reported] for m in (a, b)}
+        runs = {
+            m: cells.loc[list(by[m].rows if by[m].n else [])].set_index("seed")[reported]
+            for m in (a, b)
+        }
         both = runs[a].index.intersection(runs[b].index)
         differences = runs[a][both] - runs[b][both]
         mean, low, high, n = interval(differences)
+        incomplete = "; ".join(
+            f"{m}: {by[m].unfinished} cells running or not run" for m in (a, b) if by[m].unfinished
+        )
+        tested = not incomplete and margin is not None
         rows.append({
             "task": task, "size": size, "others": others, "a": a, "b": b, "mean": mean,
             "low": low, "high": high, "n": n, "sd": _t_parts(differences)[1],
-            "p": t_test_p(differences),
-            "tost_p": math.nan if margin is None else tost_p(differences, margin),
-            "reported": reported,
+            "p": math.nan if incomplete else t_test_p(differences),
+            "tost_p": tost_p(differences, margin) if tested else math.nan,
+            "reported": reported, "incomplete": incomplete,
         })  # fmt: skip
     return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
 
@@ -367,14 +381,17 @@ def verdicts(
     also holds), else "equivalent within ±m" where tost_p_holm < ALPHA (only with a `margin`
     m), else "underpowered (detectable ±d > ±e of interest)" where the `effect` of interest e
     is below the detectable one d, else "no clear difference (detectable ±d)": no evidence of
-    no difference; "-" where n < 2 (no test)."""
+    no difference; "incomplete (...)" where the row is `incomplete`; "-" where n < 2 (no
+    test)."""
     p_holm, tost_holm = holm(pairs.p), holm(pairs.tost_p)
     level = ALPHA / max(int(pairs.p.notna().sum()), 1)
     detectable = [detectable_effect(row.sd, row.n, level) for row in pairs.itertuples()]
     words = []
     for row, p, tost, d in zip(pairs.itertuples(), p_holm, tost_holm, detectable, strict=True):
         equivalent = margin is not None and tost < ALPHA  # False for NaN: no test
-        if pd.isna(p):
+        if row.incomplete:
+            words.append(f"incomplete ({row.incomplete}): no verdict yet")
+        elif pd.isna(p):
             words.append("-")
         elif p < ALPHA:
             a_better = row.mean > 0 if higher_is_better(row.reported) else row.mean < 0

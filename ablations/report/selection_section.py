@@ -1,23 +1,25 @@
-"""The report's Selection section: each mechanism at its best setting of the grid's
-[selection], its reported metrics, and the paired differences with Holm-adjusted p-values
-and verdicts (the statistics: ablations/report/selection.py); selection.csv and paired.csv."""
+"""The report's answer to a grid's [selection]: the verdict table (the paired differences
+with Holm-adjusted p-values, detectable effects and verdicts), and the Selection section of its
+details (each mechanism at its best setting, its reported metrics, how the verdicts are made);
+the statistics: ablations/report/selection.py; selection.csv and paired.csv."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 
 from ablations.grid.schema import Selection, higher_is_better
 from ablations.report.figures import selected_axes
 from ablations.report.folder import new_file
-from ablations.report.pages import Paragraph, Section, Table, write_csv
+from ablations.report.pages import Paragraph, Part, Section, Table, write_csv
 from ablations.report.selection import paired, select, verdicts
 from ablations.report.tables import interval_text
 
 PAIRED_CSV = ["task", "size", "others", "a", "b", "mean", "low", "high", "n", "sd", "p",
               "p_holm", "tost_p", "tost_p_holm", "detectable", "effect_of_interest", "verdict",
-              "margin", "reported"]  # fmt: skip
+              "margin", "reported", "incomplete"]  # fmt: skip
 
 
 def differing_note(task: str, settings: list[str]) -> Paragraph:
@@ -29,14 +31,23 @@ def differing_note(task: str, settings: list[str]) -> Paragraph:
     )
 
 
-def selection_section(
-    cells: pd.DataFrame, selection: Selection, folder: Path
-) -> tuple[Section, set[str]]:
+class Selected(NamedTuple):
+    """What `selection_section` gives the page: the `verdicts` (the paired differences' table
+    and the paragraph above it: the page leads with them; none without pairs to compare), the
+    details `section`, the `rows` of the cells at the chosen settings (their index) and `chosen`
+    (`select`'s rows for the first reported metric: the headline figure's points)."""
+
+    verdicts: list[Part]
+    section: Section
+    rows: set
+    chosen: pd.DataFrame
+
+
+def selection_section(cells: pd.DataFrame, selection: Selection, folder: Path) -> Selected:
     """Each mechanism at its best setting of `selection.over` (ablations.report.selection.select)
     per task, size and other axes, with each of its reported metrics; the paired differences
-    `selection.compare` names. Writes selection.csv and paired.csv (a `reported` column per
-    metric's rows); returns the section and the rows of `cells` (its index) at the chosen
-    settings. ValueError naming a reported metric no cell has."""
+    `selection.compare` names, with their verdicts. Writes selection.csv and paired.csv (a
+    `reported` column per metric's rows). ValueError naming a reported metric no cell has."""
     over = selected_axes(cells, selection)
     metric, reported = selection.metric, selection.reported_metrics
     for name in reported:
@@ -122,14 +133,24 @@ def selection_section(
         for column, best in bold.items():
             marks[column] = best.to_numpy()
         parts.append(Table(data, marks))
+    verdict_parts: list[Part] = []
     if selection.compare:
         parts.append(
             Paragraph(_paired_method(family, reported, margin, selection.effect_of_interest))
         )
         head = family[family.reported == reported[0]].reset_index(drop=True)
+        labels = {"task": head.task.astype(str), "size": head["size"].astype(str)}
+        shared = {k: v.iloc[0] for k, v in labels.items() if len(v) and v.nunique() == 1}
+        verdict_parts.append(Paragraph(
+            f"Each row: a − b, each mechanism at its best setting, seed by seed: the mean "
+            f"difference [95% interval] (n seeds both finished), its p-value Holm-adjusted "
+            f"over the report's {int(family.p.notna().sum())} tests, the smallest difference "
+            "the design detects with 80% power, and the verdict at 5% family-wise error"
+            + "".join(f"; every row's {k}: {v}" for k, v in shared.items())
+            + ". How: Selection: each mechanism at its best setting (below); data: paired.csv."
+        ))  # fmt: skip
         table = pd.DataFrame({
-            "task": head.task.astype(str),
-            "size": head["size"].astype(str),
+            **{k: v for k, v in labels.items() if k not in shared},  # a column where they differ
             **({"other axes": head.others} if head.others.astype(bool).any() else {}),
             "a − b": [f"{a} − {b}" for a, b in zip(head.a, head.b, strict=True)],
         })  # fmt: skip
@@ -140,7 +161,6 @@ def selection_section(
                 interval_text(m, lo, hi, n, signed=True)
                 for m, lo, hi, n in zip(pair["mean"], pair.low, pair.high, pair.n, strict=True)
             ]
-            table[f"{prefix}p"] = pair.p.map(_p_text)
             table[f"{prefix}p Holm"] = pair.p_holm.map(_p_text)
             table[f"{prefix}detectable (80% power)"] = pair.detectable.map(
                 lambda d: "-" if pd.isna(d) else f"±{d:.3g}"
@@ -152,9 +172,10 @@ def selection_section(
             table["why"] = [
                 "" if n >= 2 else "n < 2: no test" if n else "no seed both finished" for n in head.n
             ]
-        parts.append(Table(table))
+        verdict_parts.append(Table(table))
     rows = {i for found in first.get("rows", pd.Series(dtype=object)).dropna() for i in found}
-    return Section("Selection: each mechanism at its best setting", parts), rows
+    section = Section("Selection: each mechanism at its best setting", parts, details=True)
+    return Selected(verdict_parts, section, rows, first)
 
 
 def _p_text(p: float) -> str:

@@ -38,7 +38,6 @@ FIELDS = {  # tidy column of a cell: its column in the store's frame (ResultsSto
     "val_loss": "metrics.val_loss",
     "params": "metrics.params",
     "step_ms": "metrics.step_ms",
-    "contended": "contended",
     "diverged_at": "metrics.diverged_at",
     "pruned_at": "metrics.pruned_at",
     "loss_floor_validation": "metrics.loss_floor_validation",
@@ -72,15 +71,29 @@ SUMMARY_COLUMNS = [
 SPLIT_SIZES = ("n_train", "n_validation", "n_test")
 
 
-def tidy_cells(df: pd.DataFrame, swept: list[str] | None = None) -> pd.DataFrame:
+def contended(environment: Mapping | None) -> bool:
+    """Whether a cell was timed while other cells competed for its cores: its run had more
+    local workers x torch threads than CPUs (its `environment`'s workers, threads and cpus;
+    False where they are not recorded)."""
+    env = environment or {}
+    workers, threads, cpus = (env.get(k) for k in ("workers", "threads", "cpus"))
+    return None not in (workers, threads, cpus) and workers * threads > cpus
+
+
+def tidy_cells(
+    df: pd.DataFrame,
+    swept: list[str] | None = None,
+    environments: list[Mapping | None] | None = None,
+) -> pd.DataFrame:
     """One tidy row per cell (the index of `df`, a `ResultsStore.to_dataframe()`): key, labels,
     status (a done cell with a NaN or infinite metric, named in the `non_finite` column of `df`
     that `non_finite_metrics` gives, counts as diverged), the numbers the report uses, the settings
     the cells vary in beyond task, size, mechanism and seed
     (ablations.report.selection.varying_settings: one column each, named as swept, e.g.
     "training.lr"; the grid's `swept` keys first, in their order, where its run recorded them:
-    ablations/results/axes.py) and `setting`, their values as one text ('' where none varies).
-    `axis_columns` names the setting columns."""
+    ablations/results/axes.py) and `setting`, their values as one text ('' where none varies);
+    `contended` from the cells' `environments` (`ResultsStore.rows()`' "environment", in the
+    order of `df`; None: not recorded, none contended). `axis_columns` names the settings."""
     missing = pd.Series(float("nan"), index=df.index)
     cells = {column: df.get(field, missing) for column, field in FIELDS.items()}
     cells.update({  # the metrics of a task's other test splits: test_ood_acc, ...
@@ -89,6 +102,7 @@ def tidy_cells(df: pd.DataFrame, swept: list[str] | None = None) -> pd.DataFrame
         if column.startswith("metrics.test_") and column.removeprefix("metrics.") not in cells
     })  # fmt: skip
     cells["non_finite"] = df.get("non_finite", pd.Series("", index=df.index)).fillna("")
+    cells["contended"] = [contended(env) for env in environments or [None] * len(df)]
     settings = varying_settings(df)
     if swept is not None:
         first = [key for key in swept if key in settings.columns]
@@ -114,9 +128,9 @@ def task_family(config: Mapping) -> str:
 
 
 def summary_table(
-    df: pd.DataFrame, curves: pd.DataFrame | None, target: float | None = None
+    cells: pd.DataFrame, curves: pd.DataFrame | None, target: float | None = None
 ) -> pd.DataFrame:
-    """The main table from `ResultsStore.to_dataframe()` and `ResultsStore.curves()` (None: no
+    """The main table from the tidy `cells` (`tidy_cells`) and `ResultsStore.curves()` (None: no
     curves, e.g. a report rebuilt from a cells.csv alone: no steps to target): per task,
     size, mechanism and setting (of the axes the cells vary in, e.g. "training.lr=0.001"; ''
     without), over the seeds that finished (`seeds`, of `cells` in all), test accuracy
@@ -126,7 +140,6 @@ def summary_table(
     `reached` it and their mean steps and samples (steps x batch size) to first reach it; mean
     parameters and ms per step; `why` a value is missing (e.g. "no seed finished: 1 diverged
     (at step 5), 2 failed"; '' where none is). Rows follow the order the cells started in."""
-    cells = tidy_cells(df)
     rows = []
     for (task, size, mechanism, setting), group in cells.groupby(
         [*GROUP, "setting"], sort=False, dropna=False
