@@ -245,3 +245,38 @@ def test_a_prefix_lm_combined_still_opens_the_prefix_in_a_causal_layer(combine):
     assert x.grad[0, 1].abs().sum() > 0
     if combine is and_masks:
         assert (x.grad[0, 4:] == 0).all()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda t: setattr(t, "data", torch.tensor([2])),  # no version bump
+        lambda t: t.numpy().__setitem__(0, 2),  # through a NumPy array sharing its memory
+        lambda t: t.fill_(2),
+    ],
+)
+def test_a_captured_tensor_changed_any_way_is_never_served_a_stale_block_mask(change):
+    """The hostile pass: after `t.data = ...` (which bumps no version) chunked reused the
+    block mask of the old value (every tile full): 2.27 off naive in float64."""
+    t = torch.tensor([16])
+
+    def mask(b, h, q_idx, kv_idx):
+        return kv_idx < t[0]
+
+    q, k, v = (torch.randn(1, 2, 16, 8, dtype=torch.float64) for _ in range(3))
+    chunked(q, k, v, mask_mod=mask, block=4)  # classified: every tile full
+    change(t)
+    want = softmax_attention(q, k, v, mask_mod=mask, backend="naive")
+    torch.testing.assert_close(chunked(q, k, v, mask_mod=mask, block=4), want)
+
+
+def test_a_mod_reading_an_inference_tensor_runs_on_chunked():
+    with torch.inference_mode():
+        limit = torch.tensor([5])
+
+    def mask(b, h, q_idx, kv_idx):
+        return kv_idx < limit[0]
+
+    q, k, v = (torch.randn(1, 2, 9, 8, dtype=torch.float64) for _ in range(3))
+    want = softmax_attention(q, k, v, mask_mod=mask, backend="naive")
+    torch.testing.assert_close(chunked(q, k, v, mask_mod=mask, block=4), want)

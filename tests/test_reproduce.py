@@ -147,3 +147,24 @@ def test_a_report_rebuilt_keeps_the_comparison_and_names_it(report, tmp_path):
         )
     write_report(rebuilt / "cells.csv", folder)  # the folder of the comparison replaced
     assert "Reproduced (reproduce.csv)" in (folder / "report.md").read_text()
+
+
+@pytest.mark.parametrize("bad", ["-2", "abc"])
+def test_a_recorded_thread_count_that_is_none_is_refused_naming_the_cell(report, tmp_path, bad):
+    def edit(cells):
+        cells["environment.threads"] = bad
+
+    folder = copied(report, tmp_path, edit)
+    with pytest.raises(ValueError, match=r"cell \w+: environment.threads = .* is no thread count"):
+        reproduce(folder, sample=1)
+    assert not (folder / FILE).exists()
+
+
+def test_a_reproduce_csv_with_a_bad_thread_count_is_refused_before_training(report, tmp_path):
+    folder = copied(report, tmp_path)
+    reproduce(folder, sample=1)
+    frame = pd.read_csv(folder / FILE, dtype=str, keep_default_na=False)
+    frame["threads"] = ""
+    frame.to_csv(folder / FILE, index=False)
+    with pytest.raises(ValueError, match="its threads column holds other than counts"):
+        reproduce(folder, sample=1)

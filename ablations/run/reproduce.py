@@ -108,14 +108,13 @@ def reproduce(
     earlier = _earlier(report / FILE)
     folder = grid_folder(report)
     rows = chosen_rows(cells.rows(), sample, seed, keys)
-    chosen = [(row, rebuilt_cell(row, folder)) for row in rows]  # every row checked first
+    chosen = [(row, rebuilt_cell(row, folder), thread_count(row, threads)) for row in rows]
     commit = source_state()["commit"]
     lines = []
-    for i, (row, cell) in enumerate(chosen):
+    for i, (row, cell, count) in enumerate(chosen):  # every row checked first
         if on_cell is not None:
             on_cell(i, len(chosen), str(cell))
         recorded = row["environment"] or {}
-        count = threads if threads is not None else int(recorded.get("threads") or 1)
         device = str(recorded.get("device") or "cpu")
         place = dict(key=row["key"], task=cell.task, size=cell.size["label"],
                      mechanism=cell.mechanism, seed=cell.seed,
@@ -152,7 +151,29 @@ def _earlier(path: Path) -> pd.DataFrame | None:
     earlier = pd.read_csv(path, dtype={"key": str}, keep_default_na=False)
     if list(earlier.columns) != list(COLUMNS):
         raise ValueError(f"{path} is not a reproduce.csv (columns {', '.join(earlier.columns)})")
+    if not earlier.threads.astype(str).str.fullmatch(r"[1-9]\d*").all():
+        raise ValueError(
+            f"{path} is not a reproduce.csv: its threads column holds other than counts"
+        )
     return earlier
+
+
+def thread_count(row: dict, threads: int | None) -> int:
+    """The torch threads a rerun of `row` takes: `threads`, else the count its environment
+    records (1 where none is); ValueError naming the cell for a recorded one that is no count."""
+    if threads is not None:
+        return threads
+    recorded = (row["environment"] or {}).get("threads")
+    if recorded is None:
+        return 1
+    if isinstance(recorded, float) and recorded.is_integer():
+        recorded = int(recorded)
+    if not isinstance(recorded, int) or isinstance(recorded, bool) or recorded < 1:
+        raise ValueError(
+            f"cell {row['key']}: environment.threads = {recorded!r} in cells.csv is no thread "
+            "count (a whole number >= 1); pass --threads N to rerun it"
+        )
+    return recorded
 
 
 def _merged(earlier: pd.DataFrame | None, frame: pd.DataFrame) -> pd.DataFrame:

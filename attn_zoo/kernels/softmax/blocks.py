@@ -36,6 +36,8 @@ from attn_zoo.kernels.softmax.mods import MaskMod, apply_mask_mod, is_pure, mod_
 EMPTY, PARTIAL, FULL = 0, 1, 2
 CACHE_SIZE = 64
 KEY_DEPTH = 8  # steps from the mod (a closure cell, an item, a global) that a key follows
+KEY_ELEMENTS = 4096  # the largest tensor a mod reads that is keyed (by its bytes): a larger one is
+# read afresh, its tiles classified again at every call
 # Libraries whose functions, classes and modules a mod may name (torch.where, this library's
 # checked_result): keyed by name, taken as unchanging (a function defined inside another, a
 # closure, is keyed by what it reads)
@@ -109,8 +111,8 @@ def mod_key(mod: object, tensors: list[torch.Tensor]) -> tuple | None:
     """A hashable key equal for two mods only if they compute the same mask: a function's
     code with the keys of what it reads (closure, defaults, attributes, the globals its code
     names), a partial's function and arguments, values by value (containers item by item),
-    a tensor by its id and version (bumped by every in-place change; appended to `tensors`,
-    to be kept alive while the key is used), the functions, classes and modules of
+    a tensor of at most `KEY_ELEMENTS` elements by its dtype, shape and bytes (appended to
+    `tensors`; a larger one cannot be keyed), the functions, classes and modules of
     `STABLE_MODULES` by name; None if anything else is read (a callable instance, an object,
     a bound method, a module of another library), or it is deeper than `KEY_DEPTH`."""
     try:
@@ -124,9 +126,17 @@ def _key(value: object, tensors: list[torch.Tensor], path: set[int], depth: int)
     (a cycle back to one cannot be keyed)."""
     if isinstance(value, _SCALARS):
         return (type(value).__name__, value)
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor):  # by content: `t.data = ...`, a NumPy array sharing
+        if value.numel() > KEY_ELEMENTS:  # its memory or set_() change it with no version bump
+            raise _Unkeyable
         tensors.append(value)
-        return ("tensor", id(value), value._version)
+        flat = value.detach().reshape(-1).cpu()
+        return (
+            "tensor",
+            str(value.dtype),
+            tuple(value.shape),
+            bytes(flat.view(torch.uint8).numpy()),
+        )
     if isinstance(value, types.ModuleType | types.BuiltinFunctionType | type) or _top_level(value):
         module = value.__name__ if isinstance(value, types.ModuleType) else value.__module__
         if (module or "").split(".")[0] not in STABLE_MODULES:
