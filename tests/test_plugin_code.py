@@ -5,6 +5,7 @@ resume checkpoint holds as the run's driver recorded them (workers run no git), 
 arguments a plugin mechanism takes out of **kwargs itself, declared by name."""
 
 import contextlib
+import functools
 import io
 import json
 
@@ -20,7 +21,7 @@ from ablations.run import train
 from ablations.run.provenance import plugin_record, source_state
 from ablations.run.runner import run_grid
 from ablations.run.status import plugin_code
-from attn_zoo.kernels.dispatch import family
+from attn_zoo.kernels.dispatch import family, plugin_backends_first, register_backend
 from attn_zoo.mechanisms.registry import MECHANISMS
 
 FAST = """
@@ -130,3 +131,18 @@ def test_a_declaration_that_is_not_a_tuple_of_names_is_refused(popped_kwarg):
     MECHANISMS["popped38"].extra_kwargs = "alpha"  # a string: its letters would be names
     with pytest.raises(TypeError, match=r"Popped.extra_kwargs = 'alpha': must be a tuple"):
         az.build("popped38", d_model=8, n_heads=2, alpha=0.5)
+
+
+def test_a_plugin_backend_dressed_as_a_built_in_with_wraps_is_named_outranking():
+    """The third hostile pass: functools.wraps(a built-in) copied its __module__ (attn_zoo...)
+    onto the plugin's function, which then passed for built-in: nothing recorded it."""
+    naive = family("softmax").backends["naive"]
+
+    @functools.wraps(naive.fn)
+    def dressed(**kwargs):
+        return naive.fn(**kwargs)
+
+    register_backend(
+        "softmax", "dressed", tier="naive", priority=1000, capabilities=naive.capabilities
+    )(dressed)
+    assert "softmax backend dressed" in plugin_backends_first()

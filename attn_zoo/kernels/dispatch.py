@@ -22,6 +22,7 @@ backend declares are the only source of its refusals.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,6 +31,9 @@ from functools import partial
 import torch
 
 from attn_zoo.registry import Registry, record_change, unknown_name_error
+
+# attn_zoo/: where built-in backends' code lies (`plugin_backends_first`)
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 log = logging.getLogger("attn_zoo")
 
@@ -360,7 +364,11 @@ def plugin_backends_first() -> list[str]:
 
 
 def _built_in(backend: Backend) -> bool:
-    return (getattr(backend.fn, "__module__", None) or "").startswith("attn_zoo.")
+    """Whether `backend`'s function is code of this package: by the file its code object was
+    compiled from (functools.wraps copies a built-in's __module__ onto a plugin's function, not
+    its code); a callable without Python code (an instance, a partial) is a plugin's."""
+    code = getattr(backend.fn, "__code__", None)
+    return code is not None and os.path.abspath(code.co_filename).startswith(PACKAGE + os.sep)
 
 
 def _outranks(backend: Backend, other: Backend) -> bool:
