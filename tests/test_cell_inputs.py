@@ -234,6 +234,8 @@ def test_a_checkpoint_of_other_code_is_not_resumed(tmp_path):
         lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision", "bf16"),
         lambda: torch.set_float32_matmul_precision("medium"),
         lambda: torch.use_deterministic_algorithms(True),
+        lambda: torch.backends.cuda.enable_flash_sdp(False),  # sdpa on the CPU: 6e-7 off
+        lambda: setattr(torch.backends.mkldnn, "enabled", False),
     ],
 )
 def test_torchs_new_and_legacy_precision_settings_are_read_and_put_back(change):

@@ -4,7 +4,8 @@ Some of torch's state is global to a process and changes results: the default dt
 built after `torch.set_default_dtype(torch.float64)` trains in float64), deterministic
 algorithms, the float32 precision of matmuls and convolutions (TF32, bfloat16: torch's
 `fp32_precision` settings, or the legacy `set_float32_matmul_precision` and `allow_tf32`),
-cuDNN's benchmark mode, whether autograd records. A plugin, or any code a worker imports, can
+cuDNN's benchmark mode, oneDNN (mkldnn) on or off, which kernels scaled_dot_product_attention
+may use, whether autograd records. A plugin, or any code a worker imports, can
 change it; the cell's key and the store would still say float32. So a cell's result depends on
 its config alone: `train_cell` (ablations/run/train.py) puts this state back to torch's
 defaults (`DEFAULTS`) before every cell, with a note naming what had changed, and fails a cell
@@ -28,12 +29,18 @@ PRECISIONS = {"": "none", "cuda.matmul": "none", "cudnn": "none", "cudnn.conv": 
 NEW_API = hasattr(torch.backends, "fp32_precision")
 LEGACY = {"float32_matmul_precision": "highest", "cudnn_allow_tf32": True,
           "cuda_matmul_allow_tf32": False}  # fmt: skip
+# scaled_dot_product_attention's kernels (torch.backends.cuda.enable_<kernel>_sdp): turning
+# one off changes which computes sdpa, on the CPU too (a flash kernel off: 6e-7 off)
+SDP_KERNELS = tuple(k for k in ("flash", "mem_efficient", "math", "cudnn")
+                    if hasattr(torch.backends.cuda, f"{k}_sdp_enabled"))  # fmt: skip
 DEFAULTS = {  # torch's own defaults
     "default_dtype": "float32",
     "deterministic_algorithms": False,
     "grad_enabled": True,
     "cudnn_benchmark": False,
     "cudnn_deterministic": False,
+    "mkldnn_enabled": True,
+    **{f"{kernel}_sdp_enabled": True for kernel in SDP_KERNELS},
     **({f"fp32_precision {path}".strip(): v for path, v in PRECISIONS.items()} if NEW_API
        else LEGACY),
 }  # fmt: skip
@@ -64,7 +71,10 @@ def torch_state() -> dict[str, str | bool]:
         "grad_enabled": torch.is_grad_enabled(),
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "cudnn_deterministic": torch.backends.cudnn.deterministic,
-    }
+        "mkldnn_enabled": torch.backends.mkldnn.enabled,
+        **{f"{k}_sdp_enabled": getattr(torch.backends.cuda, f"{k}_sdp_enabled")()
+           for k in SDP_KERNELS},
+    }  # fmt: skip
     if NEW_API:
         return state | {f"fp32_precision {path}".strip(): _precision(path) for path in PRECISIONS}
     return state | {
@@ -89,6 +99,9 @@ def reset_torch_state() -> list[str]:
         torch.set_grad_enabled(DEFAULTS["grad_enabled"])
         torch.backends.cudnn.benchmark = DEFAULTS["cudnn_benchmark"]
         torch.backends.cudnn.deterministic = DEFAULTS["cudnn_deterministic"]
+        torch.backends.mkldnn.enabled = DEFAULTS["mkldnn_enabled"]
+        for kernel in SDP_KERNELS:
+            getattr(torch.backends.cuda, f"enable_{kernel}_sdp")(DEFAULTS[f"{kernel}_sdp_enabled"])
         torch.set_float32_matmul_precision(LEGACY["float32_matmul_precision"])  # the legacy
         torch.backends.cudnn.allow_tf32 = LEGACY["cudnn_allow_tf32"]  # flags first: they set
         torch.backends.cuda.matmul.allow_tf32 = LEGACY["cuda_matmul_allow_tf32"]  # the new
