@@ -15,6 +15,7 @@ from grids import STD, tiny_grid
 
 import attn_zoo as az
 from ablations.cli import main
+from ablations.grid.plugins import import_plugins
 from ablations.grid.spec import SpecError, load_grid
 from ablations.results.store import ResultsStore
 from ablations.run import train
@@ -146,3 +147,17 @@ def test_a_plugin_backend_dressed_as_a_built_in_with_wraps_is_named_outranking()
         "softmax", "dressed", tier="naive", priority=1000, capabilities=naive.capabilities
     )(dressed)
     assert "softmax backend dressed" in plugin_backends_first()
+
+
+def test_a_module_a_plugin_package_imports_lazily_is_part_of_its_digest(tmp_path, monkeypatch):
+    """The third hostile pass: a module the plugin imports only in eval mode was loaded after
+    the digest was taken, so an edit of it after a kill still resumed the cell."""
+    package = tmp_path / "lazy_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "later.py").write_text("FACTOR = 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import_plugins([package.name])
+    before = plugin_record([package.name])
+    (package / "later.py").write_text("FACTOR = 3.0\n")
+    assert plugin_record([package.name]) != before

@@ -23,6 +23,7 @@ SHA-256 (ablations.run.provenance). Installed packages need none of this: their 
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib
 import importlib.util
@@ -143,7 +144,7 @@ def _library_folders() -> tuple[str, ...]:
 def plugin_files(name: str) -> list[str]:
     """The files of plugin `name`'s code in this process (`name` resolved, as `resolve` gives
     it), each once: its own file first (none for a module without one), then, sorted, those
-    of its package's modules that are loaded (``mypkg.impl`` of a plugin ``mypkg``) and of
+    of its package's modules, loaded or not (``mypkg/impl.py`` of a plugin ``mypkg``), and of
     every other module its import brought in (`importing_plugin`: a helper module beside it)
     that is not part of Python, an installed package, attn_zoo or ablations
     (`_library_folders`). A file's edit then changes the plugin's digest
@@ -155,9 +156,14 @@ def plugin_files(name: str) -> list[str]:
         spec = importlib.util.find_spec(name)
         own = spec.origin if spec is not None else None
         package = [module for module in list(sys.modules) if module.startswith(f"{name}.")]
+        folders = list(spec.submodule_search_locations or []) if spec is not None else []
     own = os.path.realpath(own) if own and os.path.isfile(own) else None
     library = _library_folders()
-    files = set()
+    files = {  # a package's every module, loaded or not: one imported lazily (in a forward,
+        os.path.realpath(path)  # at the first evaluation) is its code as much as the others
+        for folder in ([] if is_file(name) else folders)
+        for path in glob.glob(os.path.join(folder, "**", "*.py"), recursive=True)
+    }
     for module in [*package, *_brought.get(name, [])]:
         file = getattr(sys.modules.get(module), "__file__", None)
         if not isinstance(file, str) or not os.path.isfile(file):
