@@ -1,6 +1,7 @@
 """A score mod's learnable tensor found however the mod reaches it (attn_zoo/kernels/softmax/
 mods.py, `captured_tensors`): a default argument, a functools.partial's keyword, a callable
-instance's attribute, a global object's attribute. Each was missed: `auto` picked chunked and
+instance's attribute, a global object's attribute, a global helper function, a global class's
+attribute or classmethod, a global module's attribute. Each was missed: `auto` picked chunked and
 the tensor got no gradient (naive gives it one). Now each makes a ``mod_grad`` call, served by
 naive: gradients against the float64 naive path, atol 1e-12, rtol 1e-10."""
 
@@ -66,6 +67,59 @@ def global_attribute_mod(bias):
     return global_attribute
 
 
+_BIAS = [None]
+
+
+def _current_bias():  # a global helper function the mod calls
+    return _BIAS[0]
+
+
+def global_helper(score, b, h, q_idx, kv_idx):
+    return biased(score, b, h, q_idx, kv_idx, _current_bias())
+
+
+def global_helper_mod(bias):
+    _BIAS[0] = bias
+    return global_helper
+
+
+class Settings:  # a global class: an attribute and a classmethod the mod reads
+    bias = None
+
+    @classmethod
+    def current(cls):
+        return cls.bias
+
+
+def class_attribute(score, b, h, q_idx, kv_idx):
+    return biased(score, b, h, q_idx, kv_idx, Settings.bias)
+
+
+def class_method(score, b, h, q_idx, kv_idx):
+    return biased(score, b, h, q_idx, kv_idx, Settings.current())
+
+
+def settings_mod(mod):
+    def form(bias):
+        Settings.bias = bias
+        return mod
+
+    return form
+
+
+SETTINGS = types.ModuleType("user_settings")  # a global module object (a user's settings file)
+SETTINGS.__file__ = __file__
+
+
+def module_attribute(score, b, h, q_idx, kv_idx):
+    return biased(score, b, h, q_idx, kv_idx, SETTINGS.bias)
+
+
+def module_attribute_mod(bias):
+    SETTINGS.bias = bias
+    return module_attribute
+
+
 FORMS = {
     "default_argument": default_argument_mod,
     "keyword_only_default": keyword_only_default_mod,
@@ -75,6 +129,10 @@ FORMS = {
     ),
     "callable_instance": CallableMod,
     "global_attribute": global_attribute_mod,
+    "global_helper": global_helper_mod,
+    "class_attribute": settings_mod(class_attribute),
+    "class_method": settings_mod(class_method),
+    "module_attribute": module_attribute_mod,
 }
 
 

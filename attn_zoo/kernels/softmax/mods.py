@@ -54,6 +54,10 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import os
+import site
+import sys
+import sysconfig
 import types
 from collections.abc import Callable, Iterator
 
@@ -163,7 +167,9 @@ def captured_tensors(mod: Callable | None) -> list[torch.Tensor]:
     """The tensors `mod` reads besides its arguments: those in its closure and its default
     arguments (through the functions, containers, modules and objects there: a wrapped mod's,
     a functools.partial's arguments, an object's attributes), the tensors and modules named by
-    its code among its globals (and their attributes), a callable instance's attributes and
+    its code among its globals (and their attributes), what the user's global helper functions,
+    classes and modules it names read (a library's are not followed), a callable instance's
+    attributes and
     what its class's ``__call__`` reads, and those it declares (`mod.parameters`). Objects are
     followed `MAX_DEPTH` steps deep, each once. A callable whose code is not Python (nothing
     to read its tensors from) and that declares no `parameters` is taken as reading one that
@@ -221,16 +227,19 @@ def _tensors_in(
         yield from _tensors_in(getattr(value, "__self__", None), seen, closure, inner)
         if closure:  # a Python method's function (a C function has no Python code to read)
             yield from _tensors_in(getattr(value, "__func__", None), seen, True, inner)
+    elif isinstance(value, staticmethod | classmethod):
+        yield from _tensors_in(value.__func__, seen, closure, depth)
     elif inspect.isfunction(value):
-        if not closure:
-            return  # a global function: not followed (it could be any library's)
+        if not closure and not _user_code(value):
+            return  # a library's global function: not followed
         declared = getattr(value, "parameters", ())
         cells = [c.cell_contents for c in value.__closure__ or () if _filled(c)]
         defaults = [*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values()]
         yield from _each([declared, *cells, *defaults, *_attributes(value)], seen, True, inner)
         code, namespace = value.__code__, value.__globals__
         named = [namespace[n] for n in code.co_names if n in namespace]
-        yield from _each(named, seen, False, min(inner, GLOBAL_DEPTH))
+        members = [m for g in named for m in _members(g, code.co_names)]
+        yield from _each([*named, *members], seen, False, min(inner, GLOBAL_DEPTH))
     elif isinstance(value, functools.partial):
         parts = [value.func, *value.args, *value.keywords.values(), *_attributes(value)]
         yield from _each(parts, seen, closure, inner)
@@ -245,6 +254,43 @@ def _tensors_in(
             yield UNINSPECTED  # its code is not Python: taken as reading a learnable tensor
     else:  # an object (a global one's attributes are read, not its functions)
         yield from _each(_attributes(value), seen, closure, inner)
+
+
+def _user_code(value: object) -> bool:
+    """Whether `value` (a function, class or module) is a user's Python code, not the standard
+    library's or an installed package's (whose tensors are not a mod's to capture): its file
+    is outside Python's library folders (a script, a notebook cell, a plugin, this package
+    when checked out)."""
+    if isinstance(value, types.ModuleType):
+        file = getattr(value, "__file__", None)
+    elif isinstance(value, type):
+        file = getattr(sys.modules.get(value.__module__), "__file__", None)
+    else:
+        file = value.__code__.co_filename
+    if not file:
+        return False  # a built-in module or class: no Python code
+    return file.startswith("<") or not os.path.realpath(file).startswith(_LIBRARY_FOLDERS)
+
+
+_LIBRARY_FOLDERS = tuple(
+    os.path.realpath(folder) + os.sep
+    for folder in {
+        *(sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")),
+        *site.getsitepackages(),
+        site.getusersitepackages(),
+    }
+)
+
+
+def _members(holder: object, names: tuple[str, ...]) -> list[object]:
+    """What code naming `names` may read of a global user class or module: the module's
+    attributes it names (SETTINGS.bias), the class's own and inherited attributes (Cls.bias,
+    and what Cls.method() reads through `cls`). Nothing of a library's or of other objects."""
+    if isinstance(holder, types.ModuleType) and _user_code(holder):
+        return [vars(holder)[n] for n in names if n in vars(holder)]
+    if isinstance(holder, type) and _user_code(holder):
+        return [v for c in holder.__mro__ for k, v in vars(c).items() if not k.startswith("__")]
+    return []
 
 
 def _each(values: list, seen: set[int], closure: bool, depth: int) -> Iterator[torch.Tensor]:
