@@ -172,6 +172,30 @@ def test_a_checkpoint_is_not_resumed_after_a_module_of_its_plugin_package_change
     assert_trained_from_zero(grid, result, "the plugin files")
 
 
+def test_a_checkpoint_is_not_resumed_after_an_installed_entry_point_plugin_changed(
+    tmp_path, monkeypatch
+):
+    """The hostile pass: a plugin installed through an entry point (group attn_zoo.plugins),
+    edited after a SIGKILL, resumed the cell from a checkpoint of its old code, and the cell
+    recorded no plugins ({}). Now its package is digested like a grid's imports."""
+    site = tmp_path / "site"
+    info = site / "ep_plugin-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[attn_zoo.plugins]\nhelper = ep_helper.impl\n")
+    (site / "ep_helper").mkdir()
+    (site / "ep_helper" / "__init__.py").write_text("")
+    (site / "ep_helper" / "impl.py").write_text("SCALE = 1.0\n")
+    (site / "ep_helper" / "maths.py").write_text("ONE = 1\n")  # a module impl does not import
+    monkeypatch.syspath_prepend(str(site))  # the record here sees it as the CLI's run does
+    grid = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training=TRAINING)
+    planted_checkpoint(grid)
+    (site / "ep_helper" / "maths.py").write_text("ONE = 2  # edited after the kill\n")
+    result = cli(grid, "--set", "resume.every_steps=10", path=site)
+    assert_trained_from_zero(grid, result, "the plugin files")
+    assert list(the_row(grid)["environment"]["plugins"]) == ["ep_helper (entry point)"]
+
+
 def test_the_same_inputs_resume_and_another_torch_state_does_not(tmp_path, monkeypatch):
     grid = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training=TRAINING)
     (cell,) = load_grid(grid).cells

@@ -10,10 +10,12 @@ and a run refused before training when finished cells of its grid were made from
     environment["data"]     {path: sha256} of each file the task read (`Task.data_files`),
                             recorded by the worker that trained the cell
     environment["plugins"]  {name: sha256} of each plugin the grid's run imported
-                            (`GridSpec.imports`: a file's path, a module's name), over every
-                            file of its code (`plugin_record`: its own, its package's modules,
-                            the helper modules it imported), recorded by the driver ({} for
-                            none), which hands it and its commit to the workers for their
+                            (`GridSpec.imports`: a file's path, a module's name) and of each
+                            installed package registering one through an entry point
+                            ("my_package (entry point)"), over every file of its code
+                            (`plugin_record`: its own, its package's modules, the helper
+                            modules it imported), recorded by the driver ({} for none), which
+                            hands it and its commit to the workers for their
                             resume checkpoints (ablations.run.resume.ResumePlan.sources)
 
 A cell's key holds a data file as the grid names it ("boards.npz") and a mechanism by its
@@ -34,11 +36,13 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from contextlib import suppress
 from functools import cache
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from ablations.grid.cell import Cell
 from ablations.grid.plugins import plugin_files
 from ablations.results.store import ResultsStore
+from attn_zoo.registry import PLUGIN_GROUP
 
 COMPARED = ("done", "diverged")  # the finished cells a run skips and a report uses
 
@@ -106,20 +110,31 @@ def data_record(task) -> dict[str, str]:
 
 
 def plugin_record(imports: Sequence[str]) -> dict[str, str | None]:
-    """{name: SHA-256} of each plugin of `imports` (resolved names, as `GridSpec.imports`) over
-    the files of its code in this process (ablations.grid.plugins.plugin_files: its own, its
-    package's modules, the helper modules its import brought in): the digest of its file where
-    that is all (of a module without a file: None), else the SHA-256 of their sorted digests
-    (one per line), so that an edit of any of them changes it."""
+    """{name: SHA-256} of each plugin of `imports` (resolved names, as `GridSpec.imports`) and
+    of each top-level package of an installed entry-point plugin (`entry_point_packages`, named
+    "PACKAGE (entry point)": every registry loads them, imported or not), over the files of its
+    code in this process (ablations.grid.plugins.plugin_files: its own, its package's modules,
+    the helper modules its import brought in): the digest of its file where that is all (of a
+    module without a file: None), else the SHA-256 of their sorted digests (one per line), so
+    that an edit of any of them changes it."""
     record: dict[str, str | None] = {}
-    for name in imports:
-        files = plugin_files(name)
+    named = {name: name for name in imports}
+    named |= {f"{package} (entry point)": package for package in entry_point_packages()}
+    for name, plugin in named.items():
+        files = plugin_files(plugin)
         if len(files) <= 1:
             record[name] = file_sha256(files[0]) if files else None
             continue
         digests = sorted(file_sha256(file) for file in files)
         record[name] = hashlib.sha256("\n".join(digests).encode()).hexdigest()
     return record
+
+
+def entry_point_packages() -> list[str]:
+    """The top-level packages (or modules) of the installed plugins' entry points (group
+    attn_zoo.registry.PLUGIN_GROUP), sorted: ``mine = "my_package.attention"`` names
+    my_package, whose every module is the plugin's code."""
+    return sorted({entry.module.split(".")[0] for entry in entry_points(group=PLUGIN_GROUP)})
 
 
 def short_record(record: dict) -> str:
