@@ -168,6 +168,13 @@ def test_a_key_both_searched_and_swept_is_refused(tmp_path):
     assert_refused(path, ["search.space.training.lr is also swept", "searched or swept, not both"])
 
 
+@pytest.mark.parametrize("override", ["training.lr=0.5", "mechanisms[0].training.lr=0.5"])
+def test_a_set_of_a_searched_key_is_refused(tmp_path, override):
+    """The hostile pass: the search sampled training.lr as if the --set were not there."""
+    with pytest.raises(SpecError, match=r"is overridden where \[search\] samples training\.lr"):
+        load_grid(search_grid(tmp_path), [override])
+
+
 def lr_search(tmp_path: Path, choices: str, trials: int, *pruner: str) -> Path:
     """The one-mechanism search grid (40 steps, evaluated every 5) over the lr `choices`, on
     val_loss (continuous: a stalled trial is behind at once), with the `pruner` lines."""

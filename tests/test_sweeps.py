@@ -3,7 +3,7 @@ include/exclude over swept keys, --set on list entries, and what they key in the
 
 import pytest
 import torch
-from grids import REL, SAME_PAIR, STD, assert_refused, tiny_grid
+from grids import REL, SAME_PAIR, STD, XS, assert_refused, tiny_grid
 
 from ablations.grid.cell_model import build_cell_model
 from ablations.grid.spec import SpecError, load_grid
@@ -183,6 +183,50 @@ def test_a_set_that_a_sweep_overrides_is_refused_with_the_set_that_works(
         cells = load_grid(path, [hint.replace("=[3e-3]", "=[0.003]")]).cells
         assert {c.training.lr for c in cells if c.mechanism == "std"} == {3e-3}
         assert {c.training.lr for c in cells if c.mechanism == "rel"} == {1e-3, 3e-3}
+
+
+def test_a_set_inside_a_swept_table_is_refused(tmp_path):
+    """The hostile pass: a window --set inside a mask_mod table that a sweep replaces whole
+    was dropped (every cell at the swept tables)."""
+    masks = '[{ name = "sliding_window", window = 2 }, { name = "sliding_window", window = 3 }]'
+    path = grid(tmp_path, f"[sweep]\nmechanism_kwargs.mask_mod = {masks}\n")
+    override = "mechanisms[0].kwargs.mask_mod.window=64"
+    with pytest.raises(SpecError) as err:
+        load_grid(path, [override])
+    assert f"--set {override} (inside mechanisms[0].kwargs.mask_mod) is overridden" in str(
+        err.value
+    )
+    assert "mechanisms[0].sweep.mechanism_kwargs.mask_mod=[{window = 64, ...}]" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("entry", "override", "where"),
+    [
+        ({"tasks": {"training": {"steps": 7}}}, "training.steps=5",
+         "tasks[0].training sets steps = 7"),
+        ({"tasks": {"training": {"epochs": 1}}}, "training.steps=5",
+         "tasks[0].training sets epochs = 1"),
+        ({"tasks": {"model": {"pos_enc": "rope"}}}, "model.pos_enc=learned",
+         'tasks[0].model sets pos_enc = "rope"'),
+        ({"sizes": {"pos_enc": "rope"}}, "model.pos_enc=learned", 'sizes[0] sets pos_enc = "rope"'),
+        ({"mechanisms": {"training": {"lr": 0.01}}}, "tasks[0].training.lr=0.5",
+         "mechanisms[0].training sets lr = 0.01"),
+    ],
+)  # fmt: skip
+def test_a_set_that_a_more_specific_table_overrides_is_refused(tmp_path, entry, override, where):
+    """The hostile pass: on demo.toml, --set training.steps=50 left mqar's 600 steps (its task
+    entry's training table) in place; the --set it names sets both."""
+    ((table, fields),) = entry.items()
+    default = {"tasks": SAME_PAIR, "sizes": XS, "mechanisms": STD}[table]
+    path = tiny_grid(tmp_path, **{table: [{**default, **fields}]})
+    with pytest.raises(SpecError) as err:
+        load_grid(path, [override])
+    assert f"--set {override} is overridden where {where}" in str(err.value)
+    if "epochs" in where:
+        assert "steps and epochs are one setting: change tasks[0].training.epochs" in str(err.value)
+        return
+    working = str(err.value).split("add --set '")[1].rstrip("'")
+    load_grid(path, [override, working])  # both: no error
 
 
 def test_a_set_no_sweep_reaches_applies(tmp_path):

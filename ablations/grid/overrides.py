@@ -11,7 +11,14 @@ from collections.abc import Iterator
 
 from ablations.grid.cell import LENGTH
 from ablations.grid.schema import GridFile
-from ablations.grid.validate import MAX_DEPTH, SpecError, check_depth, flat_sweep, step_name
+from ablations.grid.validate import (
+    MAX_DEPTH,
+    SpecError,
+    check_depth,
+    flat_sweep,
+    same_value,
+    step_name,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -142,10 +149,61 @@ def check_overrides_apply(grid: GridFile, overrides: list[str], path) -> None:
     for item in overrides:
         key, text = item.split("=", 1)
         steps = _steps(key, path)
+        inside = _setting_around(steps)
+        if inside is not None:  # a key inside one setting's table: mask_mod.window
+            shown = "{" + f"{'.'.join(map(str, steps[len(inside) :]))} = {text}, ...}}"
+            what = f"--set {item} (inside {step_name(inside)})"
+            _check_not_swept(grid, what, inside, shown, path)
+            continue
         for setting, value in _settings(steps, _value(text)):
             shown = text if setting == steps else _toml_text(value)
             inner = "" if setting == steps else f" (its {step_name(setting)} = {shown})"
             _check_not_swept(grid, f"--set {item}{inner}", setting, shown, path)
+            _check_not_fixed_below(grid, f"--set {item}{inner}", setting, value, path)
+
+
+def _setting_around(steps: list[str | int]) -> list[str | int] | None:
+    """The key parts of the fixed setting that a longer --set key reaches inside
+    (``mechanisms[0].kwargs.mask_mod.window`` -> mechanisms[0].kwargs.mask_mod); None for a
+    key that is one setting, a table of them, or none."""
+    parts = SETTING_PARTS.get(steps[0])
+    entry = steps[0] in ("tasks", "mechanisms")
+    if parts is None or len(steps) <= parts or (entry and steps[2] not in ENTRY_TABLES):
+        return None
+    return steps[:parts]
+
+
+def _check_not_fixed_below(grid: GridFile, what: str, steps: list, value: object, path) -> None:
+    """SpecError where a more specific table of the grid fixes the setting `steps` (`_settings`)
+    to another value in cells it reaches (fixed settings resolve grid < size < task <
+    mechanism, ablations/grid/expand.py): ``--set training.steps=50`` on a grid whose task
+    entry sets ``training = { steps = 600 }`` trains that task's cells 600 steps. `what`: the
+    --set as the message names it."""
+    table, index, key = _swept_key(steps)
+    section, name = key.split(".", 1)
+    if section not in ("training", "model"):
+        return  # a task's or mechanism's kwargs: no level below it
+    names = LENGTH if section == "training" and name in LENGTH else (name,)
+    order = ["sizes", "tasks", "mechanisms"] if section == "model" else ["tasks", "mechanisms"]
+    below = order[order.index(table) + 1 :] if table in order else order
+    for other in below:
+        for i, entry in enumerate(getattr(grid, other)):
+            fixed = entry if other == "sizes" else getattr(entry, section)
+            set_here = fixed.model_dump(exclude_unset=True)
+            found = next((n for n in names if n in set_here), None)
+            if found is None or (found == name and same_value(set_here[found], value)):
+                continue
+            where = f"{other}[{i}]" + ("" if other == "sizes" else f".{section}")
+            fix = (
+                f"to set it there too, add --set '{where}.{name}={_toml_text(value)}'"
+                if found == name
+                else f"steps and epochs are one setting: change {where}.{found} in the grid file"
+            )
+            raise SpecError(
+                f"{path}: {what} is overridden where {where} sets {found} = "
+                f"{_toml_text(set_here[found])} for its cells (a size's, task's or mechanism's "
+                f"table beats the grid's, a mechanism's beats a task's); {fix}"
+            )
 
 
 def _check_not_swept(grid: GridFile, what: str, steps: list, shown: str, path) -> None:
@@ -154,6 +212,13 @@ def _check_not_swept(grid: GridFile, what: str, steps: list, shown: str, path) -
     table, index, key = _swept_key(steps)
     lengths = [f"training.{k}" for k in LENGTH]  # steps and epochs: one setting
     keys = lengths if key in lengths else [key]
+    searched = next((k for k in keys if grid.search and k in grid.search.space), None)
+    if searched is not None:
+        raise SpecError(
+            f"{path}: {what} is overridden where [search] samples {searched} (from "
+            f"{_toml_text(grid.search.space[searched])}): a searched key beats a fixed value; to "
+            f"run {shown} alone, take {searched} out of search.space in the grid file"
+        )
     levels = {"[sweep]": grid.sweep}  # every sweep that reaches cells the setting reaches
     for other in ("tasks", "mechanisms"):
         for i, entry in enumerate(getattr(grid, other)):
