@@ -129,8 +129,17 @@ def test_the_headline_figure_draws_each_mechanism_at_its_selected_setting_and_th
     assert reference.get_linestyle() == "--" and reference.get_color() == "black"
     assert list(reference.get_xdata()) == [100, 300] and list(reference.get_ydata()) == [0.7, 0.8]
     assert ax.get_xlabel() == "task_kwargs.n_train"
+    ticks = [text.get_text() for text in ax.get_xticklabels()]  # the values run, written plain
+    assert list(ax.get_xticks()) == N_TRAIN and ticks == ["100", "200", "400"]
     markdown = (out / "report.md").read_text()
     assert "reference curves (paper: Doe 2024, fig. 1)" in markdown
+
+
+def test_each_of_many_mechanisms_has_a_colour_of_its_own():
+    """tab10 alone gave the 11th label the first one's colour."""
+    for n in (2, 10, 11, 25):
+        colours = label_colours([f"m{i}" for i in range(n)])
+        assert len(set(colours.values())) == n
 
 
 def test_a_rebuild_from_cells_csv_alone_leads_with_the_same_question_and_curves(lead, tmp_path):

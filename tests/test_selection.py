@@ -18,7 +18,7 @@ from scipy import stats
 
 from ablations.cli import main
 from ablations.grid.spec import load_grid
-from ablations.report import attention_maps, sections
+from ablations.report import attention_maps, sections, selection_section
 from ablations.report.build import write_report
 from ablations.report.selection import (
     axis_columns,
@@ -231,6 +231,24 @@ def test_a_report_gives_each_comparison_its_detectable_effect(swept_store, tmp_p
     assert row.verdict.startswith(("underpowered (detectable ±", "rel ahead", "std ahead"))
     text = (out / "report.md").read_text()
     assert "detectable (80% power)" in text and "effect_of_interest is ±1e-06" in text
+
+
+def test_a_long_verdict_table_leads_as_counts_per_pair_and_is_shown_whole_below(
+    swept_store, tmp_path, monkeypatch
+):
+    """A verdict table taller than the screen (relational_games: 88 rows) pushed the headline
+    figure off the first screen: past LEAD_ROWS rows, the lead counts each pair's verdicts and
+    the rows are in a details section of their own."""
+    monkeypatch.setattr(selection_section, "LEAD_ROWS", 0)  # the one row counts as many
+    out = write_report(swept_store.store, tmp_path / "long", selection=swept_store.selection)
+    (row,) = pd.read_csv(out / "paired.csv").itertuples()
+    verdict = row.verdict.split(" (")[0]
+    text = (out / "report.md").read_text()
+    lead, details = text.split("## Every comparison (1 rows)")
+    assert f"| rel − std | 1 | 1 {verdict} | ±{row.detectable:.3g} |" in lead
+    assert lead.index("| a − b | comparisons | verdicts |") < lead.index("headline figure")
+    assert "| p Holm |" not in lead and "| p Holm |" in details  # the row-by-row table
+    assert details.index("| p Holm |") < details.index("## Selection")
 
 
 def cells_frame(rows):

@@ -192,7 +192,7 @@ def write_bench_report(
             section.parts.append(Bullets(notes))
         page.sections.append(section)
         backends = set(table.backend)
-        colours = label_colours(backends, "tab10" if len(backends) <= 10 else "tab20")
+        colours = label_colours(backends)
         for plot in _plots(table):
             rows = table[table.backend.str.endswith(plot.rows)]
             if not plot.lines or not (rows[list(plot.lines)] > 0).to_numpy().any():

@@ -362,7 +362,7 @@ def report_page(
         chosen_keys = set(frame.loc[sorted(selected.rows), "key"])
         plotted, metric = done.loc[done.index.isin(selected.rows)], selection.reported_metrics[0]
         answer = headline_section(selected, metric, colours, recorded)
-        page.sections += [answer.section, section]
+        page.sections += [answer.section, *filter(None, [selected.every]), section]
         plots.append(answer)
     tasks, task_plots = task_sections(
         summary, plotted, configs, curves, colours, selection, metric, differing

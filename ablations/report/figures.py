@@ -236,6 +236,9 @@ def reference_column(axis: str) -> str:
     return axis.rsplit(".", 1)[-1]
 
 
+MAX_TICKS = 8  # a numeric axis with more values than this keeps matplotlib's ticks
+
+
 def _positions(values: pd.Series) -> tuple[dict[str, float], bool]:
     """Each value of an axis (as text) at its place on the x axis, and whether the axis is
     numeric: its number where every value is one, else its rank in order of appearance."""
@@ -336,6 +339,10 @@ def plot_headline(
             ticks = [plot_text(short_label(text, TICK_CHARS)) for text in place]
             ax.set_xticks(list(place.values()), labels=ticks)
             ax.tick_params(axis="x", labelrotation=20 if len(place) > 3 else 0)
+        else:  # the values the grid ran, as written (one value: one tick, not a scale)
+            values = sorted(set(group[axis].astype(str).map(place)))
+            if len(values) <= MAX_TICKS:
+                ax.set_xticks(values, labels=[f"{v:g}" for v in values])
         ax.set(xlabel=axis, ylabel=metric_name(metric))
         if not per_task and len(panels) > 1:
             ax.set_title(plot_title(short_label(task, TITLE_LABEL)))

@@ -54,10 +54,14 @@ from matplotlib.figure import Figure
 from ablations.labels import CONTROL, short_label, visible
 
 
-def label_colours(labels: Iterable[str], palette: str = "tab10") -> dict[str, tuple]:
-    """A fixed colour per label: the sorted labels take the palette's colours in turn."""
-    colours = colormaps[palette]
-    return {label: colours(i % colours.N) for i, label in enumerate(sorted(set(labels)))}
+def label_colours(labels: Iterable[str]) -> dict[str, tuple]:
+    """A fixed colour per label, each its own: the sorted labels take tab10's colours in
+    turn, and where they are more, those of tab20, tab20b and tab20c (60 in all; beyond,
+    they repeat)."""
+    names = sorted(set(labels))
+    palettes = ["tab10"] if len(names) <= 10 else ["tab20", "tab20b", "tab20c"]
+    colours = [colour for palette in palettes for colour in colormaps[palette].colors]
+    return {label: colours[i % len(colours)] for i, label in enumerate(names)}
 
 
 def new_figure() -> tuple[Figure, Axes]:

@@ -35,12 +35,16 @@ class Selected(NamedTuple):
     """What `selection_section` gives the page: the `verdicts` (the paired differences' table
     and the paragraph above it: the page leads with them; none without pairs to compare), the
     details `section`, the `rows` of the cells at the chosen settings (their index) and `chosen`
-    (`select`'s rows for the first reported metric: the headline figure's points)."""
+    (`select`'s rows for the first reported metric: the headline figure's points). A verdict
+    table of more than `LEAD_ROWS` rows is summarised per pair in `verdicts` (how many rows
+    reach each verdict, the range of their detectable effects), so that the headline figure
+    stays on the first screen, and shown whole in the details section `every`."""
 
     verdicts: list[Part]
     section: Section
     rows: set
     chosen: pd.DataFrame
+    every: Section | None = None  # the verdict table row by row, where `verdicts` summarise it
 
 
 def selection_section(cells: pd.DataFrame, selection: Selection, folder: Path) -> Selected:
@@ -175,7 +179,43 @@ def selection_section(cells: pd.DataFrame, selection: Selection, folder: Path) -
         verdict_parts.append(Table(table))
     rows = {i for found in first.get("rows", pd.Series(dtype=object)).dropna() for i in found}
     section = Section("Selection: each mechanism at its best setting", parts, details=True)
-    return Selected(verdict_parts, section, rows, first)
+    if len(verdict_parts) < 2 or len(verdict_parts[1].data) <= LEAD_ROWS:
+        return Selected(verdict_parts, section, rows, first)
+    every = Section(f"Every comparison ({len(head)} rows)", verdict_parts, details=True)
+    summary = [
+        Paragraph(
+            f"The {len(head)} comparisons, by pair: how many reach each verdict, and the range "
+            "of the smallest difference the design detects with 80% power (a − b, each "
+            f"mechanism at its best setting, seed by seed; p Holm-adjusted over the report's "
+            f"{int(family.p.notna().sum())} tests). Each row, with its difference, interval "
+            f"and p: {every.heading}, below."
+        ),
+        Table(_verdict_counts(family, reported)),
+    ]
+    return Selected(summary, section, rows, first, every)
+
+
+LEAD_ROWS = 12  # the most rows of the verdict table the page leads with; more are summarised
+
+
+def _verdict_counts(family: pd.DataFrame, reported: list[str]) -> pd.DataFrame:
+    """Per pair (a − b) of `family` (`verdicts`' rows): the comparisons, and per metric of
+    `reported` the count of each verdict and the range of the detectable effects."""
+    rows = []
+    for (a, b), pairs in family.groupby(["a", "b"], sort=False):
+        row = {"a − b": f"{a} − {b}"}
+        for name in reported:
+            pair = pairs[pairs.reported == name]
+            prefix = f"{name} " if len(reported) > 1 else ""
+            row.setdefault("comparisons", str(len(pair)))
+            verdicts = pair.verdict.str.split(" (", regex=False).str[0]  # without the detail
+            counts = verdicts.value_counts(sort=False)
+            row[f"{prefix}verdicts"] = "; ".join(f"{n} {verdict}" for verdict, n in counts.items())
+            low, high = pair.detectable.min(), pair.detectable.max()
+            span = f"±{low:.3g}" if low == high else f"±{low:.3g} to ±{high:.3g}"
+            row[f"{prefix}detectable (80% power)"] = "-" if pd.isna(low) else span
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def _p_text(p: float) -> str:
