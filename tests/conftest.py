@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -7,7 +8,12 @@ import torch
 from attn_zoo.testing import load_profile
 
 load_profile()
-torch.set_num_threads(max(1, torch.get_num_threads()))
+# The cores shared among the test processes (pytest-xdist's workers): two processes of two
+# threads each on two cores spin-wait for each other, and a tiny model's step took 4x longer.
+# A test that needs another count sets it (and puts it back).
+torch.set_num_threads(
+    max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))
+)
 
 
 ROOT = Path(__file__).resolve().parents[1]
