@@ -12,7 +12,7 @@ load_profile()
 # threads each on two cores spin-wait for each other, and a tiny model's step took 4x longer.
 # A test that needs another count sets it (and puts it back).
 torch.set_num_threads(
-    max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))
+    max(1, torch.get_num_threads() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))
 )
 
 
