@@ -38,6 +38,29 @@ def test_the_header_counts_the_cells_of_each_commit(tmp_path):
             "1 cells at no recorded commit") in (out / "report.md").read_text()  # fmt: skip
 
 
+def test_the_page_header_names_one_clean_commit_or_why_the_cells_are_not_from_one(tmp_path):
+    """Issue: a report mixing commits and dirty trees said so only in its provenance details;
+    the line under the question now says it, with the grid's [report] unclean reason."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    clean = write_report(store_of(tmp_path / "a", [{"commit": CLEAN}] * 2), tmp_path / "clean")
+    head = (clean / "report.md").read_text().split("## ")[0]
+    assert "- Code: every cell from one clean commit, aaaaaaaaaaaa" in head
+    grid = tiny_grid(tmp_path, seeds=[0, 1], mechanisms=[STD])
+    grid.write_text(grid.read_text() + '[report]\nunclean = "GPU cells, not rerun on the CPU"\n')
+    store = store_of(tmp_path / "b", [{"commit": CLEAN}, {"commit": f"{OTHER}-dirty"}])
+    report = load_grid(grid).file.report
+    mixed = write_report(store, tmp_path / "mixed", grid=grid, report=report)
+    head = (mixed / "report.md").read_text().split("## ")[0]
+    assert "- Code: 2 cells from 2 code versions (1 not a clean commit" in head
+    assert "why: GPU cells, not rerun on the CPU. Most: 1 at aaaaaaaaaaaa" in head
+    without = write_report(store, tmp_path / "without")  # no grid: no reason
+    assert (
+        "why: not given (the grid file sets no report.unclean)"
+        in (without / "report.md").read_text()
+    )
+
+
 @pytest.mark.parametrize(
     ("commits", "fragment"),
     [

@@ -61,7 +61,8 @@ class Workload:
     of w keys as a mask mod, or the same mask as a dense (N, N) boolean tensor, built before
     the timing); "mechanism": attn_zoo.build(target, backend=backend, **kwargs) on (1, N, d_model)
     inputs; "module": the class at dotted path `target` built with kwargs. Mechanisms and
-    modules get random symbols too when `symbols`; a tuple output is read at [0].
+    modules get random symbols too when `symbols`; a tuple output is read at [0]. Inputs,
+    parameters and symbols are of `dtype` (a torch dtype's name).
     """
 
     label: str
@@ -71,12 +72,13 @@ class Workload:
     backend: str = "auto"
     causal: bool = True
     symbols: bool = False
+    dtype: str = "float32"
 
     def make(self, n: int, grad: bool, device: str = "cpu") -> Run:
         torch.manual_seed(0)
+        dtype = getattr(torch, self.dtype)
         if self.source == "softmax":
             shape = self.kwargs
-            dtype = getattr(torch, shape.get("dtype", "float32"))
             q, k, v = (
                 torch.randn(shape["batch"], shape["heads"], n, shape["head_dim"], dtype=dtype,
                             device=device, requires_grad=grad)
@@ -86,10 +88,11 @@ class Workload:
             return lambda: softmax_attention(
                 q, k, v, is_causal=self.causal, backend=self.target, **window
             )
-        module = self.module().to(device).requires_grad_(grad)
+        module = self.module().to(device, dtype).requires_grad_(grad)
         d_model = self.kwargs["d_model"]
-        x = torch.randn(1, n, d_model, device=device, requires_grad=grad)
-        args = (x, torch.randn(1, n, d_model, device=device)) if self.symbols else (x,)
+        x = torch.randn(1, n, d_model, dtype=dtype, device=device, requires_grad=grad)
+        symbols = torch.randn(1, n, d_model, dtype=dtype, device=device)
+        args = (x, symbols) if self.symbols else (x,)
 
         def run():
             out = module(*args, is_causal=self.causal)
@@ -162,7 +165,9 @@ def interleaved_median_ms(
     return {name: statistics.median(ms) for name, ms in times.items()}
 
 
-def _no_grad(run: Run) -> Callable[[], None]:
+def forward_only(run: Run) -> Callable[[], None]:
+    """`run` under no_grad: the forward pass alone."""
+
     def forward():
         with torch.no_grad():
             run()
@@ -269,7 +274,7 @@ def measure(
         for w in workloads:
             progress.doing(f"N={n} warm-up: {w.label}")
             try:  # the warm-up runs, which also find the calls a backend cannot serve
-                forward = _no_grad(w.make(n, False, device))
+                forward = forward_only(w.make(n, False, device))
                 forward()
                 forwards[w.label] = forward
                 step = forward_backward(w.make(n, True, device))

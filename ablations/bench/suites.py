@@ -10,7 +10,11 @@
   a dense mask;
 - masks: local masks and a combination as mask mods on chunked (its block mask skipping the
   empty tiles: O(N visible)) against the same masks as dense masks on sdpa (ablations.bench.
-  masks), with the growth per doubling of N and the cost over the dense cost of the tiles kept.
+  masks), with the growth per doubling of N and the cost over the dense cost of the tiles kept;
+- gpu: FlashAttention (torch SDPA) against flex and chunked, the relational Triton layer,
+  window and document masks on flex, linear and gated linear attention against
+  flash-linear-attention's kernels, in bfloat16 and float32, within a time budget; the rows a
+  machine cannot run are noted with why (`gpu_rows`, ablations.bench.gpu).
 
 `BenchRun` holds one run's settings (the CLI's options); `run_bench` measures its suites,
 prints each table and writes the CSVs and the report it asks for (ablations.bench.report).
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +33,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import torch
 
-from ablations.bench import SUITES
+from ablations.bench import GPU_BUDGET, SUITES
+from ablations.bench.gpu import PARTS, TARGET_MS, CausalKernel, Row, measure_rows
 from ablations.bench.masks import MASKS, MaskedKernel, kept_tiles
 from ablations.bench.measure import (
     Workload,
@@ -50,6 +56,7 @@ DEFAULT_LENGTHS = {
     "generation": [64, 256, 512],  # total tokens (prompt + generated)
     "window": [512, 1024, 2048, 4096, 8192],
     "masks": [1024, 2048, 4096, 8192, 16384],
+    "gpu": [1024, 2048, 4096, 8192, 16384],
 }
 # The generation suite's model: LanguageModel sizes, and the prompt length
 GENERATION_SIZES = {"d_model": 128, "n_layers": 4, "heads": 4, "prompt": 16}
@@ -73,8 +80,8 @@ def bench_softmax(
     if backends is None:
         fam = family("softmax")
         backends = [b for b in fam.backends if fam.status(b, torch.device(device).type)[0]]
-    shape = dict(batch=batch, heads=heads, head_dim=head_dim, dtype=dtype)
-    workloads = [Workload(b, "softmax", b, shape, causal=causal) for b in backends]
+    shape = dict(batch=batch, heads=heads, head_dim=head_dim)
+    workloads = [Workload(b, "softmax", b, shape, causal=causal, dtype=dtype) for b in backends]
     return measure(workloads, lengths, repeats, device, memory=memory, progress=progress)
 
 
@@ -258,6 +265,106 @@ def bench_mechanisms(
     return measure(workloads, lengths, repeats, device, ("standard:sdpa",), memory, progress)
 
 
+GPU_DTYPES = ("bfloat16", "float32")
+GPU_GROUPS = {  # table -> (its baseline row, what it compares)
+    "softmax": ("sdpa", "the softmax kernel, causal, on sdpa (torch SDPA: FlashAttention in "
+                "bfloat16), flex (FlexAttention, compiled) and chunked"),
+    "relational": ("standard_sdpa", "a relational attention layer on the Triton kernel "
+                   "(triton) against standard attention with the same heads on SDPA"),
+    "masks": ("sdpa", "a causal window and documents of 3 windows as mask mods on flex "
+              "(<mask>:flex; it builds the block mask at every call: attn_zoo/kernels/softmax/"
+              "flex.py) and as dense boolean masks on sdpa (<mask>:sdpa, built before timing); "
+              "sdpa: unmasked causal"),
+    "linear": ("sdpa", "causal linear attention (elu + 1 features) on chunked against "
+               "flash-linear-attention's chunk_linear_attn (fla); sdpa: causal softmax"),
+    "gla": ("sdpa", "gated linear attention on chunked against flash-linear-attention's "
+            "chunk_gla (fla); sdpa: causal softmax"),
+}  # fmt: skip
+RECOMPILES = 256  # torch.compile's recompile limit in the gpu suite (flex: once per shape)
+
+
+def gpu_rows(
+    group: str,
+    dtype: str,
+    heads: int = 8,
+    head_dim: int = 64,
+    d_model: int = 512,
+    ra_heads: int = 4,
+    window: int = 64,
+) -> list[Row]:
+    """The rows of the gpu suite's table `group` (GPU_GROUPS) in `dtype`, batch 1: kernels with
+    `heads` heads of width `head_dim`, the relational layers as the relational suite's
+    (d_model, `ra_heads` relational heads), masks of width `window` (ablations.bench.masks)."""
+    if group not in GPU_GROUPS:
+        raise ValueError(f"gpu group {group!r}: valid are {', '.join(GPU_GROUPS)}")
+    if group == "relational":
+        kwargs = dict(d_model=d_model, n_heads=ra_heads, total_n_heads=2 * ra_heads)
+        return [
+            Row(Workload("triton", "mechanism", "relational", kwargs, "triton", symbols=True,
+                         dtype=dtype), "relational", "triton"),
+            Row(Workload("standard_sdpa", "mechanism", "standard", kwargs, "sdpa", dtype=dtype),
+                "softmax", "sdpa"),
+        ]  # fmt: skip
+    causal_kernel = f"{CausalKernel.__module__}.{CausalKernel.__name__}"
+
+    def causal(label: str, kernel: str, backend: str) -> Row:
+        kwargs = dict(d_model=PARTS[kernel] * heads * head_dim, heads=heads, kernel=kernel,
+                      backend=backend)  # fmt: skip
+        workload = Workload(label, "module", causal_kernel, kwargs, dtype=dtype)
+        return Row(workload, "fla" if backend == "fla" else kernel, backend)
+
+    sdpa = causal("sdpa", "softmax", "sdpa")
+    if group == "softmax":
+        return [sdpa, causal("flex", "softmax", "flex"), causal("chunked", "softmax", "chunked")]
+    if group in ("linear", "gla"):
+        return [
+            sdpa,
+            causal(f"{group}:chunked", group, "chunked"),
+            causal(f"{group}:fla", group, "fla"),
+        ]
+    masked = f"{MaskedKernel.__module__}.{MaskedKernel.__name__}"
+    shape = dict(d_model=3 * heads * head_dim, heads=heads, window=window)
+    return [sdpa] + [
+        Row(Workload(f"{mask}:{backend}", "module", masked,
+                     {**shape, "mask": mask, "dense": backend == "sdpa", "backend": backend},
+                     causal=False, dtype=dtype), "softmax", backend)
+        for mask in ("window", "document")
+        for backend in ("flex", "sdpa")
+    ]  # fmt: skip
+
+
+def bench_gpu(
+    lengths: Sequence[int] = (1024, 2048, 4096, 8192, 16384),
+    repeats: int = 5,
+    device: str = "cuda",
+    heads: int = 8,
+    head_dim: int = 64,
+    d_model: int = 512,
+    ra_heads: int = 4,
+    window: int = 64,
+    budget: float = GPU_BUDGET,
+    memory: bool = True,
+    clock: Callable[[], float] = time.monotonic,
+    progress: Steps | None = None,
+) -> dict[tuple[str, str], pd.DataFrame]:
+    """The gpu suite: a table per (group, dtype) of GPU_GROUPS x GPU_DTYPES, bfloat16 first
+    (`gpu_rows`, measured by ablations.bench.gpu.measure_rows), in `budget` seconds on `clock`
+    in all: each table may take the time left over the tables left."""
+    import torch._dynamo
+
+    plan = [(group, dtype) for dtype in GPU_DTYPES for group in GPU_GROUPS]
+    start, tables = clock(), {}
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILES):
+        for i, (group, dtype) in enumerate(plan):
+            rows = gpu_rows(group, dtype, heads, head_dim, d_model, ra_heads, window)
+            seconds = (budget - (clock() - start)) / (len(plan) - i)
+            tables[group, dtype] = measure_rows(
+                rows, lengths, repeats, device, GPU_GROUPS[group][0], seconds, clock, memory,
+                progress,
+            )  # fmt: skip
+    return tables
+
+
 GENERATION_MODELS = {  # mechanism -> LanguageModel settings beside the sizes
     "standard": lambda heads: dict(attention="standard", attention_kwargs=dict(n_heads=heads)),
     "relational": lambda heads: dict(
@@ -363,6 +470,7 @@ class BenchRun:
     ra_heads: int = 4
     ra_backends: list[str] | None = None
     window: int = 64  # window suite
+    budget: float = GPU_BUDGET  # gpu suite: seconds for all its tables
 
     def check(self) -> None:
         """ValueError naming the option, its value and what is valid, for a setting this run
@@ -370,6 +478,15 @@ class BenchRun:
         and --report folders (to check that files can be written there)."""
         if "generation" in self.suite and len(self.suite) > 1:
             raise ValueError("--suite generation runs on its own (its report differs)")
+        if "gpu" in self.suite and len(self.suite) > 1:
+            raise ValueError("--suite gpu runs on its own (its time budget is the whole run's)")
+        if "gpu" in self.suite and (self.no_causal or self.also_non_causal):
+            raise ValueError(
+                "--suite gpu times causal attention (its masks hold their own causality): "
+                "drop --no-causal and --also-non-causal"
+            )
+        if not self.budget > 0:
+            raise ValueError(f"--budget {self.budget}: give the gpu suite's seconds, > 0")
         if not re.fullmatch(r"cpu|cuda|cuda:\d+", self.device):
             raise ValueError(f"--device {self.device!r}: the bench runs on cpu, cuda or cuda:N")
         if problem := device_problem(self.device):
@@ -424,6 +541,22 @@ class BenchRun:
             "float32; standard_sdpa: standard attention with the same heads on SDPA"
         )
 
+    def gpu_title(self, group: str, dtype: str) -> str:
+        """A gpu suite table's settings in one line, as its report and printout state them."""
+        baseline, rows = GPU_GROUPS[group]
+        sizes = (
+            f"d_model {self.d_model}, {self.ra_heads} relational heads"
+            if group == "relational"
+            else f"{self.heads} heads of width {self.head_dim}"
+        )
+        window = f", window {self.window}" if group == "masks" else ""
+        return (
+            f"gpu suite, {group}: {rows}; {dtype}, batch 1, {sizes}{window}; each repeat calls "
+            f"a row for about {TARGET_MS:g} ms (times per call); ratios to {baseline} at the "
+            f"same N, dtype and pass; the suite's time budget {self.budget:g} s (rows over it "
+            "noted)"
+        )
+
     def command(self) -> str:
         """The bench command line that repeats this run, every setting spelled out."""
         words = ["attn-zoo", "bench", "--suite", *self.suite]
@@ -434,8 +567,10 @@ class BenchRun:
         if self.ra_backends:
             words += ["--ra-backends", *self.ra_backends]
         options = {"--repeats": self.repeats, "--device": self.device}
-        if "window" in self.suite or "masks" in self.suite:
+        if {"window", "masks", "gpu"} & set(self.suite):
             options["--window"] = self.window
+        if "gpu" in self.suite:
+            options["--budget"] = self.budget
         if self.suite != ["generation"]:
             options |= {
                 "--batch": self.batch, "--heads": self.heads, "--head-dim": self.head_dim,
@@ -453,6 +588,24 @@ class BenchRun:
         }
         words += [flag for flag, on in flags.items() if on]
         return shlex.join(words)
+
+
+def _suite_tables(
+    bench: BenchRun, suite: str, causal: bool, name: str, progress: Steps
+) -> dict[str, tuple[pd.DataFrame, str]]:
+    """A suite's tables by name, each with its settings line: the gpu suite's as
+    gpu_<group>_<dtype>, any other suite's one table as `name`."""
+    if suite != "gpu":
+        return {name: (_suite_table(bench, suite, causal, progress), bench.title(suite, causal))}
+    tables = bench_gpu(
+        bench.suite_lengths(suite), bench.repeats, bench.device, bench.heads, bench.head_dim,
+        bench.d_model, bench.ra_heads, bench.window, bench.budget, not bench.no_memory,
+        progress=progress,
+    )  # fmt: skip
+    return {
+        f"gpu_{group}_{dtype}": (table, bench.gpu_title(group, dtype))
+        for (group, dtype), table in tables.items()
+    }
 
 
 def _suite_table(bench: BenchRun, suite: str, causal: bool, progress: Steps) -> pd.DataFrame:
@@ -516,19 +669,26 @@ def run_bench(
     for suite, causal in ((suite, causal) for suite in bench.suite for causal in modes):
         name = suite if causal == modes[0] else f"{suite}_noncausal"
         with make_steps(name, "measurements", console) as progress:
-            tables[name] = table = _suite_table(bench, suite, causal, progress)
-        settings[name] = f"{bench.title(suite, causal)}, median of {bench.repeats}"
-        out(f"\n{settings[name]}")
-        out(table.to_string(index=False, float_format=lambda x: f"{x:.3g}", na_rep="-"))
-        if bench.csv_dir:
-            path = Path(bench.csv_dir) / f"bench_{name}.csv"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_csv(table, path)
-            out(f"wrote {path}")
+            measured = _suite_tables(bench, suite, causal, name, progress)
+        for name, (table, title) in measured.items():
+            tables[name] = table
+            settings[name] = f"{title}, median of {bench.repeats}"
+            out(f"\n{settings[name]}")
+            out(table.to_string(index=False, float_format=lambda x: f"{x:.3g}", na_rep="-"))
+            if bench.csv_dir:
+                path = Path(bench.csv_dir) / f"bench_{name}.csv"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_csv(table, path)
+                out(f"wrote {path}")
     if bench.report:
         title = f"Attention benchmarks: {', '.join(bench.suite)} on {bench.device}"
         if bench.suite == ["generation"]:
             title = "Generation benchmark: cached vs uncached decoding"
+        if bench.suite == ["gpu"]:
+            title = (
+                f"GPU benchmarks on {bench.device}: FlashAttention (torch SDPA) against flex, "
+                "chunked, relational Triton, mask mods and flash-linear-attention"
+            )
         folder = write_bench_report(tables, bench.report, title, settings, bench.command())
         out(f"\nwrote {folder}/report.md, {folder}/index.html and the CSVs and plots beside them")
     return tables

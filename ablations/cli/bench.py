@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from ablations.arguments import COUNT, Help
-from ablations.bench import DTYPES, SUITES
+from ablations.arguments import COUNT, Help, number
+from ablations.bench import DTYPES, GPU_BUDGET, SUITES
 from ablations.cli.common import add_import, import_plugins
 
 
@@ -17,12 +17,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Time (median of interleaved repeats) and peak memory of the backends.",
     )  # fmt: skip
     b.add_argument(
-        "--suite", nargs="+", choices=[*SUITES, "generation", "window", "masks"],
+        "--suite", nargs="+", choices=[*SUITES, "generation", "window", "masks", "gpu"],
         default=list(SUITES),
         help=f"which suites to run (default: {' '.join(SUITES)}); generation (tokens per second, "
         "cached vs uncached) runs on its own; window: a sliding window as a mask mod against "
         "the same window as a dense mask; masks: window, document, prefix LM and a combination "
-        "as mask mods on chunked against dense masks on sdpa",
+        "as mask mods on chunked against dense masks on sdpa; gpu (on its own, --device cuda): "
+        "FlashAttention against flex, chunked, relational Triton, mask mods on flex and "
+        "flash-linear-attention, bfloat16 and float32, within --budget",
     )  # fmt: skip
     b.add_argument("--lengths", type=COUNT, nargs="+", default=None,
                    help="sequence lengths N (without: each suite's own list)")  # fmt: skip
@@ -55,6 +57,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument(
         "--ra-backends", nargs="+", default=None,
         help="our backends to time (without: auto and all); reference and standard_sdpa always",
+    )  # fmt: skip
+    g = b.add_argument_group("gpu suite")
+    g.add_argument(
+        "--budget", type=number(float, 0, low_open=True), default=GPU_BUDGET, metavar="SECONDS",
+        help="time for all its tables: a row whose next N would not fit is skipped (noted)",
     )  # fmt: skip
     add_import(b)
     b.set_defaults(func=bench)

@@ -335,10 +335,14 @@ class ReferenceCurve(Table):
 
 class ReportSettings(Table):
     """[report]: what a report of the grid leads with: `question` (one sentence; default: one
-    read from the [selection]), and `reference_curves`, published curves (e.g. a paper's)
-    drawn dashed beside the mechanisms on the headline figure (ablations/report/headline.py)."""
+    read from the [selection]), `reference_curves`, published curves (e.g. a paper's) drawn
+    dashed beside the mechanisms on the headline figure (ablations/report/headline.py), and
+    `unclean`: why the committed report's cells are not all from one clean commit (e.g. "GPU
+    cells, not rerun on the CPU"), shown in the report's header line on its code when they are
+    not (ablations/report/provenance.py: `code_line`)."""
 
     question: Label | None = None
+    unclean: Label | None = None
     reference_curves: Annotated[
         list[ReferenceCurve],
         Valid(

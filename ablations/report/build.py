@@ -86,6 +86,7 @@ from ablations.report.pages import (
 from ablations.report.provenance import (
     RERUNS,
     carried_reruns,
+    code_line,
     code_versions,
     non_finite_metrics,
     provenance_record,
@@ -238,8 +239,7 @@ def write_report(
         )  # fmt: skip
         if reruns is not None:  # `attn-zoo reproduce`'s comparison is kept, and named
             new_file(partial_dir, RERUNS).write_bytes(reruns)
-            about = next(section for section in page.sections if section.heading == PROVENANCE)
-            about.parts[0].items.append(reruns_fact(reruns))
+            page.facts.append(reruns_fact(reruns))  # in the header, under the code line
         progress.doing("pages: report.md, index.html")
         write_pages(page, partial_dir)
         replace_folder(partial_dir, final)
@@ -338,6 +338,7 @@ def report_page(
     new_file(folder, "provenance.json").write_text(text, encoding="utf-8")
     title = title or "Ablation report: " + (", ".join(sorted(grids)) or "empty store")
     page = Page(title, note=note or None, question=question_text(recorded, selection))
+    page.facts.append(code_line(provenance["code"], recorded and recorded.unclean))
     about = _provenance_section(sorted(grids), cells, provenance)
     facts = about.parts[0].items
     if left_out:

@@ -58,7 +58,9 @@ def read_reference(curve: ReferenceCurve, grid: Path) -> RecordedCurve:
 def report_record(settings: ReportSettings, grid: Path) -> RecordedReport:
     """The grid file `grid`'s [report] `settings` with each reference curve file read."""
     curves = [read_reference(curve, grid) for curve in settings.reference_curves]
-    return RecordedReport(question=settings.question, reference_curves=curves)
+    return RecordedReport(
+        question=settings.question, unclean=settings.unclean, reference_curves=curves
+    )
 
 
 def recorded_report(provenance: Path) -> RecordedReport | None:

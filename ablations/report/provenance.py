@@ -83,6 +83,25 @@ def unclean_code(rows: list[dict]) -> str | None:
     return f"the cells come from {counts}; not one clean commit ({'; '.join(named)})"
 
 
+def code_line(versions: dict[str, int], unclean: str | None) -> str:
+    """The header's line on the code of the finished cells (`code_versions`): the one clean
+    commit they all ran from, or how many commits and dirty trees they come from, with the
+    grid's [report] `unclean` reason (or that none is given) and the most frequent version."""
+    if not versions:
+        return "Code: no cell ran"
+    (first, n), total = next(iter(versions.items())), sum(versions.values())
+    if len(versions) == 1 and re.fullmatch(r"[0-9a-f]{12}", first):
+        return f"Code: every cell from one clean commit, {first}"
+    dirty = sum(1 for v in versions if not re.fullmatch(r"[0-9a-f]{12}", v))
+    why = unclean or "not given (the grid file sets no report.unclean)"
+    return (
+        f"Code: {total} cells from {len(versions)} code versions ({dirty} not a clean commit: "
+        f"a dirty tree or no recorded commit), so not from one clean commit (`attn-zoo report "
+        f"--require-clean` refuses them); why: {why}. Most: {n} at {first}; every version under "
+        "Provenance below"
+    )
+
+
 def non_finite_metrics(store: CellSource) -> dict[str, str]:
     """Per key of a done cell with NaN or infinite metrics (a store written before training
     recorded such a cell as diverged), those metrics' names: 'val_loss, test_loss'."""

@@ -1,0 +1,239 @@
+"""The gpu suite's kernels and its measuring within a time budget (the rows: ablations.bench.
+suites.gpu_rows).
+
+`CausalKernel` runs a causal softmax, linear or gated linear attention kernel on q, k and v cut
+from one input, on a registered backend or on flash-linear-attention's Triton kernels ("fla"),
+so that a `Workload` runs it as a module. A `Row` is a workload and the kernel backend serving
+it; `unavailable` says why a row cannot run here (no CUDA, no triton, no fla, flex refused),
+from the backend's own declared capabilities (attn_zoo/kernels/dispatch.py).
+
+`measure_rows` makes one table with ablations.bench.measure's columns. At each N every row
+runs once as a warm-up (compiling flex and the Triton kernels), then the timed repeats go round
+the rows in turn; each repeat calls a row as many times as fill `TARGET_MS` (a GPU kernel of
+microseconds is otherwise timed as launch and synchronisation overhead). The table has a time
+budget: a row whose time at one N, times `GROWTH`, exceeds the time left is skipped from the
+next N on, with a note saying so. Every row not measured has a note: unavailable here, failed
+(its error), or over the budget.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from ablations.bench.measure import (
+    Workload,
+    add_ratios,
+    check_lengths,
+    forward_backward,
+    forward_only,
+    interleaved_median_ms,
+    on_cuda,
+    peak_memory_mb,
+    wall_ms,
+)
+from ablations.steps import Steps
+from attn_zoo.kernels import relational  # noqa: F401 (registers the backends `unavailable` asks)
+from attn_zoo.kernels.dispatch import Call, UnsupportedCallError, family
+from attn_zoo.kernels.gla import gla_attention
+from attn_zoo.kernels.linear import elu_feature_map, linear_attention
+from attn_zoo.kernels.softmax import softmax_attention
+
+PARTS = {"softmax": 3, "linear": 3, "gla": 4}  # q, k, v (gla: and the forget gates) in x
+GROWTH = 4.0  # the most a row's time may grow from one N to the next (2 N: softmax's N^2)
+TARGET_MS = 5.0  # a timed repeat calls a row for about this long (at least once, at most:)
+MAX_CALLS = 100
+
+
+class CausalKernel(nn.Module):
+    """Causal `kernel` attention ("softmax", "linear" or "gla") on `backend`: a registered
+    backend, or "fla", flash-linear-attention's chunk_linear_attn (on elu + 1 features, scale
+    1, normalised: what attn_zoo/kernels/linear/chunked.py computes) or chunk_gla. Input x
+    (1, N, d_model = parts heads head_dim) holds q, k and v, and for gla the forget gates
+    (their logsigmoid: log_alpha); each backend reads them in its own layout, (B, H, N, d)
+    views, fla (B, N, H, d). Output (1, heads, N, head_dim), fla (1, N, heads, head_dim)."""
+
+    def __init__(self, d_model: int, heads: int, kernel: str, backend: str):
+        super().__init__()
+        if kernel not in PARTS:
+            raise ValueError(f"kernel={kernel!r}: valid are {', '.join(PARTS)}")
+        if d_model % (PARTS[kernel] * heads):
+            raise ValueError(
+                f"d_model={d_model}: {kernel} needs a multiple of {PARTS[kernel]} x heads "
+                f"({PARTS[kernel]} x {heads})"
+            )
+        self.heads, self.kernel, self.backend = heads, kernel, backend
+
+    def forward(self, x: torch.Tensor, is_causal: bool = True) -> torch.Tensor:
+        if not is_causal:
+            raise ValueError("is_causal=False: CausalKernel computes causal attention only")
+        fla = self.backend == "fla"
+        layout = "b n h d" if fla else "b h n d"
+        q, k, v, *gates = rearrange(
+            x, f"b n (p h d) -> p {layout}", p=PARTS[self.kernel], h=self.heads
+        )
+        if self.kernel == "softmax":
+            return softmax_attention(q, k, v, is_causal=True, backend=self.backend)
+        if self.kernel == "linear" and fla:
+            from fla.ops.linear_attn import chunk_linear_attn
+
+            return chunk_linear_attn(elu_feature_map(q), elu_feature_map(k), v, scale=1.0)[0]
+        if self.kernel == "linear":
+            return linear_attention(q, k, v, is_causal=True, backend=self.backend)
+        log_alpha = F.logsigmoid(gates[0])
+        if fla:
+            from fla.ops.gla import chunk_gla
+
+            return chunk_gla(q, k, v, log_alpha)[0]
+        return gla_attention(q, k, v, log_alpha, backend=self.backend)
+
+
+def fla_missing() -> str | None:
+    """None if flash-linear-attention's chunk_linear_attn and chunk_gla import, else why not."""
+    try:
+        import fla.ops.gla  # noqa: F401
+        import fla.ops.linear_attn  # noqa: F401
+    except Exception as err:  # not installed, or its Triton set-up failing on import
+        return f"fla-core does not import (pip install 'attn_zoo[test]'): {err!r}"
+    return None
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row of a gpu table: its workload and the kernel backend serving it, a (family,
+    backend) of attn_zoo's kernel registry or ("fla", "fla")."""
+
+    workload: Workload
+    family: str
+    backend: str
+
+    @property
+    def label(self) -> str:
+        return self.workload.label
+
+
+def unavailable(row: Row, device: str) -> str | None:
+    """Why `row` cannot run on `device` in its dtype, or None: its backend's refusal of a plain
+    call there (device, dtype, software: attn_zoo/kernels/dispatch.py `Backend.refusal`); fla:
+    a CUDA device and the package importing."""
+    kind = torch.device(device).type
+    if row.family == "fla":
+        if kind != "cuda":
+            return f"no kernel for device {kind!r}: flash-linear-attention's are Triton, CUDA only"
+        return fla_missing()
+    call = Call(kind, getattr(torch, row.workload.dtype))
+    return family(row.family).backends[row.backend].refusal(call)
+
+
+def calls_per_repeat(fn: Callable[[], object], device: str) -> int:
+    """How many fn() calls take about TARGET_MS (1 to MAX_CALLS), from one timed call."""
+    ms = wall_ms(fn, device)
+    return max(1, min(MAX_CALLS, round(TARGET_MS / ms))) if ms > 0 else MAX_CALLS
+
+
+def repeated(fn: Callable[[], object], calls: int) -> Callable[[], None]:
+    def run():
+        for _ in range(calls):
+            fn()
+
+    return run
+
+
+def failure(err: Exception) -> str:
+    """A row's note for an error its warm-up raised: a refusal's reasons, else the error (its
+    message on one line, cut at 300 characters)."""
+    if isinstance(err, UnsupportedCallError):
+        return "; ".join(err.reasons.values())
+    return f"failed: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+
+
+def over_budget(last: tuple[int, float] | None, left: float) -> str | None:
+    """Why a row is not measured at the next N, or None: no time `left` (seconds) in the
+    table's budget, or its `last` (N, seconds it took) times GROWTH exceeding it."""
+    if left <= 0:
+        return "over the time budget: none left for this table"
+    if last is not None and last[1] * GROWTH > left:
+        return (
+            f"over the time budget: {last[1]:.3g} s at N = {last[0]}, times {GROWTH:g}, "
+            f"exceeds the {left:.3g} s this table had left"
+        )
+    return None
+
+
+def measure_rows(
+    rows: Sequence[Row],
+    lengths: Sequence[int],
+    repeats: int,
+    device: str,
+    baseline: str,
+    seconds: float,
+    clock: Callable[[], float] = time.monotonic,
+    memory: bool = True,
+    progress: Steps | None = None,
+) -> pd.DataFrame:
+    """A row per (row, N): fwd_ms, fwd_bwd_ms, train_peak_mb (CUDA's allocator; NaN on CPU
+    or with memory=False), ratios to `baseline` (ablations.bench.measure.add_ratios) and a
+    note for each row not measured. The table may take `seconds` on `clock`: a row is skipped
+    from the N where its time at the N before (warm-up and repeats), times GROWTH, exceeds
+    the time left; with none left, every row not yet measured. `progress` counts the
+    measurements, rows x lengths x (forward, fwd+bwd), those skipped included."""
+    check_lengths(lengths)
+    progress = progress or Steps()
+    progress.expect(len(rows) * len(lengths) * 2)
+    until = clock() + seconds
+    stopped = {row.label: why for row in rows if (why := unavailable(row, device))}
+    spent: dict[str, tuple[int, float]] = {}  # label -> (N, seconds its last N took)
+    measured = []
+    for n in lengths:
+        for row in rows:
+            if row.label not in stopped and (
+                why := over_budget(spent.get(row.label), until - clock())
+            ):
+                stopped[row.label] = why
+        table = {
+            row.label: {"backend": row.label, "N": n, "fwd_ms": math.nan, "fwd_bwd_ms": math.nan,
+                        "train_peak_mb": math.nan, "note": stopped.get(row.label, "")}
+            for row in rows
+        }  # fmt: skip
+        forwards, steps, took = {}, {}, {}
+        for row in (row for row in rows if row.label not in stopped):
+            progress.doing(f"N={n} warm-up: {row.label}")
+            start = clock()
+            try:  # a row's failure is one of the results: the other rows go on
+                forward = forward_only(row.workload.make(n, False, device))
+                forward()
+                step = forward_backward(row.workload.make(n, True, device))
+                step()
+                calls = calls_per_repeat(forward, device), calls_per_repeat(step, device)
+            except Exception as err:
+                table[row.label]["note"] = failure(err)
+                stopped[row.label] = f"not run: it failed at N = {n}"
+                if on_cuda(device):
+                    torch.cuda.empty_cache()
+                continue
+            forwards[row.label], steps[row.label] = (forward, calls[0]), (step, calls[1])
+            took[row.label] = clock() - start
+        for column, what, fns in (
+            ("fwd_ms", "forward", forwards),
+            ("fwd_bwd_ms", "fwd+bwd", steps),
+        ):
+            progress.doing(f"N={n} {what} x {repeats}")
+            loops = {label: repeated(fn, calls) for label, (fn, calls) in fns.items()}
+            for label, ms in interleaved_median_ms(loops, repeats, device).items():
+                table[label][column] = ms / fns[label][1]
+                took[label] += repeats * ms / 1e3
+            progress.advance(len(rows))
+        for label, (step, _) in steps.items():
+            if memory and on_cuda(device):
+                table[label]["train_peak_mb"] = peak_memory_mb(step, device)
+            spent[label] = (n, took[label])
+        measured += table.values()
+    return add_ratios(pd.DataFrame(measured), (baseline,))
