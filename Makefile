@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-slow lint install install-demo docs grid-reference pinned-numerics docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check demo-mqar-probes demo-compile relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long shakespeare-data fastformer-shakespeare fastformer-shakespeare-small thread-variance engine-overhead benchmarks bench \
+.PHONY: test test-slow lint install install-demo docs grid-reference pinned-numerics docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check demo-mqar-probes demo-compile relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long shakespeare-data fastformer-shakespeare fastformer-shakespeare-small thread-variance engine-overhead benchmarks bench bench-gpu \
 	clean
 
 # --no-compile: no bytecode for the ~20,000 installed modules at install time (a module's is
@@ -264,6 +264,14 @@ benchmarks: install
 
 bench: install
 	$(BIN)/attn-zoo bench
+
+# The gpu suite on one CUDA GPU, in one command, into reports/benchmarks/gpu/ (ablations/bench/
+# gpu.py): FlashAttention (torch SDPA) against flex, chunked, the relational Triton layer, window
+# and document mods on flex, linear and GLA against flash-linear-attention; fwd and fwd+bwd,
+# bfloat16 and float32, N 1k-16k. Its measurements stop at a budget of 330 s (rows over it are
+# noted), so that with the imports and the report it ends within 8 minutes.
+bench-gpu: install
+	$(BIN)/attn-zoo bench --suite gpu --device cuda --repeats 10 --report reports/benchmarks/gpu
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis results site

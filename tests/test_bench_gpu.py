@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
-from ablations.bench.gpu import CausalKernel, Row, measure_rows, over_budget
+from ablations.bench import report as report_module
+from ablations.bench.gpu import CausalKernel, Row, Spent, measure_rows, over_budget
 from ablations.bench.measure import Workload
 from ablations.bench.suites import (
     DEFAULT_LENGTHS,
@@ -56,13 +57,15 @@ def test_the_suite_has_every_comparison_of_the_issue_in_both_dtypes_up_to_16k():
 
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
-    """`attn-zoo bench --suite gpu` on the CPU at tiny sizes, with a report."""
+    """`attn-zoo bench --suite gpu` on the CPU at tiny sizes, with a report; without its plots
+    (tests/test_bench.py checks them; 20 figures took 13 s here)."""
     folder = tmp_path_factory.mktemp("gpu_report")
-    argv = ["bench", "--suite", "gpu", "--device", "cpu", "--lengths", "16", "32",
-            "--repeats", "1", "--heads", "2", "--head-dim", "16", "--d-model", "32",
-            "--ra-heads", "2", "--window", "4", "--budget", "120",
-            "--report", str(folder)]  # fmt: skip
-    assert main(argv) == 0
+    argv = ["bench", "--suite", "gpu", "--device", "cpu", "--lengths", "16", "--repeats", "1",
+            "--heads", "2", "--head-dim", "16", "--d-model", "32", "--ra-heads", "2",
+            "--window", "4", "--budget", "120", "--report", str(folder)]  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(report_module, "_plots", lambda table: [])
+        assert main(argv) == 0
     return folder, argv
 
 
@@ -71,9 +74,7 @@ def test_on_a_cpu_every_table_keeps_the_gpu_rows_with_why_and_measures_the_rest(
     for group, (labels, gpu_only) in ROWS.items():
         for dtype in GPU_DTYPES:
             table = pd.read_csv(folder / f"bench_gpu_{group}_{dtype}.csv", keep_default_na=False)
-            assert table.backend.tolist() == labels * 2 and table.N.tolist() == [16] * len(
-                labels
-            ) + [32] * len(labels)
+            assert table.backend.tolist() == labels and table.N.eq(16).all()
             times = table[["fwd_ms", "fwd_bwd_ms"]].apply(pd.to_numeric, errors="coerce")
             skipped = table.backend.isin(gpu_only)
             assert times[skipped].isna().all().all(), (group, dtype)
@@ -82,10 +83,10 @@ def test_on_a_cpu_every_table_keeps_the_gpu_rows_with_why_and_measures_the_rest(
             for note in table.note[skipped]:
                 assert "cpu" in note.lower(), note  # why: the device
     markdown = (folder / "report.md").read_text()
-    assert "- flex at N = 16, 32: no kernel for device 'cpu'" in markdown
-    assert "- triton at N = 16, 32: no kernel for device 'cpu'" in markdown
-    assert "- gla:fla at N = 16, 32: no kernel for device 'cpu': flash-linear-attention" in markdown
-    assert "- window:flex at N = 16, 32:" in markdown and "- linear:fla at N = 16, 32:" in markdown
+    assert "- flex at N = 16: no kernel for device 'cpu'" in markdown
+    assert "- triton at N = 16: no kernel for device 'cpu'" in markdown
+    assert "- gla:fla at N = 16: no kernel for device 'cpu': flash-linear-attention" in markdown
+    assert "- window:flex at N = 16:" in markdown and "- linear:fla at N = 16:" in markdown
 
 
 def test_the_report_names_each_table_and_the_command_that_repeats_it(cpu_run):
@@ -104,12 +105,13 @@ def test_the_report_names_each_table_and_the_command_that_repeats_it(cpu_run):
 
 
 def test_a_table_stops_a_row_at_the_n_its_time_would_not_fit_in_the_budget():
-    """A fake clock, one second a reading: each row's warm-up reads as a second, so with
-    20 s and N doubling four times the rows are measured at the first lengths, then noted
-    over the budget from one N on, never measured again after it."""
+    """A fake clock, one second a reading: each row's warm-up reads as a second of setup, so
+    with 20 s the rows are measured at the first lengths, then noted over the budget from one
+    N on, never measured again after it."""
     clock = itertools.count().__next__
     rows = gpu_rows("softmax", "float32", heads=2, head_dim=16)
-    table = measure_rows(rows, [8, 16, 32, 64], 1, "cpu", "sdpa", 20.0, clock, memory=False)
+    lengths = [8, 16, 32, 64, 128]
+    table = measure_rows(rows, lengths, 1, "cpu", "sdpa", 20.0, clock, memory=False)
     for label in ("sdpa", "chunked"):
         measured = table[table.backend == label].set_index("N")
         ran = measured.fwd_bwd_ms.notna().tolist()
@@ -119,7 +121,7 @@ def test_a_table_stops_a_row_at_the_n_its_time_would_not_fit_in_the_budget():
             .str.startswith("over the time budget: ")
             .all()
         )
-    assert table.set_index(["backend", "N"]).note["flex", 64].startswith("no kernel for device")
+    assert table.set_index(["backend", "N"]).note["flex", 128].startswith("no kernel for device")
 
 
 def test_with_no_budget_left_every_row_is_noted_and_none_measured():
@@ -131,13 +133,19 @@ def test_with_no_budget_left_every_row_is_noted_and_none_measured():
         assert table.note[~gpu_only].eq("over the time budget: none left for this table").all()
 
 
-def test_over_budget_compares_the_last_time_grown_with_the_time_left():
-    assert over_budget(None, 5.0) is None  # nothing measured yet, time left: try it
-    assert over_budget((1024, 2.0), 8.5) is None
-    assert over_budget((1024, 2.0), 7.5) == (
-        "over the time budget: 2 s at N = 1024, times 4, exceeds the 7.5 s this table had left"
+def test_over_budget_grows_the_calls_and_counts_a_setup_that_came_again():
+    first = Spent(1024, calls=2.0, setup=30.0, again=False)  # a first compile: once
+    assert first.next_n() == 8.0
+    assert over_budget(first, 8.5) is None
+    assert over_budget(first, 7.5) == (
+        "over the time budget: 8 s expected after N = 1024 (its calls' 2 s times 4), more "
+        "than the 7.5 s this table had left"
     )
-    assert over_budget((1024, 0.1), 0.0) == "over the time budget: none left for this table"
+    again = Spent(2048, calls=2.0, setup=3.0, again=True)  # compiled again for this N
+    assert again.next_n() == 11.0 and over_budget(again, 12.0) is None
+    assert "times 4 and its setup's 3 s), more than the 10 s" in over_budget(again, 10.0)
+    assert over_budget(None, 5.0) is None  # nothing measured yet, time left: try it
+    assert over_budget(first, 0.0) == "over the time budget: none left for this table"
 
 
 def test_a_row_that_fails_is_noted_with_its_error_and_not_run_again():

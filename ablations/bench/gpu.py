@@ -11,8 +11,9 @@ from the backend's own declared capabilities (attn_zoo/kernels/dispatch.py).
 runs once as a warm-up (compiling flex and the Triton kernels), then the timed repeats go round
 the rows in turn; each repeat calls a row as many times as fill `TARGET_MS` (a GPU kernel of
 microseconds is otherwise timed as launch and synchronisation overhead). The table has a time
-budget: a row whose time at one N, times `GROWTH`, exceeds the time left is skipped from the
-next N on, with a note saying so. Every row not measured has a note: unavailable here, failed
+budget: a row whose time at one N says that the next would not fit in the time left (`Spent`:
+its calls times `GROWTH`, and a setup that came again) is skipped from the next N on, with a
+note saying so. Every row not measured has a note: unavailable here, failed
 (its error), or over the budget.
 """
 
@@ -51,6 +52,7 @@ PARTS = {"softmax": 3, "linear": 3, "gla": 4}  # q, k, v (gla: and the forget ga
 GROWTH = 4.0  # the most a row's time may grow from one N to the next (2 N: softmax's N^2)
 TARGET_MS = 5.0  # a timed repeat calls a row for about this long (at least once, at most:)
 MAX_CALLS = 100
+CALIBRATION = 3  # calls timed to find how many fill TARGET_MS
 
 
 class CausalKernel(nn.Module):
@@ -134,8 +136,9 @@ def unavailable(row: Row, device: str) -> str | None:
 
 
 def calls_per_repeat(fn: Callable[[], object], device: str) -> int:
-    """How many fn() calls take about TARGET_MS (1 to MAX_CALLS), from one timed call."""
-    ms = wall_ms(fn, device)
+    """How many fn() calls take about TARGET_MS (1 to MAX_CALLS), from the fastest of
+    CALIBRATION timed calls."""
+    ms = min(wall_ms(fn, device) for _ in range(CALIBRATION))
     return max(1, min(MAX_CALLS, round(TARGET_MS / ms))) if ms > 0 else MAX_CALLS
 
 
@@ -155,15 +158,35 @@ def failure(err: Exception) -> str:
     return f"failed: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
 
 
-def over_budget(last: tuple[int, float] | None, left: float) -> str | None:
+@dataclass(frozen=True)
+class Spent:
+    """A row's seconds at the last N it was measured at, `n`: `calls` (its calls, warm-up and
+    repeats: they grow with N) and `setup` (the rest of its warm-up: building, compiling);
+    `again` when it was measured at an N before, so that this setup came again (a kernel
+    compiled per shape, as flex) rather than once (a first compile, Triton's autotuning)."""
+
+    n: int
+    calls: float
+    setup: float
+    again: bool
+
+    def next_n(self) -> float:
+        """The seconds it may take at the next N (2 n): its calls times GROWTH, and its setup
+        if that came again."""
+        return GROWTH * self.calls + (self.setup if self.again else 0.0)
+
+
+def over_budget(last: Spent | None, left: float) -> str | None:
     """Why a row is not measured at the next N, or None: no time `left` (seconds) in the
-    table's budget, or its `last` (N, seconds it took) times GROWTH exceeding it."""
+    table's budget, or what it took at its `last` N says it would not fit (`Spent.next_n`)."""
     if left <= 0:
         return "over the time budget: none left for this table"
-    if last is not None and last[1] * GROWTH > left:
+    if last is not None and (expected := last.next_n()) > left:
+        setup = f" and its setup's {last.setup:.3g} s" if last.again else ""
         return (
-            f"over the time budget: {last[1]:.3g} s at N = {last[0]}, times {GROWTH:g}, "
-            f"exceeds the {left:.3g} s this table had left"
+            f"over the time budget: {expected:.3g} s expected after N = {last.n} (its calls' "
+            f"{last.calls:.3g} s times {GROWTH:g}{setup}), more than the {left:.3g} s this "
+            "table had left"
         )
     return None
 
@@ -182,15 +205,15 @@ def measure_rows(
     """A row per (row, N): fwd_ms, fwd_bwd_ms, train_peak_mb (CUDA's allocator; NaN on CPU
     or with memory=False), ratios to `baseline` (ablations.bench.measure.add_ratios) and a
     note for each row not measured. The table may take `seconds` on `clock`: a row is skipped
-    from the N where its time at the N before (warm-up and repeats), times GROWTH, exceeds
-    the time left; with none left, every row not yet measured. `progress` counts the
+    from the N where its time at the N before says it would not fit in the time left
+    (`over_budget`); with none left, every row not yet measured. `progress` counts the
     measurements, rows x lengths x (forward, fwd+bwd), those skipped included."""
     check_lengths(lengths)
     progress = progress or Steps()
     progress.expect(len(rows) * len(lengths) * 2)
     until = clock() + seconds
     stopped = {row.label: why for row in rows if (why := unavailable(row, device))}
-    spent: dict[str, tuple[int, float]] = {}  # label -> (N, seconds its last N took)
+    spent: dict[str, Spent] = {}  # label -> what its last N took
     measured = []
     for n in lengths:
         for row in rows:
@@ -203,7 +226,7 @@ def measure_rows(
                         "train_peak_mb": math.nan, "note": stopped.get(row.label, "")}
             for row in rows
         }  # fmt: skip
-        forwards, steps, took = {}, {}, {}
+        forwards, steps, warm = {}, {}, {}
         for row in (row for row in rows if row.label not in stopped):
             progress.doing(f"N={n} warm-up: {row.label}")
             start = clock()
@@ -220,7 +243,7 @@ def measure_rows(
                     torch.cuda.empty_cache()
                 continue
             forwards[row.label], steps[row.label] = (forward, calls[0]), (step, calls[1])
-            took[row.label] = clock() - start
+            warm[row.label] = clock() - start
         for column, what, fns in (
             ("fwd_ms", "forward", forwards),
             ("fwd_bwd_ms", "fwd+bwd", steps),
@@ -229,11 +252,14 @@ def measure_rows(
             loops = {label: repeated(fn, calls) for label, (fn, calls) in fns.items()}
             for label, ms in interleaved_median_ms(loops, repeats, device).items():
                 table[label][column] = ms / fns[label][1]
-                took[label] += repeats * ms / 1e3
             progress.advance(len(rows))
-        for label, (step, _) in steps.items():
+        for label, (step, step_calls) in steps.items():
             if memory and on_cuda(device):
                 table[label]["train_peak_mb"] = peak_memory_mb(step, device)
-            spent[label] = (n, took[label])
+            fwd_s, step_s = table[label]["fwd_ms"] / 1e3, table[label]["fwd_bwd_ms"] / 1e3
+            untimed = (1 + CALIBRATION) * (fwd_s + step_s)  # the warm-up and calibration calls
+            timed = repeats * (forwards[label][1] * fwd_s + step_calls * step_s)
+            setup = max(0.0, warm[label] - untimed)
+            spent[label] = Spent(n, untimed + timed, setup, label in spent)
         measured += table.values()
     return add_ratios(pd.DataFrame(measured), (baseline,))

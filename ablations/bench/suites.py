@@ -22,6 +22,7 @@ prints each table and writes the CSVs and the report it asks for (ablations.benc
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
 import time
@@ -42,6 +43,7 @@ from ablations.bench.measure import (
     interleaved_median_ms,
     machine,
     measure,
+    on_cuda,
 )
 from ablations.grid.devices import device_problem
 from ablations.steps import Steps, make_steps
@@ -349,12 +351,17 @@ def bench_gpu(
 ) -> dict[tuple[str, str], pd.DataFrame]:
     """The gpu suite: a table per (group, dtype) of GPU_GROUPS x GPU_DTYPES, bfloat16 first
     (`gpu_rows`, measured by ablations.bench.gpu.measure_rows), in `budget` seconds on `clock`
-    in all: each table may take the time left over the tables left."""
-    import torch._dynamo
+    in all: each table may take the time left over the tables left. On CUDA torch.compile may
+    compile flex RECOMPILES times (once per shape; importing torch._dynamo takes seconds, and
+    flex does not run elsewhere)."""
+    recompiles = contextlib.nullcontext()
+    if on_cuda(device):
+        import torch._dynamo
 
+        recompiles = torch._dynamo.config.patch(recompile_limit=RECOMPILES)
     plan = [(group, dtype) for dtype in GPU_DTYPES for group in GPU_GROUPS]
     start, tables = clock(), {}
-    with torch._dynamo.config.patch(recompile_limit=RECOMPILES):
+    with recompiles:
         for i, (group, dtype) in enumerate(plan):
             rows = gpu_rows(group, dtype, heads, head_dim, d_model, ra_heads, window)
             seconds = (budget - (clock() - start)) / (len(plan) - i)
