@@ -13,9 +13,9 @@ Mechanisms, kernel families, symbol retrievers, positional encodings, norms, fee
 activations and the ablation tasks are all registries of this type. A taken name is refused
 unless the replacement is explicit (``register(name, entry, replace=True)``); every replacement
 in any registry is recorded (`replaced_names`, for each cell's environment). A plugin is
-imported inside `importing_plugin`: its prints go to stderr, and a failed import leaves nothing
-it registered behind. This module is the bottom layer of the library: it imports nothing from
-attn_zoo.
+imported inside `importing_plugin`: its output goes to stderr (its prints, and what os.system
+and subprocesses write), and a failed import leaves nothing it registered behind. This module
+is the bottom layer of the library: it imports nothing from attn_zoo.
 """
 
 from __future__ import annotations
@@ -100,15 +100,15 @@ def check_not_shadowed() -> None:
 
 @contextmanager
 def importing_plugin() -> Iterator[list[str]]:
-    """The block imports a plugin: first `check_not_shadowed`; its prints go to stderr (a
-    command's stdout stays what the command prints, e.g. `ablate best`'s --set lines); if it
-    raises, every registry change made by the code of a module that the failure left
-    unimported (the plugin, modules that failed with it) is undone in every registry, so that
-    importing it again raises the same error, not "already registered". Modules that were
-    imported whole keep theirs (a re-import does not run them again). Yields a list that,
-    once the block ends without error, holds the names of the modules it imported (those new
-    in sys.modules), in order: the code the plugin brought in (ablations/grid/plugins.py
-    digests their files)."""
+    """The block imports a plugin: first `check_not_shadowed`; its output goes to stderr
+    (`_stdout_to_stderr`: a command's stdout stays what the command prints, e.g. `ablate
+    best`'s --set lines); if it raises, every registry change made by the code of a module
+    that the failure left unimported (the plugin, modules that failed with it) is undone in
+    every registry, so that importing it again raises the same error, not "already
+    registered". Modules that were imported whole keep theirs (a re-import does not run them
+    again). Yields a list that, once the block ends without error, holds the names of the
+    modules it imported (those new in sys.modules), in order: the code the plugin brought in
+    (ablations/grid/plugins.py digests their files)."""
     global _importing
     check_not_shadowed()
     start = len(_changes)
@@ -116,7 +116,7 @@ def importing_plugin() -> Iterator[list[str]]:
     brought: list[str] = []
     _importing += 1
     try:
-        with redirect_stdout(sys.stderr):
+        with _stdout_to_stderr():
             yield brought
         brought += [name for name in list(sys.modules) if name not in before]
     except BaseException:
@@ -127,6 +127,33 @@ def importing_plugin() -> Iterator[list[str]]:
     finally:
         _importing -= 1
         del _changes[start:]
+
+
+@contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """For the block, sys.stdout and file descriptor 1 (what os.system and subprocesses write
+    to) go to stderr; the streams are flushed before and after, and both restored."""
+    _flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no descriptor 1 (a daemon's): only sys.stdout is redirected
+        saved = None
+    try:
+        if saved is not None:
+            os.dup2(2, 1)
+        with redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _flush()  # before descriptor 1 is back: what the block buffered in sys.__stdout__
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__):
+        if stream is not None:
+            stream.flush()
 
 
 def load_entry_point_plugins() -> list[str]:

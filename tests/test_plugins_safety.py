@@ -1,8 +1,10 @@
-"""Plugins as they fail, in real processes: a plugin that fails half-way leaves nothing
-registered (importing it again raises its own error, not "already registered"), a plugin's
-prints stay off a command's stdout, and a folder named attn_zoo that hides the package is named
-with the fix."""
+"""Plugins as they fail (in real processes where processes matter): a plugin that fails
+half-way leaves nothing registered (importing it again raises its own error, not "already
+registered"), a plugin's output stays off a command's stdout, a folder named attn_zoo that
+hides the package is named with the fix, and so is a plugin whose name sys.path finds
+elsewhere than the file beside the grid."""
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -11,7 +13,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from grids import SAME_PAIR, STD, small, tiny_grid
+from grids import SAME_PAIR, STD, assert_refused, small, tiny_grid
+
+from ablations.grid.spec import load_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -115,15 +119,25 @@ def loud_grid(tmp_path: Path, search: bool = False) -> Path:
     return path
 
 
-def test_a_plugins_prints_stay_off_the_lines_ablate_best_prints(tmp_path):
+LOUD = """
+import os, subprocess, sys
+print("hello from the plugin")
+os.system("echo noisy from os.system")
+subprocess.run([sys.executable, "-c", "print('noisy from a subprocess')"])
+"""
+
+
+def test_a_plugins_output_stays_off_the_lines_ablate_best_prints(tmp_path):
     """`ablate best` prints --set lines a user copies: a plugin printing as it is imported
-    wrote among them."""
+    wrote among them, and so did os.system and a subprocess (file descriptor 1) after
+    Python's prints went to stderr."""
     loud_grid(tmp_path, search=True)
-    (tmp_path / "loud.py").write_text("print('hello from the plugin')\n")
+    (tmp_path / "loud.py").write_text(LOUD)
     result = run([str(BIN / "attn-zoo"), "ablate", "best", "grid.toml", "--import", "loud.py"],
                  tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "hello from the plugin" in result.stderr
+    for line in ("hello from the plugin", "noisy from os.system", "noisy from a subprocess"):
+        assert line in result.stderr
     lines = result.stdout.strip().splitlines()
     assert lines and all(line.startswith(("#", "--set ")) for line in lines), lines
 
@@ -163,3 +177,22 @@ def test_a_folder_named_attn_zoo_in_the_working_folder_is_named_with_the_fix(tmp
     fixed = subprocess.run([*args, "--import", "mine.py"], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=300)  # fmt: skip
     assert fixed.returncode == 0, fixed.stderr
+
+
+def test_a_plugin_named_after_a_module_on_sys_path_with_its_file_beside_the_grid_is_refused(
+    tmp_path,
+):
+    """A colorsys.py beside the grid and ``imports = ["colorsys"]``: `import colorsys` finds
+    Python's own colorsys first, and the load imported that, never the file, recording it
+    as the plugin. Naming the file imports it."""
+    plugin = tmp_path / "colorsys.py"
+    plugin.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    grid = loud_grid(tmp_path)
+    body = grid.read_text()
+    grid.write_text('imports = ["colorsys"]\n' + body)
+    found = os.path.realpath(importlib.util.find_spec("colorsys").origin)
+    assert_refused(grid, [str(plugin), found, "'colorsys.py' in place of 'colorsys'"])
+    assert not (tmp_path / "ran").exists()
+    grid.write_text('imports = ["colorsys.py"]\n' + body)  # the fix
+    assert load_grid(grid).imports == [str(plugin.resolve())]
+    assert (tmp_path / "ran").exists()

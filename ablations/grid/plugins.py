@@ -9,7 +9,9 @@ modules imported before any name is resolved, in the driver and in every worker.
 A module registers what it defines when imported (``@attn_zoo.register_mechanism("mine")``,
 ``@register_task("mine")``, ...). `import_plugins` imports each named module once per process:
 a name with a path separator or ending in ".py" is a file, resolved against the grid file's
-folder; any other name is a module, looked up on sys.path and then in that folder. A file is
+folder; any other name is a module, looked up on sys.path and then in that folder (one that
+sys.path finds elsewhere while a file of its name lies in that folder is refused, naming both:
+``imports = ["test"]`` beside a test.py would import Python's own test package). A file is
 imported once however it is named (``imports = ["mine.py"]`` and ``--import mine``): one that a
 module of this process was loaded from is not imported again. A module that cannot be imported
 is one `PluginError` naming it, raised before any cell runs, and leaves nothing it registered
@@ -54,7 +56,7 @@ def resolve(names: Sequence[str], folder: Path | None = None) -> list[str]:
         beside = folder / (name.replace(".", "/") + ".py")
         if is_file(name):
             resolved.append(str((folder / Path(name).expanduser()).resolve()))
-        elif not _on_path(name) and beside.is_file():
+        elif beside.is_file() and _found(name) is None:
             resolved.append(str(beside.resolve()))
         else:
             resolved.append(name)
@@ -66,25 +68,52 @@ def import_plugins(names: Sequence[str], folder: Path | None = None, where: str 
     `folder`), once per process; PluginError naming the first that fails (`where`: what named
     it, e.g. "grid.toml imports")."""
     load_entry_point_plugins()
-    for i, name in enumerate(resolve(names, folder)):
+    folder = folder or Path.cwd()
+    for i, (named_as, name) in enumerate(zip(names, resolve(names, folder), strict=True)):
+        named = f" (named by {where}[{i}])" if where else ""
+        _check_not_hidden(named_as, folder, named)
         try:
             _import(name)
         except (Exception, SystemExit) as err:  # a plugin calling sys.exit is a failed import
-            named = f" (named by {where}[{i}])" if where else ""
             raise PluginError(
                 f"plugin {name!r}{named} cannot be imported: "
                 f"{' '.join(f'{type(err).__name__}: {err}'.split())}"
             ) from err
 
 
-def _on_path(name: str) -> bool:
-    """Whether module `name` is found on sys.path: finding a dotted name imports its parent
-    package, and one that fails to import counts (`_import` then reports its error)."""
+def _found(name: str) -> str | None:
+    """Where sys.path finds module `name`: its file (real path), the folder of a namespace
+    package, or what it is ("built-in module sys"); "" when its parent package fails to import
+    (finding a dotted name imports it; `_import` then reports the error); None if not found."""
     try:
         with importing_plugin():  # a parent that fails leaves nothing registered
-            return importlib.util.find_spec(name) is not None
+            spec = importlib.util.find_spec(name)
     except (Exception, SystemExit):
-        return True
+        return ""
+    if spec is None:
+        return None
+    if spec.has_location:
+        return os.path.realpath(spec.origin)
+    folders = list(spec.submodule_search_locations or [])
+    return folders[0] if folders else f"{spec.origin} module {name}"
+
+
+def _check_not_hidden(name: str, folder: Path, named: str) -> None:
+    """PluginError if module `name` (as a grid or the CLI names it, `named` saying where) has
+    a file of its name in `folder` but sys.path finds another module of that name first (a
+    test.py beside the grid and Python's test package): importing the name would silently
+    import the other one. The error names both and the fix: name the file."""
+    beside = folder / (name.replace(".", "/") + ".py")
+    if is_file(name) or not beside.is_file():
+        return
+    found = _found(name)
+    if found and found != os.path.realpath(beside):
+        raise PluginError(
+            f"plugin {name!r}{named} is ambiguous: the file {beside} has its name, but `import "
+            f"{name}` finds {found} on sys.path first and would import that instead; name the "
+            f"file to import it ({name.replace('.', '/') + '.py'!r} in place of {name!r}), or "
+            f"rename the file if you mean the module sys.path finds"
+        )
 
 
 def _loaded(path: str) -> bool:
