@@ -2,7 +2,8 @@
 in place of the self-attention of tiny random Llama and Qwen2 models: `standard` gives the
 original logits in float64 on every CPU softmax backend; every other mechanism trains and
 generates, cached equal to uncached; swapped models save and load from a local folder;
-unsupported models, implementations, names and kwargs are refused by name."""
+unsupported models, implementations, head widths, names and kwargs are refused by name;
+every model projection a mechanism does not start from is named."""
 
 import copy
 import logging
@@ -27,6 +28,7 @@ from transformers import (  # noqa: E402
 
 import attn_zoo as az  # noqa: E402
 from attn_zoo.interop.surgery import (  # noqa: E402
+    PROJECTIONS,
     RECORD,
     SwappedAttention,
     keeps_cache,
@@ -163,6 +165,20 @@ def test_without_the_copied_weights_standard_differs(ids):
     assert diff > 1e-2
 
 
+@pytest.mark.parametrize("mechanism", ["standard", "gla"])
+def test_a_head_width_other_than_d_model_over_heads_is_refused_before_any_change(mechanism):
+    """config.head_dim 32 != hidden_size // num_attention_heads (Mistral-Nemo-like): the
+    mechanisms' heads are d_model // n_heads wide, so no projection and no RoPE table fits."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM._from_config(LlamaConfig(**SIZES, head_dim=32))
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"config\.head_dim=32.*64 // 4 = 16"):
+        swap_attention(model, mechanism)
+    assert not getattr(model.config, RECORD, None)
+    assert not any(isinstance(b.self_attn, SwappedAttention) for b in model.model.layers)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
 def test_standard_trains_as_the_original(ids):
     """The same loss and the same gradients (float64): every parameter the two models share,
     and the attention projections against the mechanism's copies of them."""
@@ -187,6 +203,9 @@ def test_a_sliding_window_shorter_than_the_sequence_is_refused(ids):
         model(ids[:, :4])  # within the window: causal
         with pytest.raises(ValueError, match="not causal with key padding.*sliding window"):
             model(ids)
+    # cached: the cache keeps the window only, so the mask covers fewer keys than were seen
+    with pytest.raises(ValueError, match=r"covers the last 4 of 5 positions.*sliding window"):
+        greedy(model, ids[:, :3], True)
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "attn_zoo_chunked"])
@@ -259,6 +278,39 @@ def test_a_mechanism_that_is_no_causal_self_attention_is_refused(mechanism):
         swap_attention(model, mechanism)
     assert not swapped_mechanisms(model)  # nothing changed
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+ALL = {"q_proj", "k_proj", "v_proj", "o_proj"}
+NOT_COPIED = {  # docs/surgery.md's table, for SIZES' grouped-query heads (4 heads, 2 kv heads)
+    "gla": {"q_proj", "v_proj"},  # head_dim / 2 wide queries and keys, no grouped values
+    "additive": {"k_proj", "v_proj"},  # no grouped keys and values
+    "dual": ALL,  # projections per branch
+    "axial": ALL,  # projections per axis
+}
+
+
+@pytest.mark.parametrize("mechanism", sequence_mechanisms())
+def test_every_projection_starts_from_the_model_or_is_named(mechanism, caplog):
+    """q_proj, k_proj, v_proj, o_proj each start a mechanism projection of the same shape, or
+    the swap's warning names them; which ones, per mechanism, as docs/surgery.md says (a
+    mechanism not in its table: the warning alone)."""
+    model = tiny("llama", seed=2)
+    layer = model.model.layers[0].self_attn
+    original = {name: getattr(layer, name).weight.clone() for name in PROJECTIONS}
+    with caplog.at_level(logging.WARNING, logger="attn_zoo"):
+        swap_attention(model, mechanism, layers=[0], **KWARGS.get(mechanism, {}))
+    new = swapped_mechanisms(model)[0]
+    named = re.search(r"starts from none of these model projections: (.*)", caplog.text)
+    not_copied = set(re.findall(r"\b[qkvo]_proj\b", named.group(1))) if named else set()
+    for source, targets in PROJECTIONS.items():
+        copied = any(
+            isinstance(getattr(new, t, None), nn.Linear)
+            and torch.equal(getattr(new, t).weight, original[source])
+            for t in targets
+        )
+        assert copied != (source in not_copied), (source, caplog.text)
+    if type(new).__module__.startswith("attn_zoo."):  # the zoo's own: in the table
+        assert not_copied == NOT_COPIED.get(mechanism, set()), caplog.text
 
 
 # --- a plugin's mechanism ------------------------------------------------------------------
@@ -363,6 +415,9 @@ def test_split_mask_reads_causal_padding_and_refuses_the_rest():
         split_mask(window[None, None], n, past)
     with pytest.raises(ValueError, match=r"\(B, 1, 3, 5\)"):
         split_mask(keys[None, None, None], n, past)
+    cropped = causal[None, None, :, 1:]  # a sliding window cache's: the first key dropped
+    with pytest.raises(ValueError, match="covers the last 4 of 5 positions.*sliding window"):
+        split_mask(cropped, n, past)
 
 
 # --- saving and loading --------------------------------------------------------------------

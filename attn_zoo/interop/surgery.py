@@ -10,7 +10,10 @@ Supported: models whose decoder layers hold a ``self_attn`` with q_proj, k_proj,
 o_proj and whose attention goes through transformers' attention interface, by model_type:
 `SUPPORTED` (llama, mistral, qwen2; tested with transformers 5.24). Others are refused by
 name, and so are attention implementations whose masks this module does not read
-(flash_attention_*, flex_attention: use eager, sdpa or attn_zoo_*).
+(flash_attention_*, flex_attention: use eager, sdpa or attn_zoo_*) and heads of a width
+``config.head_dim`` other than hidden_size // num_attention_heads (Mistral-Nemo): every zoo
+mechanism's heads are d_model // n_heads wide, so neither the model's projections nor its
+rotary tables would fit.
 
 Design: each chosen layer's ``self_attn`` becomes a `SwappedAttention`, a wrapper that takes
 transformers' call (hidden_states (B, N, D), position_embeddings (cos, sin) (B, N, head_dim),
@@ -23,9 +26,11 @@ filled in from the model's config where it accepts them; the caller's kwargs win
   the mechanism itself) starts as q_proj, k_proj, v_proj, o_proj where the weight shapes agree
   (so grouped-query heads copy as they are). Biases follow the model's: a copied projection
   gains the model's bias where it had none (Qwen2's q, k, v) and has its own bias zeroed where
-  the model has none, so it starts as the same affine map. Everything else (feature maps,
-  gates, relation projections, lambda, a bias of a projection not copied) starts as the
-  mechanism defines it.
+  the model has none, so it starts as the same affine map. A model projection that starts
+  none (no projection of those names, or another shape: gla's half-width queries, additive's
+  ungrouped keys and values) is named in a logged warning, and the mechanism's own starts as
+  it defines it, as does everything else (feature maps, gates, relation projections, lambda,
+  a bias of a projection not copied).
 - RoPE: the model's own tables (its rotary embedding's cos, sin at the model's position ids,
   rope scaling included) are applied to the mechanism's queries and keys as the model applies
   them (`ModelRotary`: rotate_half, in the activations' dtype), so `standard` in place of the
@@ -120,13 +125,22 @@ def split_mask(attention_mask: torch.Tensor | None, n: int, past: int) -> torch.
     4-D mask (B, H?, n, M), boolean (True = may attend) or additive (0 = may attend), or None
     when nothing is padded. ValueError unless the mask is exactly causal (bottom-right: the n
     queries are the last positions) and key padding, at the rows of real tokens (a padding
-    token's row may be anything)."""
+    token's row may be anything); a mask over fewer than M keys (a sliding window cache's)
+    is refused as the window it is."""
     if attention_mask is None:
         return None
     m = past + n
-    if attention_mask.dim() != 4 or tuple(attention_mask.shape[-2:]) != (n, m):
+    shape = tuple(attention_mask.shape)
+    if attention_mask.dim() == 4 and shape[-2] == n and shape[-1] < m:  # a window cache's
         raise ValueError(
-            f"attention_mask {tuple(attention_mask.shape)}: swapped attention takes the model's "
+            f"attention_mask {shape} covers the last {shape[-1]} of {m} positions ({n} new, "
+            f"{past} cached): the model's cache keeps a sliding window shorter than the "
+            "sequence, a mask swapped attention does not follow (it serves causal attention "
+            "over padded batches only)"
+        )
+    if attention_mask.dim() != 4 or shape[-2:] != (n, m):
+        raise ValueError(
+            f"attention_mask {shape}: swapped attention takes the model's "
             f"4-D mask (B, 1, {n}, {m}) for {n} new and {past} cached positions (use the "
             "model's eager or sdpa attention implementation and a DynamicCache)"
         )
@@ -252,8 +266,8 @@ class SwappedAttention(nn.Module):
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The decoder layers of a supported model (a causal LM or its base model); ValueError
-    naming the model's type otherwise, or its attention implementation if its masks are not
-    ones `split_mask` reads."""
+    naming the model's type otherwise, its attention implementation if its masks are not ones
+    `split_mask` reads, or its head_dim if it is not hidden_size // num_attention_heads."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED:
@@ -266,6 +280,14 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
         raise ValueError(
             f"attn_implementation {implementation!r}: swapped attention reads the 4-D masks of "
             f"{', '.join(IMPLEMENTATIONS)} and attn_zoo_<backend>; load the model with one of them"
+        )
+    width = config.hidden_size // config.num_attention_heads
+    if head_dim(config) != width:
+        raise ValueError(
+            f"config.head_dim={config.head_dim}: swapped attention supports heads of width "
+            f"hidden_size // num_attention_heads = {config.hidden_size} // "
+            f"{config.num_attention_heads} = {width} only (every mechanism's heads are "
+            "d_model // n_heads wide, so the model's projections and rotary tables would not fit)"
         )
     return getattr(model, "model", model).layers
 
@@ -333,21 +355,29 @@ def probe(module: nn.Module, config, rope: bool, padded_cache: bool = False) -> 
 
 
 @torch.no_grad()
-def copy_projections(old: nn.Module, new: nn.Module) -> None:
-    """Start `new`'s projections from `old`'s where the weight shapes agree (`PROJECTIONS`),
-    biases as the model's (module docstring)."""
+def copy_projections(old: nn.Module, new: nn.Module) -> list[str]:
+    """Start `new`'s projections from `old`'s (an nn.Linear each) where the weight shapes
+    agree (`PROJECTIONS`), biases as the model's (module docstring); returns each of `old`'s
+    projections that starts none, with why ("q_proj (64, 64): wq is (32, 64)")."""
+    not_copied = []
     for source_name, names in PROJECTIONS.items():
-        source = getattr(old, source_name, None)
-        target = next((getattr(new, t) for t in names if hasattr(new, t)), None)
-        if not (isinstance(source, nn.Linear) and isinstance(target, nn.Linear)):
+        source = getattr(old, source_name)
+        shape = tuple(source.weight.shape)
+        name = next((t for t in names if hasattr(new, t)), None)
+        if name is None:
+            not_copied.append(f"{source_name} {shape}: no {' or '.join(names)}")
             continue
-        if target.weight.shape != source.weight.shape:
+        target = getattr(new, name)
+        if not isinstance(target, nn.Linear) or target.weight.shape != source.weight.shape:
+            got = tuple(target.weight.shape) if isinstance(target, nn.Linear) else "no Linear"
+            not_copied.append(f"{source_name} {shape}: {name} is {got}")
             continue
         target.weight.copy_(source.weight)
         if source.bias is not None and target.bias is None:
             target.bias = nn.Parameter(torch.empty_like(source.bias))
         if target.bias is not None:
             target.bias.copy_(source.bias if source.bias is not None else 0.0)
+    return not_copied
 
 
 def swap_attention(
@@ -413,8 +443,13 @@ def swap_attention(
     cached = keeps_cache(first)
     padded_cache = cached and probe(first, config, takes_rope, padded_cache=True) is None
     for i, module in built.items():
-        copy_projections(blocks[i].self_attn, module)
+        not_copied = copy_projections(blocks[i].self_attn, module)
         blocks[i].self_attn = SwappedAttention(module, i, takes_rope, padded_cache)
+    if not_copied:  # the same in every layer: one mechanism, one config
+        log.warning(
+            "swap_attention: %r starts from none of these model projections: %s",
+            mechanism, "; ".join(not_copied),
+        )  # fmt: skip
     if not cached and getattr(model, "generation_config", None) is not None:
         model.generation_config.use_cache = False  # generate recomputes (module docstring)
     record = dict(mechanism=mechanism, layers=chosen, kwargs=kwargs, backend=backend)
