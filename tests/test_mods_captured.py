@@ -1,10 +1,13 @@
 """A score mod's learnable tensor found however the mod reaches it (attn_zoo/kernels/softmax/
 mods.py, `captured_tensors`): a default argument, a functools.partial's keyword, a callable
 instance's attribute, a global object's attribute, a global helper function, a global class's
-attribute or classmethod, a global module's attribute. Each was missed: `auto` picked chunked and
-the tensor got no gradient (naive gives it one). Now each makes a ``mod_grad`` call, served by
-naive: gradients against the float64 naive path, atol 1e-12, rtol 1e-10."""
+attribute or classmethod, a global module's attribute; and, by calling the mod
+(`reads_learnable`), a tensor deep in a global, in a deque, or a class attribute read through
+an instance. Each was missed: `auto` picked chunked and the tensor got no gradient (naive gives
+it one). Now each makes a ``mod_grad`` call, served by naive: gradients against the float64
+naive path, atol 1e-12, rtol 1e-10."""
 
+import collections
 import functools
 import types
 
@@ -136,6 +139,48 @@ FORMS = {
 }
 
 
+CFG = {"a": {"b": {"bias": None}}}  # a global three steps deep
+
+
+def deep_global(score, b, h, q_idx, kv_idx):
+    return biased(score, b, h, q_idx, kv_idx, CFG["a"]["b"]["bias"])
+
+
+def deep_global_mod(bias):
+    CFG["a"]["b"]["bias"] = bias
+    return deep_global
+
+
+def deque_mod(bias):
+    held = collections.deque([bias])  # a container the walk does not open
+
+    def from_deque(score, b, h, q_idx, kv_idx):
+        return biased(score, b, h, q_idx, kv_idx, held[0])
+
+    return from_deque
+
+
+class Config:
+    bias = None  # a class attribute, read through an instance
+
+
+def instance_class_attribute_mod(bias):
+    Config.bias = bias
+    config = Config()
+
+    def through_instance(score, b, h, q_idx, kv_idx):
+        return biased(score, b, h, q_idx, kv_idx, config.bias)
+
+    return through_instance
+
+
+PROBED = {  # what the walk of `captured_tensors` misses and calling the mod finds
+    "deep_global": deep_global_mod,
+    "deque": deque_mod,
+    "instance_class_attribute": instance_class_attribute_mod,
+}
+
+
 def grads(backend, mod, tensors):
     q, k, v, *_ = tensors
     out = softmax_attention(q, k, v, is_causal=True, score_mod=mod, backend=backend)
@@ -143,12 +188,12 @@ def grads(backend, mod, tensors):
     return torch.autograd.grad((out * weights).sum(), tensors, allow_unused=True)
 
 
-@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("form", [*FORMS, *PROBED])
 def test_a_learnable_tensor_the_mod_reaches_gets_naives_gradient_under_auto(form):
     """It got none under auto (chunked, picked as if the mod captured nothing)."""
     bias = learnable()
-    mod = FORMS[form](bias)
-    assert any(t is bias for t in captured_tensors(mod))
+    mod = {**FORMS, **PROBED}[form](bias)
+    assert any(t is bias for t in captured_tensors(mod)) == (form in FORMS)
     q, k, v = qkv()
     assert "mod_grad" in describe_call(q, k, v, is_causal=True, score_mod=mod).features
     assert [c.chosen for c in explain(softmax_attention, q, k, v, is_causal=True,

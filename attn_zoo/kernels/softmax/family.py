@@ -35,6 +35,7 @@ from attn_zoo.kernels.softmax.mods import (
     check_mod,
     is_pure,
     mask_from_mod,
+    reads_learnable,
 )
 
 FEATURES = frozenset(
@@ -127,7 +128,17 @@ def describe_call(
         "narrow_heads": min(q.shape[-1], v.shape[-1]) < NARROW,
     }
     features = frozenset(f for f, used in needs.items() if used)
-    return Call(q.device.type, q.dtype, features | mod_features(score_mod, mask_mod, grad))
+    features |= mod_features(score_mod, mask_mod, grad)
+    if (  # what the walk cannot follow, seen by calling the mod (eager only: under compile,
+        "mod_grad" not in features  # the walk's constant answer stands)
+        and score_mod is not None
+        and torch.is_grad_enabled()
+        and is_pure(score_mod)
+        and not torch.compiler.is_compiling()
+        and reads_learnable(score_mod, q.shape[0], q.shape[1], q.dtype, q.device)
+    ):
+        features |= {"mod_grad", "grad"}
+    return Call(q.device.type, q.dtype, features)
 
 
 # Under torch.compile the closure walk would break the trace: taken as a constant there (grad
@@ -138,8 +149,9 @@ def mod_features(
 ) -> frozenset[str]:
     """The features the mods add to a call (`grad`: q, k, v or the mask need a gradient):
     ``mod_grad`` and ``grad`` (under grad mode, the score mod captures a tensor requiring
-    grad), ``impure_mod`` (one declares pure = False, and there is a backward to call it
-    again: without one, every backend calls it once per tile)."""
+    grad, `captured_tensors`; in eager mode `describe_call` also calls a pure one,
+    `reads_learnable`), ``impure_mod`` (one declares pure = False, and there is a backward to
+    call it again: without one, every backend calls it once per tile)."""
     features = set()
     if torch.is_grad_enabled() and any(t.requires_grad for t in captured_tensors(score_mod)):
         features |= {"mod_grad", "grad"}

@@ -179,6 +179,23 @@ def captured_tensors(mod: Callable | None) -> list[torch.Tensor]:
     return list(found.values())  # each once, in the order found
 
 
+def reads_learnable(
+    score_mod: ScoreMod, batch: int, heads: int, dtype: torch.dtype, device
+) -> bool:
+    """Whether `score_mod` reads a tensor that requires grad, seen by calling it: on a
+    (batch, heads, 1, 1) score that requires none, at position (0, 0), its result needs a
+    gradient. Catches what `captured_tensors` cannot follow (a tensor deep in containers, a
+    class attribute read through an instance); a mod the probe makes fail is left to its
+    real call (False). Only for a pure mod: an impure one's calls are counted."""
+    score = torch.zeros(batch, heads, 1, 1, dtype=dtype, device=device)
+    try:
+        with torch.enable_grad():
+            out = score_mod(score, *mod_indices(batch, heads, (0, 1), (0, 1), device))
+    except Exception:  # noqa: BLE001  (the real call raises it, checked, where it is made)
+        return False
+    return isinstance(out, torch.Tensor) and out.requires_grad
+
+
 MAX_DEPTH = 8  # steps from the mod (a closure cell, an argument, an item, an attribute)
 GLOBAL_DEPTH = 2  # steps from a global the mod's code names (HOLDER.settings.bias: 2)
 
