@@ -95,7 +95,7 @@ def test_a_cell_that_changes_torchs_global_state_fails(tmp_path, monkeypatch, st
 
     monkeypatch.setattr(train, step, in_float64)
     try:
-        with pytest.raises(RuntimeError, match=rf"{what} changed .*float64 -> float32.*per tensor"):
+        with pytest.raises(RuntimeError, match=rf"{what} changed .*float32 -> float64.*per tensor"):
             train.train_cell(cell)
     finally:
         torch.set_default_dtype(torch.float32)

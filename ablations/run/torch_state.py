@@ -84,10 +84,12 @@ def torch_state() -> dict[str, str | bool]:
     }
 
 
-def changes(state: dict[str, str | bool]) -> list[str]:
-    """The settings where `state` differs from `DEFAULTS`: ["default_dtype float64 -> float32"]."""
-    return [f"{name} {state[name]} -> {value}" for name, value in DEFAULTS.items()
-            if state[name] != value]  # fmt: skip
+def changes(state: dict[str, str | bool], put_back: bool = True) -> list[str]:
+    """The settings where `state` differs from `DEFAULTS`, as they are put back
+    (["default_dtype float64 -> float32"]) or, `put_back` False, as they were changed
+    (["default_dtype float32 -> float64"])."""
+    return [f"{name} {state[name]} -> {value}" if put_back else f"{name} {value} -> {state[name]}"
+            for name, value in DEFAULTS.items() if state[name] != value]  # fmt: skip
 
 
 def reset_torch_state() -> list[str]:

@@ -244,7 +244,7 @@ def attention_record(model: nn.Module, task, test, example: int = MAPS_EXAMPLE) 
 def check_torch_state(what: str) -> None:
     """RuntimeError where `what` changed torch's global state from its defaults (the cell would
     have trained, or would train, under another state than its config and store say)."""
-    changed = changes(torch_state())
+    changed = changes(torch_state(), put_back=False)
     if changed:
         raise RuntimeError(
             f"{what} changed torch's global state ({', '.join(changed)}): a mechanism or task "
