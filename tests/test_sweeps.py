@@ -229,6 +229,29 @@ def test_a_set_that_a_more_specific_table_overrides_is_refused(tmp_path, entry, 
     load_grid(path, [override, working])  # both: no error
 
 
+@pytest.mark.parametrize(
+    ("override", "where"),
+    [
+        ("sweep.training.lr=[1e-2, 3e-2]", "tasks[0].sweep sweeps training.lr"),
+        ("sweep.training={lr = [1e-2]}", "tasks[0].sweep sweeps training.lr"),
+        ("tasks[0].sweep.training.lr=[1e-2]", "mechanisms[0].sweep sweeps training.lr"),
+    ],
+)
+def test_a_set_of_a_sweep_that_a_more_specific_sweep_replaces_is_refused(tmp_path, override, where):
+    """The hostile pass: --set 'sweep.training.lr=[...]' on a grid whose task sweeps lr ran
+    the task's own rates; the --set it names sweeps both."""
+    task = {**SAME_PAIR, "sweep": {"training": {"lr": [3e-3]}}}
+    mechanism = {**STD, "sweep": {"training": {"lr": [1e-3]}}}
+    mechanisms = [mechanism] if override.startswith("tasks") else [STD]
+    path = tiny_grid(tmp_path, tasks=[task], mechanisms=mechanisms)
+    with pytest.raises(SpecError) as err:
+        load_grid(path, [override])
+    assert f"--set {override} is overridden where {where}" in str(err.value)
+    working = str(err.value).split("add --set '")[1].rstrip("'")
+    lrs = {c.training.lr for c in load_grid(path, [override, working]).cells}
+    assert lrs == {1e-2, 3e-2} if "3e-2" in override else lrs == {1e-2}
+
+
 def test_a_set_no_sweep_reaches_applies(tmp_path):
     path = grid(tmp_path, '[sweep]\nmodel.pos_enc = ["learned", "rope"]\n')
     cells = load_grid(path, ["mechanisms[0].training.lr=3e-3"]).cells

@@ -149,6 +149,7 @@ def check_overrides_apply(grid: GridFile, overrides: list[str], path) -> None:
     for item in overrides:
         key, text = item.split("=", 1)
         steps = _steps(key, path)
+        _check_sweep_not_replaced(grid, item, steps, _value(text), path)
         inside = _setting_around(steps)
         if inside is not None:  # a key inside one setting's table: mask_mod.window
             shown = "{" + f"{'.'.join(map(str, steps[len(inside) :]))} = {text}, ...}}"
@@ -160,6 +161,40 @@ def check_overrides_apply(grid: GridFile, overrides: list[str], path) -> None:
             inner = "" if setting == steps else f" (its {step_name(setting)} = {shown})"
             _check_not_swept(grid, f"--set {item}{inner}", setting, shown, path)
             _check_not_fixed_below(grid, f"--set {item}{inner}", setting, value, path)
+
+
+def _check_sweep_not_replaced(grid: GridFile, item: str, steps: list, value: object, path) -> None:
+    """SpecError where a --set of a sweep (the grid's [sweep] or a task's) sets a key that a
+    more specific sweep replaces in cells it reaches (a task's or mechanism's sweep of a key
+    replaces the grid's, a mechanism's a task's): ``--set 'sweep.training.lr=[1e-2]'`` on a
+    grid whose task sweeps training.lr ran that task's cells at its own rates."""
+    if steps[0] == "sweep":
+        table, rest = None, steps[1:]
+    elif steps[0] == "tasks" and len(steps) > 2 and steps[2] == "sweep":
+        table, rest = "tasks", steps[3:]
+    else:
+        return
+    if len(rest) >= 2:
+        mine = {f"{rest[0]}.{rest[1]}": value}
+    elif len(rest) == 1 and isinstance(value, dict):
+        mine = {f"{rest[0]}.{key}": values for key, values in value.items()}
+    elif not rest and isinstance(value, dict):
+        mine = {f"{section}.{key}": values for section, inner in value.items()
+                if isinstance(inner, dict) for key, values in inner.items()}  # fmt: skip
+    else:
+        return
+    below = ["mechanisms"] if table == "tasks" else ["tasks", "mechanisms"]
+    for other in below:
+        for i, entry in enumerate(getattr(grid, other)):
+            theirs = flat_sweep(entry.sweep)
+            found = next((k for k in mine if k in theirs and theirs[k] != mine[k]), None)
+            if found is not None:
+                raise SpecError(
+                    f"{path}: --set {item} is overridden where {other}[{i}].sweep sweeps {found} "
+                    f"(over {_toml_text(theirs[found])}) for its cells (a task's or mechanism's "
+                    f"sweep of a key replaces the grid's, a mechanism's a task's); to sweep it "
+                    f"there too, add --set '{other}[{i}].sweep.{found}={_toml_text(mine[found])}'"
+                )
 
 
 def _setting_around(steps: list[str | int]) -> list[str | int] | None:
