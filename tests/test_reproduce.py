@@ -14,8 +14,11 @@ from grids import REL, STD, tiny_grid
 
 from ablations.grid.spec import load_grid
 from ablations.report.build import write_report
-from ablations.results.store import ResultsStore
-from ablations.run.reproduce import FILE, TIMINGS, reproduce
+from ablations.report.pages import write_csv
+from ablations.results.cells_file import CellsFile
+from ablations.results.frames import cells_table
+from ablations.results.store import ResultsStore, config_key
+from ablations.run.reproduce import FILE, TIMINGS, reproduce, summary
 from ablations.run.runner import run_grid
 
 
@@ -168,3 +171,117 @@ def test_a_reproduce_csv_with_a_bad_thread_count_is_refused_before_training(repo
     frame.to_csv(folder / FILE, index=False)
     with pytest.raises(ValueError, match="its threads column holds other than counts"):
         reproduce(folder, sample=1)
+
+
+def test_an_empty_text_setting_comes_back_from_cells_csv_under_its_key(tmp_path):
+    """relations_game_files' ood_file = "" (documented as none) is an empty CSV cell, as is the
+    setting of a cell that has none: read back, each row's config is the one it hashes to its
+    key from, "" where the cell had it, absent where it had none."""
+    base = {"grid": "g", "task": "rg", "task_name": "relations_game_files", "size": {"label": "xs"},
+            "mechanism": "std", "mechanism_name": "standard", "mechanism_kwargs": {},
+            "training": {"steps": 4}, "seed": 0}  # fmt: skip
+    configs = [
+        {**base, "task_kwargs": {"train_file": "boards.npz", "ood_file": ""}},
+        {**base, "task_kwargs": {"train_file": "boards.npz"}},
+    ]
+    rows = [
+        {"key": config_key(config), "status": "pending", "config": config} for config in configs
+    ]
+    write_csv(cells_table(rows), tmp_path / "cells.csv")
+    assert [row["config"] for row in CellsFile(tmp_path / "cells.csv").rows()] == configs
+
+
+@pytest.mark.slow  # two processes that load torch: tens of seconds on a busy machine
+def test_two_reproduce_runs_at_once_keep_both_runs_rows(report, tmp_path):
+    """Two processes rerun cells of one report at once, each having read reproduce.csv before
+    the other writes it (they meet in `on_cell`, before training): both runs' rows are kept."""
+    folder = copied(report, tmp_path)
+    keys = list(pd.read_csv(folder / "cells.csv", dtype=str).key[:2])
+    met = [tmp_path / f"started{n}" for n in range(2)]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", MEETING, str(folder), key, str(met[n]), str(met[1 - n])],
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for n, key in enumerate(keys)
+    ]
+    for run in runs:
+        _, err = run.communicate(timeout=600)
+        assert run.returncode == 0, err[-2000:]
+    frame = pd.read_csv(folder / FILE, dtype={"key": str})
+    assert sorted(frame.key.unique()) == sorted(keys)
+
+
+MEETING = """
+import sys, time
+from pathlib import Path
+from ablations.run.reproduce import reproduce
+
+folder, key, mine, other = sys.argv[1:]
+
+def meet(i, n, cell):
+    Path(mine).touch()
+    deadline = time.monotonic() + 300
+    while not Path(other).exists():
+        if time.monotonic() > deadline:
+            raise SystemExit("the other run never started")
+        time.sleep(0.01)
+
+reproduce(Path(folder), keys=[key], on_cell=meet)
+"""
+
+
+def with_plugin_mechanism(report, cells):
+    """Edit: the first cell as if its mechanism were 'plugmech' of a plugin it recorded (its key
+    the hash of that config), every cell recording the plugin /elsewhere/plug.py."""
+    config = CellsFile(report / "cells.csv").rows()[0]["config"]
+    cells["environment.plugins"] = str({"/elsewhere/plug.py": "ab" * 32})
+    cells.loc[0, "mechanism_name"] = "plugmech"
+    cells.loc[0, "key"] = config_key({**config, "mechanism_name": "plugmech"})
+
+
+def test_a_plugin_mechanism_unknown_here_is_refused_naming_the_recorded_plugin(report, tmp_path):
+    """Without --import, a cell of a plugin's mechanism is refused before training, the error
+    naming the plugin the cell recorded and how to pass it; nothing is written."""
+    folder = copied(report, tmp_path, lambda cells: with_plugin_mechanism(report, cells))
+    key = pd.read_csv(folder / "cells.csv", dtype=str).key[0]
+    expected = (
+        rf"cell {key} \(.*\): unknown mechanism: 'plugmech'\..* The cell was trained with the "
+        r"plugins /elsewhere/plug.py: pass each with --import"
+    )
+    with pytest.raises(ValueError, match=expected):
+        reproduce(folder, keys=[key])
+    assert not (folder / FILE).exists()
+
+
+def test_a_rerun_with_other_plugin_code_than_the_cell_recorded_says_so(report, tmp_path):
+    """The cell recorded a plugin (its digest) that this rerun does not import: every row of it
+    notes the plugin code each run had, its numbers compared all the same."""
+    folder = copied(report, tmp_path, lambda cells: with_plugin_mechanism(report, cells))
+    key = pd.read_csv(folder / "cells.csv", dtype=str).key[1]
+    frame = reproduce(folder, keys=[key])
+    assert len(frame) > 1 and (frame.difference == 0).all()
+    noted = (
+        "other plugin code: the cell was trained with {plug.py: abababababab}, the rerun imports"
+    )
+    assert frame.note.str.startswith(noted).all(), list(frame.note)
+
+
+def test_a_metric_one_run_lacks_is_a_row_with_a_note_and_not_identical(report, tmp_path):
+    """A committed metric the rerun does not give (extra) and one the committed row leaves empty
+    (test_acc): a row each with its note, and the summary counts neither cell identical."""
+    first = pd.read_csv(report / "cells.csv", dtype=str).key[0]
+
+    def edit(cells):
+        cells["metrics.extra"] = ""
+        cells.loc[cells.key == first, ["metrics.extra", "metrics.test_acc"]] = ["0.5", ""]
+
+    frame = reproduce(copied(report, tmp_path, edit), keys=[first])
+    notes = frame.set_index("metric").note
+    assert notes["extra"] == "missing in the rerun"
+    assert notes["test_acc"] == "missing in the committed cells.csv"
+    assert (notes.drop(["extra", "test_acc"]) == "").all()
+    lines = summary(frame)
+    assert {"extra: 0 of 1 cells identical", "test_acc: 0 of 1 cells identical"} <= set(lines)
+    assert any(line.endswith(" extra: missing in the rerun") for line in lines), lines

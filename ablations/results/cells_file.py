@@ -13,7 +13,9 @@ carries these over), None without one; `axes()`: the grids' axes the provenance.
 records (results/axes.py; {} for a report written before it did).
 Every value comes back as the store held it: a text as written
 (ablations.report.pages.csv_text's leading "'" taken off), whole numbers as ints, other numbers
-as floats, True and False as bools, lists as lists, a config's keys sorted at every level; a
+as floats, True and False as bools, lists as lists, an environment's tables (data, plugins) as
+dicts, a config's keys sorted at every level and an empty config cell as the empty text where
+that makes the config hash to the row's key (a CSV cell cannot tell "" from missing); a
 done cell's metrics named in the `non_finite` column as NaN where the file leaves them empty (a
 CSV cell cannot tell NaN from missing). Labels (grid, task, task_name, size, mechanism,
 mechanism_name), keys, statuses and errors stay texts.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import ast
 import html
+import itertools
 import json
 import re
 from pathlib import Path
@@ -39,7 +42,7 @@ import pandas as pd
 
 from ablations.results.axes import GridAxes, axes_from_json
 from ablations.results.frames import FRAME_COLUMNS
-from ablations.results.store import CURVE_COLUMNS, CURVE_FIELDS, FINISHED
+from ablations.results.store import CURVE_COLUMNS, CURVE_FIELDS, FINISHED, config_key
 
 OLD_PREFIX = "config."  # the config columns of files written before flat_config's names
 TEXTS = {("grid",), ("task",), ("task_name",), ("size", "label"), ("mechanism",),
@@ -47,6 +50,7 @@ TEXTS = {("grid",), ("task",), ("task_name",), ("size", "label"), ("mechanism",)
 TABLES = ("task_kwargs", "size", "mechanism_kwargs", "training")  # a Cell's dict fields
 ATTENTION_FILE = "attention.json"  # a report's attention-map blocks (ablations.report.build)
 MAP_FILE = re.compile(r"attention_[A-Za-z0-9_-]+\.png")  # report_pages.label_file_name's
+EMPTY_CELLS_TRIED = 10  # a row's empty config cells tried as "" (2**10 configs at most)
 WHOLE = re.compile(r"[-+]?\d+")
 NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?inf|nan")
 ENVIRONMENT_LINE = re.compile(  # as report.md shows it; a rebuild's note on where it came from
@@ -91,6 +95,47 @@ def _value(text: str) -> object:
         except (ValueError, SyntaxError):
             return text
     return text
+
+
+def _recorded(text: str) -> object:
+    """An environment's value from its CSV text: as `_value`, and a table (data, plugins:
+    "{'plug.py': '1a2b...'}") as a dict."""
+    if text.startswith("{") and text.endswith("}"):
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return text
+    return _value(text)
+
+
+def _nested(settings: dict[tuple[str, ...], object]) -> dict:
+    """A cell's config from its settings {path: value} (`_path`), keys sorted at every level,
+    each of `TABLES` there even when empty."""
+    nested: dict = {name: {} for name in TABLES}
+    for (*parents, name), value in settings.items():
+        place = nested
+        for parent in parents:
+            place = place.setdefault(parent, {})
+        place[name] = value
+    return _sorted(nested)
+
+
+def _keyed_config(
+    settings: dict[tuple[str, ...], object], empty: list[tuple[str, ...]], key: str
+) -> dict:
+    """The config of a row with `settings` {path: value} and `empty` config cells, each of which
+    is either a setting the cell lacks or an empty text ("" written as nothing: e.g.
+    relations_game_files' ood_file = ""): the fewest of `empty` set to "" that make the config
+    hash to the row's `key` (config_key), tried by count; where none do (or more than
+    `EMPTY_CELLS_TRIED` are empty), the config without them, which hashes to another key (a
+    setting lost or rounded: ablations/run/reproduce.py refuses to rerun it)."""
+    counts = range(len(empty) + 1) if len(empty) <= EMPTY_CELLS_TRIED else range(1)
+    for count in counts:
+        for texts in itertools.combinations(empty, count):
+            config = _nested({**settings, **dict.fromkeys(texts, "")})
+            if config_key(config) == key:
+                return config
+    return _nested(settings)
 
 
 def _sorted(table: dict) -> dict:
@@ -153,15 +198,13 @@ class CellsFile:
         for record in table.to_dict("records"):
             row = {column: _text(record.get(column, "")) for column in ("key", "status", "error")}
             row.update({c: _value(record.get(c, "")) for c in ("started", "finished")})
-            nested: dict = {name: {} for name in TABLES}
-            for column, path in paths.items():
-                value = (_text if path in TEXTS else _value)(record[column])
-                if value is not None:
-                    *parents, name = path
-                    place = nested
-                    for parent in parents:
-                        place = place.setdefault(parent, {})
-                    place[name] = value
+            settings = {
+                path: (_text if path in TEXTS else _value)(record[column])
+                for column, path in paths.items()
+            }
+            given = {path: value for path, value in settings.items() if value is not None}
+            empty = [path for path, value in settings.items() if value is None]
+            config = _keyed_config(given, empty, row["key"] or "")
             non_finite = filter(None, record.get("non_finite", "").split(", "))
             metrics = {  # the non-finite ones in the store's order: NaN where written ''
                 name: _value(record.get(f"metrics.{name}") or "nan") for name in non_finite
@@ -172,11 +215,11 @@ class CellsFile:
                 if column.startswith("metrics.") and text != ""
             }
             environment = {
-                column.removeprefix("environment."): _value(text)
+                column.removeprefix("environment."): _recorded(text)
                 for column, text in record.items()
                 if column.startswith("environment.") and text != ""
             }
-            row.update(config=_sorted(nested), metrics=metrics, environment=environment or None,
+            row.update(config=config, metrics=metrics, environment=environment or None,
                        curve=points.get(row["key"]))  # fmt: skip
             rows.append(row)
         return rows

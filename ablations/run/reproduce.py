@@ -11,30 +11,42 @@ the report's provenance.json names. The cell trains here with the torch threads 
 when this machine has it; a cell recorded on a GPU that this machine lacks is listed as not
 rerun, with the reason. `sample` done cells are drawn with `seed` (`keys` picks them instead).
 
-One row per (cell, metric) both runs have: committed, rerun, difference (rerun - committed),
-and where each ran (commit, device, threads: `threads` is the rerun's). Timings (`TIMINGS`)
-are machine facts, not results: left out. The differences are left to the reader to weigh: a
+Before any training, a cell whose mechanism or task is registered under no name here is
+refused, naming the plugins the cell recorded (environment.plugins) to pass with --import.
+
+One row per (cell, metric) either run has: committed, rerun, difference (rerun - committed),
+and where each ran (commit, device, threads: `threads` is the rerun's); a metric one run lacks
+has its note ("missing in the rerun"), and so has every row of a cell whose rerun imported other
+plugin code than the cell recorded ("other plugin code: ..."). Timings (`TIMINGS`)
+are machine facts, not results: left out. Two runs at once on one report merge their rows into
+reproduce.csv one after the other (an OS lock). The differences are left to the reader to weigh: a
 difference within the run-to-run variance across thread counts (reports/thread_variance) is
 noise; one above it has a cause to find.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
 import random
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from ablations.grid.cell import Cell
+from ablations.grid.plugins import import_plugins, resolve
 from ablations.results.cells_file import CellsFile
 from ablations.run.cell_worker import run_cell
-from ablations.run.provenance import source_state
+from ablations.run.provenance import plugin_record, short_record, source_state
+from ablations.tasks.registry import TASKS
+from attn_zoo.mechanisms.registry import MECHANISMS
+from attn_zoo.registry import unknown_name_error
 
 FILE = "reproduce.csv"
 TIMINGS = frozenset({"step_ms", "wall_s"})  # how fast, not what: differs by machine and load
@@ -103,12 +115,17 @@ def reproduce(
     of run-to-run variance: rows of other thread counts are kept beside them);
     `on_cell(i, n, cell)` before each cell. The frame (this run's rows) has `COLUMNS`.
     ValueError (before any training) for a report without a cells.csv, a row that is no cell,
-    keys that are no done cell, or a reproduce.csv that is not one."""
+    a cell whose mechanism or task is unknown here (`check_names`), keys that are no done cell,
+    or a reproduce.csv that is not one."""
     cells = CellsFile(report / "cells.csv")
-    earlier = _earlier(report / FILE)
+    _earlier(report / FILE)  # refused now, not after the training; read again to merge
     folder = grid_folder(report)
     rows = chosen_rows(cells.rows(), sample, seed, keys)
     chosen = [(row, rebuilt_cell(row, folder), thread_count(row, threads)) for row in rows]
+    import_plugins(imports, where="--import")
+    for row, cell, _ in chosen:
+        check_names(row, cell)
+    plugins = plugin_record(resolve(imports))
     commit = source_state()["commit"]
     lines = []
     for i, (row, cell, count) in enumerate(chosen):  # every row checked first
@@ -126,21 +143,84 @@ def reproduce(
             continue
         outcome = run_cell(cell, count, imports=imports, device=device)
         where = (outcome.environment or {}).get("device", "")
+        code = other_plugins(recorded, plugins)
         if outcome.status != "done":
             error = (outcome.error or "").strip().splitlines()[-1:] or [""]
-            lines.append({**place, "rerun_device": where,
-                          "note": f"rerun {outcome.status}: {error[0]}"})  # fmt: skip
+            note = _notes(f"rerun {outcome.status}: {error[0]}", code)
+            lines.append({**place, "rerun_device": where, "note": note})
             continue
-        for metric, value in sorted(row["metrics"].items()):
-            if metric in TIMINGS or metric not in outcome.metrics:
-                continue
-            rerun = outcome.metrics[metric]
-            difference = rerun - value if _number(rerun) and _number(value) else float("nan")
-            lines.append({**place, "metric": metric, "committed": value, "rerun": rerun,
-                          "difference": difference, "rerun_device": where, "note": ""})  # fmt: skip
+        for metric, committed, rerun in compared_metrics(row["metrics"], outcome.metrics):
+            gap = rerun - committed if _number(rerun) and _number(committed) else float("nan")
+            missing = "missing in the rerun" if rerun is None else ""
+            if committed is None:
+                missing = "missing in the committed cells.csv"
+            lines.append({**place, "metric": metric, "committed": committed, "rerun": rerun,
+                          "difference": gap, "rerun_device": where,
+                          "note": _notes(missing, code)})  # fmt: skip
     frame = pd.DataFrame(lines, columns=list(COLUMNS))
-    _write(_merged(earlier, frame), report / FILE)
+    with _locked(report):  # another reproduce of the report may have written since the start
+        _write(_merged(_earlier(report / FILE), frame), report / FILE)
     return frame
+
+
+def check_names(row: dict, cell: Cell) -> None:
+    """ValueError naming the cell, when its mechanism or task is registered under no name here
+    (a plugin's: ablations.grid.plugins), with the plugins the cell was trained with
+    (environment.plugins in cells.csv) and how to import them."""
+    recorded = (row["environment"] or {}).get("plugins")
+    if isinstance(recorded, dict) and recorded:
+        hint = (
+            f"The cell was trained with the plugins {', '.join(recorded)}: pass each with "
+            "--import (a .py file's path or a module's name; an entry point's package installed)."
+        )
+    else:
+        hint = "The cell records no plugins that registered it."
+    names = (("mechanism", MECHANISMS, cell.mechanism_name), ("task", TASKS, cell.task_name))
+    for kind, registry, name in names:
+        if name not in registry:
+            error = unknown_name_error(kind, name, registry)
+            raise ValueError(f"cell {row['key']} ({cell}): {error} {hint}")
+
+
+def other_plugins(recorded: dict, plugins: dict) -> str:
+    """The note on a cell's rows when the plugin code of the rerun (`plugins`, this run's
+    `plugin_record`) is not the code the cell recorded (its environment's "plugins", compared as
+    ablations.run.provenance.mixed_provenance does: the digests as a set, paths not counted):
+    "" when it is, or when the cell recorded none (a store written before they were)."""
+    committed = recorded.get("plugins")
+    if not isinstance(committed, dict) or sorted(map(str, committed.values())) == sorted(
+        map(str, plugins.values())
+    ):
+        return ""
+    return (
+        f"other plugin code: the cell was trained with {short_record(committed)}, the rerun "
+        f"imports {short_record(plugins)}"
+    )
+
+
+def compared_metrics(committed: dict, rerun: dict) -> list[tuple[str, object, object]]:
+    """(metric, committed value, rerun value) for each metric either run has, sorted, timings
+    (`TIMINGS`) left out; None for the value of the run that lacks it."""
+    names = sorted((set(committed) | set(rerun)) - TIMINGS)
+    return [(name, committed.get(name), rerun.get(name)) for name in names]
+
+
+def _notes(*notes: str) -> str:
+    """The non-empty `notes` as one, "; " between them."""
+    return "; ".join(note for note in notes if note)
+
+
+@contextmanager
+def _locked(report: Path) -> Iterator[None]:
+    """An OS lock on the folder `report` (flock on the folder itself: no file left in the
+    report), held until the block ends or its process dies: two reproduce runs of one report
+    merge their rows into reproduce.csv one after the other, neither losing the other's."""
+    handle = os.open(report, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)  # closing it releases the lock
 
 
 def _earlier(path: Path) -> pd.DataFrame | None:
@@ -206,8 +286,9 @@ def _write(frame: pd.DataFrame, path: Path) -> None:
 
 
 def summary(frame: pd.DataFrame) -> list[str]:
-    """Lines saying, per metric, how many cells reran identically and the largest difference;
-    then the cells not rerun or not finished, with why."""
+    """Lines saying, per metric, how many cells reran identically (a metric one run lacks is no
+    identical one) and the largest difference; then the cells not rerun or not finished, the
+    metrics one run lacks and the cells rerun with other plugin code, with their notes."""
     lines = []
     compared = frame.dropna(subset=["metric"])
     for metric, group in compared.groupby("metric", sort=True):
@@ -217,6 +298,10 @@ def summary(frame: pd.DataFrame) -> list[str]:
             text += f"; largest difference {largest.difference:+.4g} ({largest.mechanism}, "
             text += f"seed {largest.seed})"
         lines.append(text)
-    for _, row in frame[frame.note.fillna("") != ""].iterrows():
-        lines.append(f"{row.key} ({row.mechanism}, seed {row.seed}): {row.note}")
+    noted = frame[frame.note.fillna("") != ""]
+    for (key, mechanism, seed, note), rows in noted.groupby(
+        ["key", "mechanism", "seed", "note"], sort=False
+    ):
+        metrics = ", ".join(rows.metric.dropna())
+        lines.append(f"{key} ({mechanism}, seed {seed}){' ' + metrics if metrics else ''}: {note}")
     return lines
