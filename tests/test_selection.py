@@ -164,6 +164,22 @@ def test_the_detectable_effect_is_found_with_80_percent_power_by_simulation(sd, 
     assert math.isnan(detectable_effect(sd, 1, level))
 
 
+def test_every_seed_the_same_difference_reads_as_such_not_as_a_test():
+    """The hostile pass: differences [0, 0, 0] read "no clear difference (detectable ±0)"
+    (22 rows of relational_games, both models at the ceiling) and [0.02] x 3 "x ahead" on a
+    p of 0: a t test has no spread to work with."""
+    rows = pd.DataFrame(
+        [("x", "y", 0.0, 1.0), ("x", "y", 0.02, 0.0), ("x", "y", -0.02, 0.0)],
+        columns=["a", "b", "mean", "p"],
+    )
+    frame = rows.assign(tost_p=math.nan, reported="test_acc", n=3, sd=0.0, incomplete="")
+    assert verdicts(frame).verdict.tolist() == [
+        "identical on every seed (no spread: nothing to test)",
+        "x ahead on every seed by the same 0.02 (no spread: the t test does not apply)",
+        "y ahead on every seed by the same 0.02 (no spread: the t test does not apply)",
+    ]
+
+
 def test_a_no_clear_difference_smaller_than_the_effect_of_interest_reads_underpowered():
     """Found on relations_game_between: 5 seeds, differences with sd 0.03-0.08, detectable
     effects of 0.05-0.14, read as 'no clear difference' beside the paper's gaps."""

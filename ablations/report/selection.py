@@ -382,7 +382,9 @@ def verdicts(
     m), else "underpowered (detectable ±d > ±e of interest)" where the `effect` of interest e
     is below the detectable one d, else "no clear difference (detectable ±d)": no evidence of
     no difference; "incomplete (...)" where the row is `incomplete`; "-" where n < 2 (no
-    test)."""
+    test); where every seed gives the same difference (sd 0: a ceiling, a discrete metric),
+    "identical on every seed" or "<a> ahead on every seed by the same d", never a p-value's
+    verdict or a detectable ±0."""
     p_holm, tost_holm = holm(pairs.p), holm(pairs.tost_p)
     level = ALPHA / max(int(pairs.p.notna().sum()), 1)
     detectable = [detectable_effect(row.sd, row.n, level) for row in pairs.itertuples()]
@@ -393,6 +395,13 @@ def verdicts(
             words.append(f"incomplete ({row.incomplete}): no verdict yet")
         elif pd.isna(p):
             words.append("-")
+        elif row.sd == 0:  # every seed the same difference: a t test has no spread to use
+            a_better = row.mean > 0 if higher_is_better(row.reported) else row.mean < 0
+            words.append(
+                "identical on every seed (no spread: nothing to test)" if row.mean == 0 else
+                f"{row.a if a_better else row.b} ahead on every seed by the same "
+                f"{abs(row.mean):.3g} (no spread: the t test does not apply)"
+            )  # fmt: skip
         elif p < ALPHA:
             a_better = row.mean > 0 if higher_is_better(row.reported) else row.mean < 0
             ahead = f"{row.a if a_better else row.b} ahead"
