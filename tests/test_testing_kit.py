@@ -199,6 +199,29 @@ def test_torch_threads_restores_the_count_after_an_error():
         AttentionProblem(threads=0)
 
 
+def test_the_float64_reference_holds_its_own_learnable_mod():
+    """The hostile pass: the reference was copy.deepcopy(module), whose score mod (a closure
+    over ``self``) still read the original's parameter: the reference's gradient went there,
+    and a backend dropping the parameter's gradient passed."""
+    from attn_zoo.mechanisms.standard import StandardAttention
+    from attn_zoo.testing.mechanisms import float64_copy
+
+    @az.register_mechanism("self_biased")
+    class SelfBiased(StandardAttention):
+        def __init__(self, d_model, n_heads, **kwargs):
+            super().__init__(d_model, n_heads, **kwargs)
+            self.slope = torch.nn.Parameter(torch.full((n_heads,), 0.3))
+            self.score_mod = lambda s, b, h, i, j: s - self.slope[h] * (i - j).abs()
+
+    kwargs = {"d_model": 8, "n_heads": 2}
+    torch.manual_seed(0)
+    module = az.build("self_biased", backend="naive", **kwargs)
+    reference = float64_copy("self_biased", kwargs, module, 0)
+    reference(torch.randn(1, 5, 8, dtype=torch.float64), is_causal=True).sum().backward()
+    assert module.slope.grad is None and reference.slope.grad.abs().sum() > 0
+    assert torch.equal(reference.wq.weight, module.wq.weight.double())
+
+
 def test_the_mechanism_check_catches_a_dropped_last_key_block_by_default():
     """A planted bug: a 'chunked' softmax kernel that drops the last partial key block when
     there are several blocks. At the old default length (9, one block) it agrees; the default

@@ -25,7 +25,6 @@ either; a mask the mechanism itself refuses is skipped.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -138,6 +137,19 @@ def assert_mechanism_backends_agree(
     return merged
 
 
+def float64_copy(
+    mechanism: str, kwargs: Mapping, module: AttentionMechanism, seed: int
+) -> AttentionMechanism:
+    """`module` (built from `mechanism` and `kwargs` after ``torch.manual_seed(seed)``) as a
+    float64 module of its own: built again and given its state, so that what it holds in
+    closures (a score mod reading ``self.slope``) is its own (copy.deepcopy shares a closure's
+    ``self`` with the original, whose parameter then took the reference's gradient)."""
+    torch.manual_seed(seed)
+    reference = build(mechanism, backend="naive", **kwargs).eval().double()
+    reference.load_state_dict(module.state_dict())
+    return reference
+
+
 def _agree(
     mechanism: str,
     kwargs: Mapping,
@@ -156,7 +168,7 @@ def _agree(
     floats = [k for k, v in call.items() if torch.is_tensor(v) and v.is_floating_point()]
     call = {**call, **{k: call[k].to(dtype) for k in floats}}  # float masks too: in `dtype`
     module.backend = "naive"
-    reference = copy.deepcopy(module).double()
+    reference = float64_copy(mechanism, kwargs, module, seed)
     ref_call = {**call, **{k: call[k].double() for k in floats}}
     cotangent = cotangent_from(gen)
     try:
