@@ -175,6 +175,27 @@ def test_bad_mods_are_named():
         softmax_attention(q, k, v, mask_mod="sliding_window")
 
 
+def test_alibi_built_for_other_heads_is_refused_and_an_in_place_score_mod_serves_chunked():
+    """The hostile pass: alibi(4) on 8 heads extended its slopes silently (0.55 off alibi(8));
+    a score mod adding to its score in place crashed chunked's backward ("a view of a leaf
+    Variable that requires grad is being used in an in-place operation")."""
+    q, k, v = inputs(6, 6)  # 4 heads
+    with pytest.raises(ValueError, match=r"alibi\(n_heads=2\) called on 4 heads"):
+        softmax_attention(
+            q, k, v, is_causal=True, score_mod=build_mod({"name": "alibi", "n_heads": 2})
+        )
+
+    def in_place(score, b, h, q_idx, kv_idx):
+        score += 0.1 * (q_idx - kv_idx)
+        return score
+
+    cotangent = torch.randn(q.shape[:-1] + v.shape[-1:], dtype=q.dtype)
+    want = outputs_and_grads("naive", q, k, v, cotangent, is_causal=True, score_mod=in_place)
+    got = outputs_and_grads("chunked", q, k, v, cotangent, is_causal=True, score_mod=in_place)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-12, rtol=1e-10)
+
+
 @pytest.mark.parametrize("backend", ["naive", "chunked", "sdpa"])
 def test_a_prefix_lm_mask_opens_the_prefix_of_a_causal_layer(backend):
     """A causal call intersected prefix_lm's mask with the causal one, so it did nothing (a

@@ -224,10 +224,12 @@ class ChunkedAttention(torch.autograd.Function):
             for j0, j1 in tiles.key_blocks(i0, i1):
                 kj, vj = k[:, :, j0:j1], v[:, :, j0:j1]
                 raw = einsum(qi, kj, "b h g n d, b h m d -> b h g n m") * scale
-                if tiles.score_mod is not None:  # its derivative, by autograd on the tile
+                modded = tiles.score_mod is not None
+                if modded:  # its derivative, by autograd on the tile
                     raw = raw.detach().requires_grad_(True)
-                with torch.enable_grad():
-                    s_graph = tiles.scores(qi, kj, scale, i0, i1, j0, j1, raw)
+                with torch.enable_grad():  # a copy of the leaf: a mod may add to it in place
+                    given = raw.clone() if modded else raw
+                    s_graph = tiles.scores(qi, kj, scale, i0, i1, j0, j1, given)
                 s = s_graph.detach()
                 p = torch.exp(s - lse[..., i0:i1, None])
                 if recheck:
@@ -240,7 +242,7 @@ class ChunkedAttention(torch.autograd.Function):
                 dv[:, :, j0:j1] += einsum(p_used, doi, "b h g n m, b h g n d -> b h m d")
                 ds = p * (dp - delta[..., i0:i1, None])
                 ds_raw = ds
-                if tiles.score_mod is not None:
+                if modded:
                     (ds_raw,) = torch.autograd.grad(s_graph, raw, ds.masked_fill(p == 0, 0.0))
                 dq[..., i0:i1, :] += einsum(ds_raw, kj, "b h g n m, b h m d -> b h g n d") * scale
                 dk[:, :, j0:j1] += einsum(ds_raw, qi, "b h g n m, b h g n d -> b h m d") * scale

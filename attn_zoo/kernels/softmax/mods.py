@@ -545,6 +545,11 @@ def alibi(n_heads: int, symmetric: bool = False) -> ScoreMod:
     p = 2 ** (n_heads.bit_length() - 1)
 
     def alibi_bias(score, b, h, q_idx, kv_idx):  # the slope computed, not looked up: flex-safe
+        if h.dim() == 4 and h.shape[1] != n_heads:  # (flex calls it per element: 0-d indices)
+            raise ValueError(
+                f"alibi(n_heads={n_heads}) called on {h.shape[1]} heads: its slopes are those "
+                f"of {n_heads} heads; build it with n_heads={h.shape[1]}"
+            )
         exponent = torch.where(h < p, 8 * (h + 1), 4 * (2 * (h - p) + 1)).to(score.dtype) / -p
         distance = (q_idx - kv_idx).abs() if symmetric else q_idx - kv_idx
         return score - torch.exp2(exponent) * distance
