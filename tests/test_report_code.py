@@ -61,6 +61,24 @@ def test_the_page_header_names_one_clean_commit_or_why_the_cells_are_not_from_on
     )
 
 
+def test_cells_of_one_commit_with_other_plugin_code_are_two_versions(tmp_path):
+    """The hostile pass: two runs on one store, one importing plugA.py and one plugB.py (the
+    same mechanism name), reported as one mechanism of 4 seeds from one clean commit."""
+    a = {"commit": CLEAN, "plugins": {"/x/plugA.py": "1" * 64}}
+    b = {"commit": CLEAN, "plugins": {"/x/plugB.py": "2" * 64}}
+    store = store_of(tmp_path, [a, a, b, b])
+    out = write_report(store, tmp_path / "report")
+    head = (out / "report.md").read_text().split("## ")[0]
+    assert "4 cells from 2 code versions" in head
+    with pytest.raises(SystemExit, match="plugins {plugB.py: 222222222222}"):
+        main(["report", str(store.path), "--out", str(tmp_path / "r"), "--require-clean"])
+    one = store_of(tmp_path / "one", [a, a]) if (tmp_path / "one").mkdir() is None else None
+    clean = (write_report(one, tmp_path / "clean") / "report.md").read_text()
+    assert (
+        "every cell from one clean commit, aaaaaaaaaaaa + plugins {plugA.py: 111111111111}" in clean
+    )
+
+
 @pytest.mark.parametrize(
     ("commits", "fragment"),
     [

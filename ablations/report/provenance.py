@@ -18,7 +18,7 @@ from ablations.report.pages import generated_now
 from ablations.results.axes import CellSource, GridAxes
 from ablations.results.cells_file import lacks_environment
 from ablations.results.store import FINISHED
-from ablations.run.provenance import file_sha256
+from ablations.run.provenance import file_sha256, short_record
 
 
 def _environments(store: CellSource) -> list[str]:
@@ -47,7 +47,9 @@ def code_version(row: dict) -> str | None:
     """The code a cell ran from, as its environment records it (ablations.run.provenance.
     source_state): "3a5da2dc57e9" (a clean commit), "3a5da2dc57e9-dirty (diff 9c921c857893)",
     "an unknown commit", or "no recorded commit" (a store written before commits were
-    recorded); None for a cell that never ran."""
+    recorded), followed by the plugins it ran with where it recorded any ("3a5da2dc57e9 +
+    plugins {mine.py: 1a2b3c4d5e6f}": two runs with other plugin code under one mechanism
+    name are two versions); None for a cell that never ran."""
     if row["status"] not in FINISHED:
         return None
     env = row["environment"] or {}
@@ -57,7 +59,16 @@ def code_version(row: dict) -> str | None:
     if commit == "unknown":
         return "an unknown commit"
     name = commit.removesuffix("-dirty")[:12] + ("-dirty" if commit.endswith("-dirty") else "")
-    return f"{name} (diff {env['diff_sha256'][:12]})" if env.get("diff_sha256") else name
+    name = f"{name} (diff {env['diff_sha256'][:12]})" if env.get("diff_sha256") else name
+    plugins = env.get("plugins")  # other plugin code under one name is other code
+    return (
+        f"{name} + plugins {short_record(plugins)}"
+        if isinstance(plugins, dict) and plugins
+        else name
+    )
+
+
+CLEAN = re.compile(r"[0-9a-f]{12}( \+ plugins .*)?")  # a clean commit's `code_version`
 
 
 def code_versions(rows: list[dict]) -> dict[str, int]:
@@ -71,7 +82,7 @@ def unclean_code(rows: list[dict]) -> str | None:
     recorded commit, or several commits), naming up to 5 cells of each version past the
     first; None when they are."""
     versions = code_versions(rows)
-    dirty = [v for v in versions if not re.fullmatch(r"[0-9a-f]{12}", v)]
+    dirty = [v for v in versions if not CLEAN.fullmatch(v)]
     if not dirty and len(versions) <= 1:
         return None
     named = []
@@ -90,9 +101,9 @@ def code_line(versions: dict[str, int], unclean: str | None) -> str:
     if not versions:
         return "Code: no cell ran"
     (first, n), total = next(iter(versions.items())), sum(versions.values())
-    if len(versions) == 1 and re.fullmatch(r"[0-9a-f]{12}", first):
+    if len(versions) == 1 and CLEAN.fullmatch(first):
         return f"Code: every cell from one clean commit, {first}"
-    dirty = sum(1 for v in versions if not re.fullmatch(r"[0-9a-f]{12}", v))
+    dirty = sum(1 for v in versions if not CLEAN.fullmatch(v))
     why = unclean or "not given (the grid file sets no report.unclean)"
     return (
         f"Code: {total} cells from {len(versions)} code versions ({dirty} not a clean commit: "
