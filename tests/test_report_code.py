@@ -72,7 +72,8 @@ def test_cells_of_one_commit_with_other_plugin_code_are_two_versions(tmp_path):
     assert "4 cells from 2 code versions" in head
     with pytest.raises(SystemExit, match="plugins {plugB.py: 222222222222}"):
         main(["report", str(store.path), "--out", str(tmp_path / "r"), "--require-clean"])
-    one = store_of(tmp_path / "one", [a, a]) if (tmp_path / "one").mkdir() is None else None
+    (tmp_path / "one").mkdir()
+    one = store_of(tmp_path / "one", [a, a])
     clean = (write_report(one, tmp_path / "clean") / "report.md").read_text()
     assert (
         "every cell from one clean commit, aaaaaaaaaaaa + plugins {plugA.py: 111111111111}" in clean
