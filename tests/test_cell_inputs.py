@@ -172,6 +172,24 @@ def test_a_checkpoint_is_not_resumed_after_a_module_of_its_plugin_package_change
     assert_trained_from_zero(grid, result, "the plugin files")
 
 
+def test_a_checkpoint_is_not_resumed_after_a_helper_the_plugin_imports_lazily_changed(tmp_path):
+    """The hostile pass: a plugin file importing a helper module beside it inside a function
+    (at the first forward, after the plugin was digested) resumed a killed cell after the
+    helper's edit, and cells of both versions shared one digest."""
+    plugin = tmp_path / "lazy_plugin.py"
+    plugin.write_text(
+        "def scale():\n    import lazy_helper_h5\n\n    return lazy_helper_h5.SCALE\n"
+    )
+    helper = tmp_path / "lazy_helper_h5.py"
+    helper.write_text("SCALE = 1.0\n")
+    grid = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training=TRAINING)
+    with_imports(grid, plugin)
+    planted_checkpoint(grid)
+    helper.write_text("SCALE = 5.0  # edited after the kill\n")
+    result = cli(grid, "--set", "resume.every_steps=10")
+    assert_trained_from_zero(grid, result, "the plugin files")
+
+
 def test_a_checkpoint_is_not_resumed_after_an_installed_entry_point_plugin_changed(
     tmp_path, monkeypatch
 ):

@@ -25,6 +25,7 @@ SHA-256 (ablations.run.provenance). Installed packages need none of this: their 
 
 from __future__ import annotations
 
+import ast
 import glob
 import hashlib
 import importlib
@@ -176,7 +177,8 @@ def plugin_files(name: str) -> list[str]:
     of its package's modules, loaded or not (``mypkg/impl.py`` of a plugin ``mypkg``), and of
     every other module its import brought in (`importing_plugin`: a helper module beside it)
     that is not part of Python, an installed package, attn_zoo or ablations
-    (`_library_folders`). A file's edit then changes the plugin's digest
+    (`_library_folders`), and of the modules their code names in an import statement, however
+    late it runs (`_named_imports`). A file's edit then changes the plugin's digest
     (ablations.run.provenance.plugin_record)."""
     package: list[str] = []
     if is_file(name):
@@ -200,4 +202,51 @@ def plugin_files(name: str) -> list[str]:
         file = os.path.realpath(file)
         if module in package or not file.startswith(library):
             files.add(file)
+    files |= _named_imports([own, *files] if own else list(files), library)
     return ([own] if own else []) + sorted(files - {own})
+
+
+def _named_imports(files: list[str], library: tuple[str, ...]) -> set[str]:
+    """The files of the modules that the code of `files` names in an import statement
+    anywhere (inside a function too: ``import helper`` in a forward runs only at the first
+    call, after the plugin was digested), found beside the importing file or on sys.path,
+    outside `library`, and of the modules those name in turn; a package's every module."""
+    found: set[str] = set()
+    todo = list(files)
+    while todo:
+        file = todo.pop()
+        try:
+            tree = ast.parse(Path(file).read_bytes())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module)
+        for name in sorted(names):
+            for path in _module_files(name.split(".")[0], Path(file).parent):
+                path = os.path.realpath(path)
+                if not path.startswith(library) and path not in found and path not in files:
+                    found.add(path)
+                    todo.append(path)
+    return found
+
+
+def _module_files(top: str, folder: Path) -> list[str]:
+    """The .py files of top-level module `top`: a module or package beside `folder`'s files,
+    else the one sys.path finds (not imported; none for a built-in or missing one)."""
+    beside = [folder / f"{top}.py", folder / top / "__init__.py"]
+    origin = next((str(path) for path in beside if path.is_file()), None)
+    if origin is None:
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            return []
+        origin = spec.origin if spec is not None and spec.has_location else None
+    if origin is None or not os.path.isfile(origin):
+        return []
+    if os.path.basename(origin) != "__init__.py":
+        return [origin]
+    return glob.glob(os.path.join(os.path.dirname(origin), "**", "*.py"), recursive=True)
