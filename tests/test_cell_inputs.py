@@ -225,7 +225,7 @@ def test_the_same_inputs_resume_and_another_torch_state_does_not(tmp_path, monke
     other = {**torch_state(), "deterministic_algorithms": True}  # as if written under it
     with monkeypatch.context() as patch:
         patch.setattr(train, "torch_state", lambda: other)
-        patch.setattr(train, "changes", lambda state: [])
+        patch.setattr(train, "changes", lambda state, put_back=True: [])
         points.clear()
         train.train_cell(cell, resume=ResumePlan(every_steps=10),
                          on_checkpoint=lambda step, data: points.append(data))  # fmt: skip

@@ -397,10 +397,11 @@ def verdicts(
             words.append("-")
         elif row.sd == 0:  # every seed the same difference: a t test has no spread to use
             a_better = row.mean > 0 if higher_is_better(row.reported) else row.mean < 0
+            within = f", equivalent within ±{margin:g}" if equivalent else ""
             words.append(
-                "identical on every seed (no spread: nothing to test)" if row.mean == 0 else
-                f"{row.a if a_better else row.b} ahead on every seed by the same "
-                f"{abs(row.mean):.3g} (no spread: the t test does not apply)"
+                f"identical on every seed{within} (no spread: nothing to test)" if row.mean == 0
+                else f"{row.a if a_better else row.b} ahead on every seed by the same "
+                f"{abs(row.mean):.3g}{within} (no spread: the t test does not apply)"
             )  # fmt: skip
         elif p < ALPHA:
             a_better = row.mean > 0 if higher_is_better(row.reported) else row.mean < 0
