@@ -187,7 +187,7 @@ def reruns_fact(reruns: bytes) -> str:
             f", largest difference {float(largest.difference):+.4g} ({largest.metric}, "
             f"{largest.mechanism}, seed {largest.seed}, {largest.threads} threads)"
         )
-    skipped = frame[frame.note != ""]
-    if len(skipped):
-        line += f"; not compared: {len(skipped)} ({'; '.join(sorted(set(skipped.note)))})"
+    noted = frame[frame.note != ""]  # not rerun, not finished, a metric one side lacks,
+    if len(noted):  # other plugin code
+        line += f"; rows with a note: {len(noted)} ({'; '.join(sorted(set(noted.note)))})"
     return line
