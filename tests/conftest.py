@@ -11,9 +11,11 @@ load_profile()
 # The cores shared among the test processes (pytest-xdist's workers): two processes of two
 # threads each on two cores spin-wait for each other, and a tiny model's step took 4x longer.
 # A test that needs another count sets it (and puts it back).
-torch.set_num_threads(
-    max(1, torch.get_num_threads() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))
-)
+THREADS = max(1, torch.get_num_threads() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))
+torch.set_num_threads(THREADS)
+# and the processes the tests start (the CLI, a grid's driver, a script) start with it too; a
+# grid's workers set their own count per cell (ablations/run/cell_worker.py)
+os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 
 
 ROOT = Path(__file__).resolve().parents[1]
