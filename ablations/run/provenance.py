@@ -39,6 +39,7 @@ from functools import cache
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from ablations.files import file_state
 from ablations.grid.cell import Cell
 from ablations.grid.plugins import plugin_files
 from ablations.results.store import ResultsStore
@@ -50,15 +51,6 @@ COMPARED = ("done", "diverged")  # the finished cells a run skips and a report u
 def file_sha256(path: str | Path) -> str:
     """The SHA-256 of the file at `path` (hex), read once per state of the file: `file_state`."""
     return _sha256(os.path.realpath(path), file_state(path))
-
-
-def file_state(path: str | Path) -> tuple[int, ...]:
-    """What tells one content of the file at `path` (a link followed) from another without
-    reading it: its device and inode (another file put in its place, or a link repointed to
-    one of the same size and time, is another inode), size, modification and change times (a
-    rewrite that puts the modification time back changes the change time)."""
-    stat = os.stat(path)
-    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
 
 
 @cache

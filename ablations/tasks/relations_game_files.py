@@ -37,6 +37,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ablations.files import file_state
+
 from .registry import Split, Task, _gib, memory_limit, register_task
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "relations_game"
@@ -73,22 +75,10 @@ def _array_bytes(archive: zipfile.ZipFile, field: str) -> int:
 
 def load_boards(path: Path, game: int) -> tuple[Tensor, Tensor]:
     """The boards of `path` (of game `game`; -1: all): uint8 images (n, 3, H, W) and int64
-    labels (n,), read once per content of the file (`_file_state`); ValueError naming the file
-    and what is wrong with it, before reading its arrays when it is no .npz archive or they
-    would take more than `memory_limit()`."""
-    return _load_boards(path, game, _file_state(path))
-
-
-def _file_state(path: Path) -> tuple | None:
-    """What tells one content of the file at `path` from another without reading it (None: no
-    file): the file a link leads to (its resolved path, device and inode: a link repointed to
-    another file of the same size and time is another inode), its size and modification and
-    change times (a rewrite that puts the modification time back changes the change time)."""
-    if not path.is_file():
-        return None
-    stat = path.stat()
-    times = stat.st_mtime_ns, stat.st_ctime_ns
-    return path.resolve(), stat.st_dev, stat.st_ino, stat.st_size, *times
+    labels (n,), read once per content of the file (ablations.files.file_state); ValueError
+    naming the file and what is wrong with it, before reading its arrays when it is no .npz
+    archive or they would take more than `memory_limit()`."""
+    return _load_boards(path, game, file_state(path) if path.is_file() else None)
 
 
 @cache
