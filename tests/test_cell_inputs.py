@@ -142,13 +142,22 @@ def test_a_checkpoint_is_not_resumed_after_its_data_file_changed(tmp_path):
     assert_trained_from_zero(grid, result, "its data files")
 
 
-def test_a_checkpoint_is_not_resumed_after_its_plugin_changed(tmp_path):
+@pytest.mark.parametrize("edited", ["the plugin", "a helper it imports lazily"])
+def test_a_checkpoint_is_not_resumed_after_its_plugin_changed(tmp_path, edited):
+    """The plugin file's own edit, and (the hostile pass) an edit of a helper module beside it
+    that it imports inside a function (at the first forward, after the plugin was digested),
+    which resumed a killed cell and gave cells of both versions one digest."""
     plugin = tmp_path / "helper_plugin.py"
-    plugin.write_text("SCALE = 1.0\n")
+    plugin.write_text(
+        "def scale():\n    import lazy_helper_h5\n\n    return lazy_helper_h5.SCALE\n"
+    )
+    helper = tmp_path / "lazy_helper_h5.py"
+    helper.write_text("SCALE = 1.0\n")
     grid = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training=TRAINING)
     with_imports(grid, plugin)
     planted_checkpoint(grid)
-    plugin.write_text("SCALE = 2.0  # edited after the kill\n")
+    changed = plugin if edited == "the plugin" else helper
+    changed.write_text(changed.read_text() + "SCALE = 2.0  # edited after the kill\n")
     result = cli(grid, "--set", "resume.every_steps=10")
     assert_trained_from_zero(grid, result, "the plugin files")
 
@@ -169,24 +178,6 @@ def test_a_checkpoint_is_not_resumed_after_a_module_of_its_plugin_package_change
     planted_checkpoint(grid)
     (package / "impl.py").write_text("SCALE = 2.0  # edited after the kill\n")
     result = cli(grid, "--set", "resume.every_steps=10", path=tmp_path)
-    assert_trained_from_zero(grid, result, "the plugin files")
-
-
-def test_a_checkpoint_is_not_resumed_after_a_helper_the_plugin_imports_lazily_changed(tmp_path):
-    """The hostile pass: a plugin file importing a helper module beside it inside a function
-    (at the first forward, after the plugin was digested) resumed a killed cell after the
-    helper's edit, and cells of both versions shared one digest."""
-    plugin = tmp_path / "lazy_plugin.py"
-    plugin.write_text(
-        "def scale():\n    import lazy_helper_h5\n\n    return lazy_helper_h5.SCALE\n"
-    )
-    helper = tmp_path / "lazy_helper_h5.py"
-    helper.write_text("SCALE = 1.0\n")
-    grid = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training=TRAINING)
-    with_imports(grid, plugin)
-    planted_checkpoint(grid)
-    helper.write_text("SCALE = 5.0  # edited after the kill\n")
-    result = cli(grid, "--set", "resume.every_steps=10")
     assert_trained_from_zero(grid, result, "the plugin files")
 
 
