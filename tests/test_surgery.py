@@ -477,3 +477,42 @@ def test_bad_arguments_are_refused_before_any_change(call, message):
     with pytest.raises(ValueError, match=message):
         swap_attention(model, **call)
     assert not swapped_mechanisms(model) and not getattr(model.config, RECORD, None)
+
+
+# --- the swapped model's own state ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_a_swapped_layer_takes_the_mode_of_the_layer_it_replaces(ids, training):
+    """The hostile pass: after ``model.eval()`` the swapped layers were left in training mode,
+    so attention dropout (the model's `attention_dropout`, which the mechanism takes) changed
+    the logits of an evaluated model from call to call."""
+    config = LlamaConfig(**copy.deepcopy(SIZES), attention_dropout=0.5)
+    model = LlamaForCausalLM._from_config(config, attn_implementation="eager").train(training)
+    swap_attention(model, "standard", layers=[0])
+    swapped = model.model.layers[0].self_attn
+    assert all(module.training == training for module in swapped.modules())
+    if not training:
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids).logits, model(ids).logits, atol=0, rtol=0)
+
+
+def test_the_swap_record_stays_with_the_swapped_model(tmp_path):
+    """The hostile pass: the record went into the config object the model shares with whatever
+    built it, so a second model built from that config saved a swap it never had."""
+    config = LlamaConfig(**copy.deepcopy(SIZES))
+    swapped = swap_attention(LlamaForCausalLM._from_config(config), "linear", layers=[1])
+    assert swapped.model.config is swapped.config
+    assert [r["mechanism"] for r in getattr(swapped.config, RECORD)] == ["linear"]
+    other = LlamaForCausalLM._from_config(config)
+    assert not getattr(other.config, RECORD, None)
+    other.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="records no attention swap"):
+        load_swapped(tmp_path)
+
+
+def test_a_swapped_layer_is_not_swapped_again():
+    model = swap_attention(tiny("llama"), "gla", layers=[1])
+    with pytest.raises(ValueError, match=r"layers \[1\] of the model are swapped already"):
+        swap_attention(model, "linear", layers=[0, 1])
+    assert not isinstance(model.model.layers[0].self_attn, SwappedAttention)  # nothing changed

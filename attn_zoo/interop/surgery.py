@@ -66,6 +66,7 @@ transformers and safetensors are imported only inside the functions.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import logging
@@ -380,6 +381,17 @@ def copy_projections(old: nn.Module, new: nn.Module) -> list[str]:
     return not_copied
 
 
+def own_config(model: nn.Module) -> object:
+    """A copy of `model.config` put in place of the original on every module of `model` that
+    holds it: the swap's record (`RECORD`) then reaches this model only, not another model
+    built from the same config object."""
+    shared, config = model.config, copy.deepcopy(model.config)
+    for module in model.modules():
+        if getattr(module, "config", None) is shared:
+            module.config = config
+    return config
+
+
 def swap_attention(
     model: nn.Module,
     mechanism: str,
@@ -401,6 +413,13 @@ def swap_attention(
         raise ValueError(f"rope={rope!r}: must be 'auto', True or False")
     blocks = decoder_layers(model)
     chosen = check_layers(layers, len(blocks))
+    swapped = [i for i in chosen if isinstance(blocks[i].self_attn, SwappedAttention)]
+    if swapped:
+        raise ValueError(
+            f"layers {swapped} of the model are swapped already (to "
+            f"{blocks[swapped[0]].self_attn.mechanism.__class__.__name__}): swap the original "
+            "model's layers (build or load it again), or choose other layers"
+        )
     mechanism_class(mechanism).check_backend(backend)
     MECHANISMS.check_kwargs(mechanism, kwargs)
     try:
@@ -444,7 +463,8 @@ def swap_attention(
     padded_cache = cached and probe(first, config, takes_rope, padded_cache=True) is None
     for i, module in built.items():
         not_copied = copy_projections(blocks[i].self_attn, module)
-        blocks[i].self_attn = SwappedAttention(module, i, takes_rope, padded_cache)
+        swap = SwappedAttention(module, i, takes_rope, padded_cache)
+        blocks[i].self_attn = swap.train(blocks[i].self_attn.training)  # the layer's mode
     if not_copied:  # the same in every layer: one mechanism, one config
         log.warning(
             "swap_attention: %r starts from none of these model projections: %s",
@@ -453,6 +473,7 @@ def swap_attention(
     if not cached and getattr(model, "generation_config", None) is not None:
         model.generation_config.use_cache = False  # generate recomputes (module docstring)
     record = dict(mechanism=mechanism, layers=chosen, kwargs=kwargs, backend=backend)
+    config = own_config(model)
     setattr(config, RECORD, [*getattr(config, RECORD, []), {**record, "rope": takes_rope}])
     return model
 
