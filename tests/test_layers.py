@@ -1,6 +1,7 @@
 """The layer contract: kernels <- mechanisms <- models <- applications, one way only, and the
 library importable with torch and einops alone."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -67,19 +68,21 @@ def test_an_upward_import_breaks_the_contract(tmp_path, module, upward_import):
 
 
 def only_the_library_needs(folder: Path) -> Path:
-    """`folder` filled with links to the installed distributions that torch, einops and ninja
-    need (their dependency closure, by their metadata) and to attn_zoo: a stand-in for a
-    fresh venv where only `pip install attn_zoo` ran. Returns `folder`."""
-    link_dependencies(folder, ["torch", "einops", "ninja"])
+    """`folder` filled with links to the installed distributions that torch and einops need
+    (their dependency closure, by their metadata) and to attn_zoo: a stand-in for a fresh venv
+    where only `pip install attn_zoo` ran. Returns `folder`."""
+    link_dependencies(folder, ["torch", "einops"])
     (folder / "attn_zoo").symlink_to(ROOT / "attn_zoo")
     return folder
 
 
 def test_import_attn_zoo_needs_only_torch_and_einops(tmp_path):
-    """In a process that sees only the packages torch, einops and ninja need (no pandas,
-    matplotlib, hypothesis, ray, transformers, ..., no applications), the library imports
-    (without torch._dynamo: `constant_when_compiled`), builds every sequence mechanism into a
-    language model, trains a step and records maps."""
+    """In a process that sees only the packages torch and einops need (no pandas, matplotlib,
+    hypothesis, ray, transformers, ..., no applications), the library imports (without
+    torch._dynamo: `constant_when_compiled`), builds every sequence mechanism into a language
+    model, trains a step and records maps. Without the C++ kernel (ATTN_ZOO_NO_CPP=1): it
+    would build for this folder's torch, a minute here; tests/test_packaging.py (slow) builds
+    it in a fresh venv."""
     farm = only_the_library_needs(tmp_path)
     script = textwrap.dedent(
         """
@@ -125,6 +128,7 @@ def test_import_attn_zoo_needs_only_torch_and_einops(tmp_path):
     result = subprocess.run(  # -I -S: no site-packages, no environment, no current folder
         [sys.executable, "-I", "-S", "-c", script],
         capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        env={**os.environ, "ATTN_ZOO_NO_CPP": "1"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "ok"

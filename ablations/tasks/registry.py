@@ -51,7 +51,7 @@ from typing import ClassVar, TypeVar
 
 import torch
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.data import Dataset
 
@@ -76,14 +76,16 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:,.1f} GiB" if n < 2**50 else f"{n / 2**40:,.3g} TiB"
 
 
-class _Allocations(TorchDispatchMode):
-    """Counts the bytes of every tensor storage the ops run under it create."""
+class _Allocations(TorchFunctionMode):
+    """Counts the bytes of every tensor storage the torch functions and tensor methods run
+    under it create. A function mode, not a dispatch mode: entering a dispatch mode imports
+    torch._dynamo, 2.7 s of every process that loads a grid (a worker's, `ablate status`)."""
 
     def __init__(self):
         super().__init__()
         self.bytes, self.seen = 0, set()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
             if isinstance(t, Tensor) and t.untyped_storage().data_ptr() not in self.seen:

@@ -48,22 +48,26 @@ _state: dict = {}  # "ops" once built, or "error": why it cannot be
 _build_lock = threading.Lock()  # one build per process, whichever thread asks first
 
 
-def _cpu_tag() -> str:
-    """A short hash of this CPU's model and feature flags: a build made with -march=native on
-    another machine sharing the cache (a cluster's home directory) is never loaded here."""
+def _build_tag() -> str:
+    """A short hash of this CPU's model and feature flags and of torch's install folder: a
+    build made with -march=native on another machine sharing the cache (a cluster's home
+    directory) is never loaded here, and two environments sharing it (another venv, a test's
+    stand-in site-packages) do not rebuild over each other's build (its compile command names
+    torch's headers by their path, so ninja rebuilds whenever that path changes)."""
     try:
         with open("/proc/cpuinfo") as f:
             lines = [line for line in f if line.startswith(("model name", "flags", "Features"))]
         info = "".join(sorted(set(lines)))
     except OSError:
         info = platform.platform() + platform.processor()
+    info += os.path.dirname(torch.__file__)
     return hashlib.sha1(info.encode()).hexdigest()[:8]
 
 
 def extension_name() -> str:
-    """The extension's name: one per torch version and CPU (`_cpu_tag`)."""
+    """The extension's name: one per torch version, torch install and CPU (`_build_tag`)."""
     torch_version = re.sub(r"\W", "_", torch.__version__)
-    return f"attn_zoo_relational_cpu_torch{torch_version}_{_cpu_tag()}"
+    return f"attn_zoo_relational_cpu_torch{torch_version}_{_build_tag()}"
 
 
 def build_directory(name: str) -> Path:
