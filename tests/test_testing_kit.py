@@ -195,7 +195,7 @@ def test_torch_threads_restores_the_count_after_an_error():
     assert torch.get_num_threads() == before
     with torch_threads(None):
         assert torch.get_num_threads() == before
-    with pytest.raises(ValueError, match="threads=0: must be None or an integer >= 1"):
+    with pytest.raises(ValueError, match="threads=0: must be an integer >= 1 or None"):
         AttentionProblem(threads=0)
 
 

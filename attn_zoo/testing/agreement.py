@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from attn_zoo.kernels.dispatch import family
-from attn_zoo.testing.problems import torch_threads
+from attn_zoo.testing.problems import check_names, torch_threads
 
 OUTPUT_TOLERANCE = {
     torch.float64: (1e-10, 1e-8),
@@ -115,18 +115,46 @@ def cotangent_from(gen: torch.Generator, device: str | torch.device = "cpu") -> 
     ).to(device)
 
 
-def outputs_and_grads(fn: Callable, inputs: Mapping, cotangent: Cotangent | None) -> dict:
+def outputs_and_grads(
+    fn: Callable, inputs: Mapping, cotangent: Cotangent | None
+) -> tuple[dict, list[str]]:
     """{"output": fn(**inputs)} plus {"grad <name>": ...} of the inputs requiring grad, for
-    the output's `cotangent`; with no `cotangent`, `fn` runs under torch.no_grad()."""
+    the output's `cotangent`; and the names of those inputs the output's autograd graph does
+    not reach (every one, where the output has no graph), whose gradient is then zero. With
+    no `cotangent`, `fn` runs under torch.no_grad() (nothing unreached)."""
     leaves = {k: v for k, v in inputs.items() if torch.is_tensor(v) and v.requires_grad}
     with torch.set_grad_enabled(cotangent is not None):
         out = fn(**inputs)
     result = {"output": out}
-    if cotangent is not None and leaves:
-        vector = cotangent(out.shape).to(out.dtype)
-        got = torch.autograd.grad(out, list(leaves.values()), vector)
-        result.update({f"grad {k}": g for k, g in zip(leaves, got, strict=True)})
-    return result
+    if cotangent is None or not leaves:
+        return result, []
+    vector = cotangent(out.shape).to(out.dtype)
+    if out.requires_grad:
+        got = torch.autograd.grad(out, list(leaves.values()), vector, allow_unused=True)
+    else:
+        got = (None,) * len(leaves)
+    for (k, leaf), g in zip(leaves.items(), got, strict=True):
+        result[f"grad {k}"] = torch.zeros_like(leaf) if g is None else g
+    return result, [k for k, g in zip(leaves, got, strict=True) if g is None]
+
+
+def unreached_note(unreached: list[str], out: torch.Tensor) -> list[str]:
+    """A line for a failure where the gradients of the inputs `unreached` were taken as zeros:
+    why (the output `out` has no autograd graph, or one that misses them), and the fix."""
+    if not unreached:
+        return []
+    names = ", ".join(unreached)
+    why = (
+        "the output carries no autograd graph (computed under torch.no_grad, through NumPy "
+        "or by an extension without a backward)"
+        if not out.requires_grad
+        else f"the output's autograd graph does not reach {names} (ignored, or used outside "
+        "autograd)"
+    )
+    return [
+        f"no gradient for {names} (compared as zeros): {why}. Give the kernel a backward "
+        "(a torch.autograd.Function), or check its forward only: grads=False"
+    ]
 
 
 def changed_in_place(before: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> list[str]:
@@ -168,10 +196,11 @@ def assert_backends_agree(
     problem:  anything with ``.dtype`` and ``.inputs(dtype)`` -> the kernel's kwargs, new
               tensors each call (e.g. `attn_zoo.testing.AttentionProblem`); its ``threads``
               (optional) sets torch's thread count for the whole check.
-    backends: names to check; each must serve the problem (else UnsupportedCallError), but
-              for a drawn score mod, which one that does not declare ``score_mod`` cannot
-              run: reported skipped (a mask mod reaches it as a mask). Default: every
-              registered backend that serves it; the rest are reported skipped.
+    backends: names to check (the family's, else ValueError); each must serve the problem
+              (else UnsupportedCallError), but for a drawn score mod, which one that does not
+              declare ``score_mod`` cannot run: reported skipped (a mask mod reaches it as a
+              mask). Default: every registered backend that serves it; the rest are reported
+              skipped.
     kernels:  extra functions with the family's signature, checked too (name -> fn), e.g. a
               kernel under development that is not registered. Every kernel gets the inputs
               as the family passes them to a backend declaring `kernel_features`: checked,
@@ -180,13 +209,16 @@ def assert_backends_agree(
     grads:    also run with autograd and compare that output and the gradients of every tensor
               input; the run without grad (torch.no_grad(), inputs not requiring grad) is
               checked either way.
-    kernel_features: the features the `kernels` declare (registered backends: their own);
-              a problem with a score mod skips the kernels unless it holds ``score_mod``.
+    kernel_features: the features the `kernels` declare (registered backends: their own),
+              each one that a backend of the family declares (else ValueError); a problem
+              with a score mod skips the kernels unless it holds ``score_mod``.
     device:   where every kernel and the reference run (e.g. "cuda": the problem's
               ``inputs(dtype, device)`` builds the tensors there).
 
     Returns {name: "ok" or "skipped: <reason>"}; raises AssertionError on a disagreement, an
-    output of another dtype, shape or device, or an input changed in place (see module).
+    output of another dtype, shape or device, or an input changed in place (see module). A
+    gradient the kernel's autograd graph does not give (no graph at all: a kernel run under
+    torch.no_grad or outside torch) is compared as zeros, and a failure then says so.
     """
     with torch_threads(getattr(problem, "threads", None)):
         return _agree(problem, family_name, backends, kernels, grads, kernel_features, device)
@@ -196,6 +228,10 @@ def _agree(
     problem, family_name, backends, kernels, grads, kernel_features, device
 ) -> dict[str, str]:
     fam = family(family_name)
+    declared = {f for backend in fam.backends.values() for f in backend.capabilities.features}
+    check_names("kernel_features", kernel_features, declared)
+    if backends is not None:
+        check_names("backends", backends, ["auto", *fam.names()])
     dtype = problem.dtype
     on = torch.empty(0, device=device).device  # "cuda" -> cuda:0, as tensors report it
 
@@ -224,7 +260,7 @@ def _agree(
     ref_inputs = cast_inputs(fresh(False), torch.float64, grads)
     seed = getattr(problem, "seed", 0)
     cotangent = cotangent_from(torch.Generator().manual_seed(seed), device) if grads else None
-    want = outputs_and_grads(reference, ref_inputs, cotangent)
+    want, _ = outputs_and_grads(reference, ref_inputs, cotangent)
     # the output without grad against the same reference; with grads, the autograd run's too
     expected = {"output (no grad)": want["output"], **(want if grads else {})}
 
@@ -259,13 +295,15 @@ def _agree(
         got = {}
         for cot in (None, cotangent) if grads else (None,):  # no grad, then autograd
             given: list[dict] = []
-            result = outputs_and_grads(checked(fn, features, given), fresh(cot is not None), cot)
+            run = checked(fn, features, given)
+            result, unreached = outputs_and_grads(run, fresh(cot is not None), cot)
             if broken := broken_contract(result["output"], want["output"], dtype, on):
                 fail(name, "breaks the kernel contract", broken)
             if changed := [m for seen in given for m in changed_in_place(seen)]:
                 fail(name, "changes its inputs in place", changed)
             got.update(result if cot is not None else {"output (no grad)": result["output"]})
         if failures := disagreements(expected, got, dtype):
+            failures += unreached_note(unreached, result["output"])
             fail(name, "disagrees with the float64 naive reference", failures)
         report[name] = "ok"
     return report

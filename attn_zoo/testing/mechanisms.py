@@ -33,7 +33,13 @@ from attn_zoo.kernels.dispatch import UnsupportedCallError, family
 from attn_zoo.mechanisms.base import AttentionMechanism
 from attn_zoo.mechanisms.registry import build, list_backends
 from attn_zoo.testing.agreement import Cotangent, cotangent_from, disagreements
-from attn_zoo.testing.problems import MECHANISM_MASKS, check_mechanism_mask, mechanism_mask
+from attn_zoo.testing.problems import (
+    MECHANISM_MASKS,
+    check_mechanism_call,
+    check_mechanism_mask,
+    check_names,
+    mechanism_mask,
+)
 from attn_zoo.testing.strategies import block_edges
 
 
@@ -104,12 +110,16 @@ def assert_mechanism_backends_agree(
     Each backend runs twice: with autograd (output and gradients checked) and under
     torch.no_grad (output checked: a backend may serve it by other, forward-only kernels).
 
-    backends: names to check, each must serve at least one of the two calls without a drawn
-    mask (else UnsupportedCallError); default: every name `list_backends(mechanism)` gives,
+    backends: names to check (each one `list_backends(mechanism)` gives, else ValueError), each
+    must serve at least one of the two calls without a drawn mask (else UnsupportedCallError);
+    default: every name `list_backends(mechanism)` gives,
     those that serve neither reported as skipped. Returns {backend: its first "ok" over the
     calls, or "ok (refused with grad: <reason>)" where only the call without grad is served,
     else "skipped: <reason>"}; raises AssertionError on a disagreement.
     """
+    check_mechanism_call(batch, length, dtype, any_length=True)
+    if backends is not None:
+        check_names("backends", backends, ["auto", *list_backends(mechanism)])
     for i, kind in enumerate(masks):
         check_mechanism_mask(kind, f"masks[{i}]")
     if length is None and shape is None and (attn_mask is not None or symbols is not None):

@@ -9,13 +9,17 @@ not depend on it). A `MechanismProblem` describes one call of a whole mechanism 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
+from attn_zoo.kernels.dispatch import FLOAT_DTYPES
 from attn_zoo.kernels.softmax.mods import MODS
+from attn_zoo.mechanisms.base import check_int
+from attn_zoo.registry import unknown_name_error
 
 MASK_KINDS = ("none", "random", "key_padding", "empty_rows", "additive")
 # A mechanism's masks (`mechanism_mask`): key padding and per query, boolean and additive float
@@ -92,16 +96,16 @@ def check_mechanism_mask(kind: str, argument: str = "mask") -> None:
 def mechanism_mask(kind: str, batch: int, length: int, gen: torch.Generator) -> torch.Tensor | None:
     """A mask of `kind` for a mechanism's call on x (batch, length, d_model), or None for
     "none". "padding": boolean (batch, 1, 1, length), each sequence keeping a random prefix of
-    its keys, the first sequence fewer than all (none at length 1: its rows see no key);
-    "per_query": boolean (batch, 1, length, length), random, about a third of the query rows
-    seeing no key; "float_padding", "float_per_query": the same as additive float masks
-    (float64, values in [-2, 2], -inf where masked)."""
+    its keys, the first sequence fewer than all (none at length 1: its rows see no key; at
+    length 0 every mask is empty); "per_query": boolean (batch, 1, length, length), random,
+    about a third of the query rows seeing no key; "float_padding", "float_per_query": the
+    same as additive float masks (float64, values in [-2, 2], -inf where masked)."""
     check_mechanism_mask(kind)
     if kind == "none":
         return None
     if kind.endswith("padding"):
         kept = torch.randint(0, length + 1, (batch, 1, 1, 1), generator=gen)
-        kept[0] = torch.randint(0, length, (), generator=gen)  # at least one key hidden
+        kept[0] = torch.randint(0, max(length, 1), (), generator=gen)  # some key hidden
         keep = torch.arange(length).view(1, 1, 1, length) < kept
     else:
         keep = make_mask("empty_rows", batch, 1, length, length, gen)
@@ -125,25 +129,61 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def check_fields(
-    mask: str,
-    heads: int,
-    kv_heads: int,
-    is_causal: bool | str = False,
-    threads: int | None = None,
-    layout: str = "contiguous",
+def check_names(argument: str, names: Iterable[str], valid: Collection[str]) -> None:
+    """ValueError naming `argument` and its first entry not in `valid`, with the closest valid
+    one and all of them (`unknown_name_error`); a lone string (the argument takes several
+    names) is refused too."""
+    if isinstance(names, str):
+        raise ValueError(f"{argument}={names!r}: give a collection of names, e.g. ({names!r},)")
+    for name in names:
+        if name not in valid:
+            raise unknown_name_error(f"{argument} entry", name, valid)
+
+
+def check_dtype(dtype: object) -> None:
+    """ValueError unless `dtype` is a float dtype (those the kit has tolerances for)."""
+    if dtype not in FLOAT_DTYPES:
+        names = ", ".join(sorted(str(d).removeprefix("torch.") for d in FLOAT_DTYPES))
+        raise ValueError(f"dtype={dtype!r}: valid are {names}")
+
+
+def check_fields(problem: AttentionProblem | RelationalProblem, widths: tuple[str, ...]) -> None:
+    """ValueError naming the first invalid field of `problem`: batch, heads, kv_heads and the
+    `widths` integers >= 1 (with none of one, every output is empty: any kernel would pass);
+    q_len, k_len integers >= 0 (N = 0 queries, M = 0 keys: edge cases kernels meet, the other
+    side's tensors still checked); heads a multiple of kv_heads; scale (and a rel_scale)
+    None or a finite number; a float dtype; threads None or >= 1; mask, is_causal and layout
+    among `MASK_KINDS`, `CAUSAL` and `LAYOUTS`."""
+    for name in ("batch", "heads", "kv_heads", *widths):
+        check_int(name, getattr(problem, name))
+    for name in ("q_len", "k_len"):
+        check_int(name, getattr(problem, name), low=0)
+    check_int("threads", problem.threads, optional=True)
+    for name in ("scale", "rel_scale"):
+        value = getattr(problem, name, None)
+        real = isinstance(value, int | float) and not isinstance(value, bool)
+        if value is not None and not (real and math.isfinite(value)):
+            raise ValueError(f"{name}={value!r}: must be None or a finite number")
+    check_dtype(problem.dtype)
+    if problem.layout not in LAYOUTS:
+        raise ValueError(f"layout={problem.layout!r}: valid layouts are {LAYOUTS}")
+    if problem.mask not in MASK_KINDS:
+        raise ValueError(f"mask={problem.mask!r}: valid kinds are {MASK_KINDS}")
+    if problem.is_causal not in CAUSAL:
+        raise ValueError(f"is_causal={problem.is_causal!r}: valid are {CAUSAL}")
+    if problem.heads % problem.kv_heads:
+        raise ValueError(f"heads={problem.heads} must be a multiple of kv_heads={problem.kv_heads}")
+
+
+def check_mechanism_call(
+    batch: object, length: object, dtype: object, any_length: bool = False
 ) -> None:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r}: valid layouts are {LAYOUTS}")
-    bad_threads = isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
-    if threads is not None and bad_threads:
-        raise ValueError(f"threads={threads!r}: must be None or an integer >= 1")
-    if mask not in MASK_KINDS:
-        raise ValueError(f"mask={mask!r}: valid kinds are {MASK_KINDS}")
-    if is_causal not in CAUSAL:
-        raise ValueError(f"is_causal={is_causal!r}: valid are {CAUSAL}")
-    if heads % kv_heads:
-        raise ValueError(f"heads={heads} must be a multiple of kv_heads={kv_heads}")
+    """ValueError naming the first invalid one: `batch` an integer >= 1 (none: an empty
+    output, any backend would pass), `length` one >= 0 (or None, if `any_length`: the kit's
+    lengths), `dtype` a float dtype."""
+    check_int("batch", batch)
+    check_int("length", length, low=0, optional=any_length)
+    check_dtype(dtype)
 
 
 def every_other(t: torch.Tensor, between: float | bool) -> torch.Tensor:
@@ -228,9 +268,7 @@ class AttentionProblem:
     layout: str = "contiguous"
 
     def __post_init__(self):
-        check_fields(
-            self.mask, self.heads, self.kv_heads, self.is_causal, self.threads, self.layout
-        )
+        check_fields(self, ("key_dim", "value_dim"))
         resolve_mod(self.score_mod, SCORE_MODS, self)
         resolve_mod(self.mask_mod, MASK_MODS, self)
 
@@ -289,9 +327,8 @@ class RelationalProblem:
     layout: str = "contiguous"
 
     def __post_init__(self):
-        check_fields(
-            self.mask, self.heads, self.kv_heads, self.is_causal, self.threads, self.layout
-        )
+        check_fields(self, ("n_relations", "key_dim", "rel_dim", "head_dim"))
+        check_int("max_rel_pos", self.max_rel_pos, low=0, optional=True)
 
     def inputs(self, dtype: torch.dtype | None = None, device: str = "cpu") -> dict:
         gen = torch.Generator().manual_seed(self.seed)
@@ -336,6 +373,7 @@ class MechanismProblem:
     seed: int = 0
 
     def __post_init__(self):
+        check_mechanism_call(self.batch, self.length, self.dtype)
         check_mechanism_mask(self.mask)
 
     def attn_mask(self) -> torch.Tensor | None:

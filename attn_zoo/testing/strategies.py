@@ -32,6 +32,7 @@ from attn_zoo.testing.problems import (
     AttentionProblem,
     MechanismProblem,
     RelationalProblem,
+    check_names,
 )
 
 LENGTHS = (1, 2, 3, 7, 16, 31, 64, 100)
@@ -91,6 +92,8 @@ def attention_problems(
     (`problems.LAYOUTS`, e.g. ``("contiguous",)``); `score_mods`, `mask_mods`: the mods to
     draw from (kit names, a user's functions, None for none; default none), e.g.
     ``score_mods=(*ALL_SCORE_MODS, my_score_mod)``."""
+    check_names("masks", masks, MASK_KINDS)
+    check_names("layouts", layouts, LAYOUTS)
     kv_heads = draw(st.integers(1, max_kv_heads))
     heads = kv_heads * draw(st.integers(1, max_groups))
     q_len = draw(lengths(max_len, block_sizes))
@@ -135,6 +138,9 @@ def relational_problems(
     """Draw a `RelationalProblem`; narrow it with the arguments (`scales` draws both the
     attention and the relation scale; None is the default 1/sqrt(width); `max_batch`,
     `max_batch_heads`, `block_sizes`, `threads` and `layouts` as in `attention_problems`)."""
+    check_names("rel_activations", rel_activations, REL_ACTIVATIONS)
+    check_names("masks", masks, MASK_KINDS)
+    check_names("layouts", layouts, LAYOUTS)
     kv_heads = draw(st.integers(1, 2))
     heads = kv_heads * draw(st.integers(1, 2))
     q_len = draw(lengths(max_len, block_sizes))
@@ -180,6 +186,7 @@ def mechanism_problems(
         def test_mine(problem):
             assert_mechanism_backends_agree("mine", kwargs, **problem.arguments())
     """
+    check_names("masks", masks, ("none", *MECHANISM_MASKS))
     return MechanismProblem(
         batch=draw(st.integers(1, max_batch)),
         length=draw(lengths(max_len, block_sizes)),
