@@ -16,9 +16,11 @@ gets dmask_ij = ds_ij, summed over the dims it broadcasts (its gradient has its 
 Causality, top-left (j <= i) or bottom-right (j <= i + M - N), is applied per tile: tiles
 wholly above the diagonal are skipped, the diagonal's tiles build their own (bq, bk) mask, so
 neither alignment costs an N x M mask. Score and mask mods (mods.py) are evaluated per tile
-too. A mask mod's block mask (blocks.py: derived from the mod once per mod and shape, cached)
-says which tiles it leaves empty, full or partial: empty tiles are never touched, full ones
-apply no mask mod, so a local mask or a combination of them (a sliding window of w keys,
+too, so each is first checked pointwise (mods.check_pointwise: a mod whose tiles disagree with
+its whole, top-k or one reading the index tensors' shapes, is refused, not served). A mask
+mod's block mask (blocks.py: derived from the mod once per mod and shape, cached) says which
+tiles it leaves empty, full or partial: empty tiles are never touched, full ones apply no
+mask mod, so a local mask or a combination of them (a sliding window of w keys,
 documents, a prefix LM, with causality or not) costs O(N visible) time and memory. Backward
 takes the score mod's derivative tile by tile (autograd on the recomputed tile: ds_raw = ds
 d score_mod / d s). Both passes run outside autocast, in the inputs' dtype (under it, a
@@ -43,8 +45,9 @@ from attn_zoo.kernels.softmax.mods import (
     MaskMod,
     ScoreMod,
     apply_mask_mod,
-    apply_score_mod,
+    check_pointwise,
     mod_indices,
+    modded_scores,
 )
 from attn_zoo.kernels.softmax.naive import upcast_half
 
@@ -75,8 +78,10 @@ class Tiles:
         self.dropout_p, self.seed, self.block = dropout_p, seed, block
         self.n_key_blocks = -(-self.m // block)
         self.classes = None
+        b, heads = q.shape[0], q.shape[1] * q.shape[2]
+        check_pointwise("score_mod", self.score_mod, (b, heads, self.n, self.m), q.dtype, q.device)
+        check_pointwise("mask_mod", self.mask_mod, (b, heads, self.n, self.m), None, q.device)
         if self.mask_mod is not None:
-            b, heads = q.shape[0], q.shape[1] * q.shape[2]
             classes = block_mask(self.mask_mod, b, heads, self.n, self.m, block, q.device)
             self.classes = classes.tolist()
 
@@ -123,7 +128,7 @@ class Tiles:
         if self.score_mod is None:
             return raw
         flat = rearrange(raw, "b h g n m -> b (h g) n m")
-        flat = apply_score_mod(self.score_mod, flat, self.indices(i0, i1, j0, j1, raw.device))
+        flat = modded_scores(self.score_mod, flat, self.indices(i0, i1, j0, j1, raw.device))
         return rearrange(flat, "b (h g) n m -> b h g n m", h=self.shape[1])
 
     def keep(self, i0, i1, j0, j1, like):

@@ -7,8 +7,16 @@ FlexAttention writes them (torch.nn.attention.flex_attention).
 Here they are called once per tile with broadcasting index tensors (b (B,1,1,1), h (1,H,1,1),
 q_idx (1,1,N,1), kv_idx (1,1,1,M); a tile's ranges in the chunked kernel), so they must be
 written with tensor operations (``torch.where``, comparisons, arithmetic), not Python `if`s on
-values. Positions count from 0 in q and in k. What a mod returns is checked where it is called,
-and anything else is refused (ValueError naming the mod, what it returned and what is valid):
+values. Positions count from 0 in q and in k. A mod must be pointwise (elementwise, as
+FlexAttention requires): its value at (b, h, i, j) depends only on score[b, h, i, j], the
+indices b, h, i, j and the tensors it reads, never on the shape of the tile it is given (naive
+calls it on the whole (N, M), chunked per tile, blocks.py per query tile) nor on the other
+scores there (top-k, a softmax over keys, "the last 32 keys" read from kv_idx.shape). Naive
+and chunked (and the materialised mask of the others) check it before serving a call,
+`check_pointwise`: the mod on a drawn problem of up to `PROBE` queries and keys, whole and in
+tiles of other shapes, must agree, else ValueError naming the mod and the difference; once per
+mod and shape (cached under `mod_key`). What a mod returns is checked where it is called, and
+anything else is refused (ValueError naming the mod, what it returned and what is valid):
 
     score_mod: a float tensor of its score's shape (B, H, N, M)
     mask_mod:  a boolean tensor (True = may attend; not attn_mask's additive 0 / -inf) of shape
@@ -59,6 +67,7 @@ import site
 import sys
 import sysconfig
 import types
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 import torch
@@ -131,19 +140,29 @@ def _fits(got: torch.Size, shape: torch.Size, exact: bool) -> bool:
 
 
 def apply_mask_mod(mask_mod: MaskMod, indices: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """`mask_mod` on the index tensors `indices` (`mod_indices`), its result checked: boolean
-    (B or 1, H or 1, N or 1, M)."""
+    """`mask_mod` on the index tensors `indices` (`mod_indices`: a whole call's or a tile's),
+    its result checked: boolean (B or 1, H or 1, N or 1, M)."""
     shape = torch.broadcast_shapes(*(i.shape for i in indices))
     return checked_result("mask_mod", mask_mod, mask_mod(*indices), shape)
 
 
 def mask_from_mod(mask_mod: MaskMod, b: int, h: int, n: int, m: int, device) -> torch.Tensor:
-    """`mask_mod` materialised: boolean (B, H, N, M) (an expanded view)."""
+    """`mask_mod` materialised: boolean (B, H, N, M) (an expanded view), the mod checked
+    pointwise (`check_pointwise`)."""
+    check_pointwise("mask_mod", mask_mod, (b, h, n, m), None, device)
     return apply_mask_mod(mask_mod, mod_indices(b, h, (0, n), (0, m), device)).expand(b, h, n, m)
 
 
 def apply_score_mod(score_mod: ScoreMod | None, scores: torch.Tensor, indices) -> torch.Tensor:
-    """`scores` (B, H, N, M) through `score_mod` (None: as they are), checked, in their dtype."""
+    """`scores` (B, H, N, M), a whole call's, through `score_mod` (None: as they are), checked
+    pointwise (`check_pointwise`) and per result (`modded_scores`)."""
+    check_pointwise("score_mod", score_mod, scores.shape, scores.dtype, scores.device)
+    return modded_scores(score_mod, scores, indices)
+
+
+def modded_scores(score_mod: ScoreMod | None, scores: torch.Tensor, indices) -> torch.Tensor:
+    """`scores` (B, H, N, M), a whole call's or a tile's, through `score_mod` (None: as they
+    are), the result checked (`checked_result`), in their dtype."""
     if score_mod is None:
         return scores
     modded = score_mod(scores, *indices)
@@ -347,6 +366,221 @@ def _filled(cell) -> bool:
     except ValueError:
         return False
     return True
+
+
+KEY_DEPTH = 8  # steps from the mod (a closure cell, an item, a global) that a key follows
+KEY_ELEMENTS = 4096  # the largest tensor a mod reads that is keyed (by its bytes): a mod reading a
+# larger one has no key (blocks.py derives its block mask at every call)
+# Libraries whose functions, classes and modules a mod may name (torch.where, this library's
+# checked_result): keyed by name, taken as unchanging (a function defined inside another, a
+# closure, is keyed by what it reads)
+STABLE_MODULES = frozenset(
+    {"attn_zoo", "builtins", "torch", "math", "operator", "functools", "itertools", "einops"}
+)
+_KEY_SCALARS = tuple(_SCALARS)  # by isinstance: a subclass's value (an IntEnum's) keyed too
+
+
+class _Unkeyable(Exception):
+    """A value a mod reads that `mod_key` cannot key."""
+
+
+def mod_key(mod: object, tensors: list[torch.Tensor]) -> tuple | None:
+    """A hashable key equal for two mods only if they compute the same values: a function's
+    code with the keys of what it reads (closure, defaults, attributes, the globals its code
+    names), a partial's function and arguments, values by value (containers item by item),
+    a tensor of at most `KEY_ELEMENTS` elements by its dtype, shape and bytes (appended to
+    `tensors`; a larger one cannot be keyed), the functions, classes and modules of
+    `STABLE_MODULES` by name; None if anything else is read (a callable instance, an object,
+    a bound method, a module of another library), or it is deeper than `KEY_DEPTH`."""
+    try:
+        return _key(mod, tensors, set(), KEY_DEPTH)
+    except _Unkeyable:
+        return None
+
+
+def _key(value: object, tensors: list[torch.Tensor], path: set[int], depth: int) -> object:
+    """`value`'s key; `path`: the ids of the containers and functions it was reached through
+    (a cycle back to one cannot be keyed)."""
+    if isinstance(value, _KEY_SCALARS):
+        return (type(value).__name__, value)
+    if isinstance(value, torch.Tensor):  # by content: `t.data = ...`, a NumPy array sharing
+        if value.numel() > KEY_ELEMENTS:  # its memory or set_() change it with no version bump
+            raise _Unkeyable
+        tensors.append(value)
+        flat = value.detach().reshape(-1).cpu()
+        return (
+            "tensor",
+            str(value.dtype),
+            tuple(value.shape),
+            bytes(flat.view(torch.uint8).numpy()),
+        )
+    if isinstance(value, types.ModuleType | types.BuiltinFunctionType | type) or _top_level(value):
+        module = value.__name__ if isinstance(value, types.ModuleType) else value.__module__
+        if (module or "").split(".")[0] not in STABLE_MODULES:
+            raise _Unkeyable
+        return ("named", module, getattr(value, "__qualname__", value.__name__))
+    if depth < 0 or id(value) in path:
+        raise _Unkeyable
+    path.add(id(value))
+    try:
+        return _inner_key(value, tensors, path, depth - 1)
+    finally:
+        path.discard(id(value))
+
+
+def _inner_key(value: object, tensors: list[torch.Tensor], path: set[int], inner: int) -> tuple:
+    """The key of a container, a partial or a function (`_key`), its parts `inner` deep."""
+
+    def each(values) -> tuple:
+        return tuple(_key(v, tensors, path, inner) for v in values)
+
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, each(value))
+    if isinstance(value, set | frozenset):
+        return ("set", frozenset(each(value)))
+    if isinstance(value, dict):
+        return ("dict", each(value.keys()), each(value.values()))
+    if isinstance(value, functools.partial):
+        return ("partial", each([value.func, value.args, value.keywords]))
+    if inspect.isfunction(value):
+        cells = []
+        for cell in value.__closure__ or ():
+            try:
+                cells.append(cell.cell_contents)
+            except ValueError:  # a free variable not yet assigned
+                cells.append(None)
+        names = _names(value.__code__)
+        named = {name: value.__globals__[name] for name in names if name in value.__globals__}
+        parts = [cells, value.__defaults__, value.__kwdefaults__, vars(value), named]
+        return ("function", value.__code__, each(parts))
+    raise _Unkeyable
+
+
+def _top_level(value: object) -> bool:
+    """Whether `value` is a function of a `STABLE_MODULES` library at its module's top level
+    (no closure: the library's code, keyed by name)."""
+    return (
+        inspect.isfunction(value)
+        and value.__closure__ is None
+        and "<locals>" not in value.__qualname__
+        and (value.__module__ or "").split(".")[0] in STABLE_MODULES
+    )
+
+
+def _names(code: types.CodeType) -> list[str]:
+    """The global (and attribute) names `code` and the code nested in it (a generator
+    expression, a lambda) use."""
+    nested = [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return [*code.co_names, *(name for c in nested for name in _names(c))]
+
+
+PROBE = 64  # the most queries and keys `check_pointwise` evaluates a mod on
+PROBE_BATCH = 2  # the most batch entries it evaluates it on (every head: a mod may check them)
+CACHE_SIZE = 64  # entries of the caches keyed by `mod_key` (here, blocks.py)
+POINTWISE = (
+    "a mod's value at (b, h, i, j) must depend only on score[b, h, i, j], the indices b, h, i, "
+    "j and the tensors it reads (elementwise, as FlexAttention requires): the kernels call it "
+    "on the whole (N, M) or on tiles of any shape, so it must not read the index tensors' "
+    "shapes nor reduce over the scores or positions it is given (top-k, a softmax, a cumsum)"
+)
+
+# (kind, mod_key or the mod's id, the probe's (b, H, n, m), dtype, device) of each mod found
+# pointwise -> what the key names (the mod, its tensors), kept alive so that their ids, in
+# the key, are not reused while the entry lives
+_POINTWISE: OrderedDict[tuple, list[object]] = OrderedDict()
+
+
+def check_pointwise(
+    kind: str, mod: Callable | None, shape: tuple[int, ...], dtype: torch.dtype | None, device
+) -> None:
+    """ValueError naming `mod` (`kind`: "score_mod" or "mask_mod"), the difference and
+    `POINTWISE` unless the mod is pointwise: on a drawn (b, H, n, m) problem (`shape`: the
+    call's (B, H, N, M), b = min(B, PROBE_BATCH), n = min(N, PROBE), m = min(M, PROBE); scores
+    of `dtype`, a score mod's), each tile of `probe_tiles` gives the values the whole gives
+    there (score mods to within 256 eps of `dtype`). A pass is cached (`CACHE_SIZE` entries)
+    under the mod's `mod_key`, or its identity where it has none, and the probe's shape: once
+    per mod and shape (every N and M from PROBE on alike). Skipped for an impure mod (its
+    results vary by call; one not declaring it, whose whole differs when called again, is
+    left to chunked's backward check), under torch.compile (the eager call's check stands)
+    and where the whole call raises (not cached: the real call raises it, checked)."""
+    b, h, n, m = shape
+    b, n, m = min(b, PROBE_BATCH), min(n, PROBE), min(m, PROBE)
+    if mod is None or not is_pure(mod) or not n or not m or torch.compiler.is_compiling():
+        return
+    tensors: list[torch.Tensor] = []
+    key = mod_key(mod, tensors)
+    key = (kind, key or ("id", id(mod)), b, h, n, m, dtype, str(torch.device(device)))
+    if key in _POINTWISE:
+        _POINTWISE.move_to_end(key)
+        return
+    if kind == "score_mod":  # drawn on the CPU: the same scores on every device
+        scores = torch.randn(b, h, n, m, generator=torch.Generator().manual_seed(0), dtype=dtype)
+
+    def tile(q: tuple[int, int], k: tuple[int, int]) -> torch.Tensor:  # (B, H, bq, bk)
+        indices = mod_indices(b, h, q, k, device)
+        if kind == "mask_mod":
+            result = apply_mask_mod(mod, indices)
+        else:  # a copy: a mod may change its score in place
+            given = scores[..., q[0] : q[1], k[0] : k[1]].to(device, copy=True)
+            result = modded_scores(mod, given, indices)
+        return result.expand(b, h, q[1] - q[0], k[1] - k[0])
+
+    with torch.no_grad():
+        try:
+            whole, again = tile((0, n), (0, m)), tile((0, n), (0, m))
+        except Exception:  # noqa: BLE001  (the real call raises it, checked, where it is made)
+            return
+        if _differences(again, whole):  # impure, undeclared: chunked's backward names it
+            return
+        for q, k in probe_tiles(n, m):
+            where = f"queries {q[0]}..{q[1] - 1} and keys {k[0]}..{k[1] - 1}"
+            try:
+                part = tile(q, k)
+            except Exception as err:
+                raise ValueError(
+                    f"{kind} {mod_name(mod)} is not pointwise: on the {where} of a (B, H, N, M) "
+                    f"= {(b, h, n, m)} problem it raised {type(err).__name__}: {err}, on the "
+                    f"whole it did not: {POINTWISE}"
+                ) from err
+            differs = _differences(part, whole[..., q[0] : q[1], k[0] : k[1]])
+            if differs:
+                raise ValueError(
+                    f"{kind} {mod_name(mod)} is not pointwise: on the {where} of a (B, H, N, M) "
+                    f"= {(b, h, n, m)} problem it gave other values than on the whole there "
+                    f"({differs}): {POINTWISE}"
+                )
+    _POINTWISE[key] = [mod, *tensors]
+    if len(_POINTWISE) > CACHE_SIZE:
+        _POINTWISE.popitem(last=False)
+
+
+def probe_tiles(n: int, m: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """The (queries, keys) ranges `check_pointwise` compares with the whole [0, n) x [0, m):
+    the queries cut at n // 3, the keys at 2 m // 3 (tiles of four shapes, none the whole's),
+    and the last query with the last key (1 x 1)."""
+    rows = _ranges(n, n // 3)
+    columns = _ranges(m, 2 * m // 3)
+    return [*itertools.product(rows, columns), ((n - 1, n), (m - 1, m))]
+
+
+def _ranges(size: int, cut: int) -> list[tuple[int, int]]:
+    """[0, size) cut in two at `cut`, or whole where the cut leaves an empty range."""
+    return [(0, cut), (cut, size)] if 0 < cut < size else [(0, size)]
+
+
+def _differences(got: torch.Tensor, want: torch.Tensor) -> str | None:
+    """How the tile's mod values `got` differ from the whole's `want` (boolean: exactly; float:
+    beyond 256 eps of their dtype, relative and absolute), or None."""
+    if got.dtype == torch.bool:
+        differ = got != want
+        return f"{int(differ.sum())} of {differ.numel()} positions differ" if differ.any() else None
+    gap = torch.where(got == want, 0.0, (got - want).abs())  # equal infinities: none
+    tolerance = 256 * torch.finfo(want.dtype).eps
+    differ = ~(gap <= tolerance * (1 + want.abs())) & ~(got.isnan() & want.isnan())
+    if not differ.any():
+        return None
+    largest = gap[differ].nan_to_num(nan=float("inf")).max()
+    return f"{int(differ.sum())} of {differ.numel()} values differ, by up to {float(largest):.3g}"
 
 
 def build_mod(spec: object) -> Callable | None:

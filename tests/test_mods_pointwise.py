@@ -1,0 +1,150 @@
+"""Score and mask mods must be pointwise (attn_zoo/kernels/softmax/mods.py, `check_pointwise`):
+naive calls a mod on the whole (N, M), chunked per 256 x 256 tile, so a mod reducing over the
+keys it is given (top-k) or reading the index tensors' shapes ("the last 32 keys") computed
+other attention on chunked than on naive above one tile, and nothing said so. Now every
+backend that would take such a mod refuses it, naming it; the library's mods pass, once per mod
+and shape, and serve the same attention on chunked as on naive."""
+
+import inspect
+import types
+
+import pytest
+import torch
+
+from attn_zoo.kernels.softmax import mods as mods_module
+from attn_zoo.kernels.softmax import softmax_attention
+from attn_zoo.kernels.softmax.mods import (
+    KEY_ELEMENTS,
+    MODS,
+    and_masks,
+    build_mod,
+    check_pointwise,
+    not_mask,
+    or_masks,
+    shift_queries,
+)
+from attn_zoo.testing.problems import MASK_MODS, SCORE_MODS
+
+N = 300  # more than one chunked tile (256): where the two backends parted
+CONTRACT = r"elementwise, as FlexAttention requires"
+
+
+def qkv(n=N, heads=2, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, heads, n, 16, generator=gen, dtype=torch.float64) for _ in "qkv"]
+
+
+def top8_score(score, b, h, q_idx, kv_idx):
+    """Top-k sparse attention: only each query's 8 highest scores survive."""
+    kth = score.topk(8, dim=-1).values[..., -1:]
+    return torch.where(score >= kth, score, torch.finfo(score.dtype).min)
+
+
+def last32_mask(b, h, q_idx, kv_idx):
+    """Every query sees the last 32 keys: M read from the index tensor's shape."""
+    return kv_idx >= kv_idx.shape[-1] - 32
+
+
+def pairs_score(score, b, h, q_idx, kv_idx):
+    """The scores as they are, through a view that needs an even number of keys."""
+    return score.unflatten(-1, (-1, 2)).flatten(-2)
+
+
+@pytest.mark.parametrize(
+    ("kind", "mod", "backend"),
+    [
+        *(("score_mod", top8_score, b) for b in ("naive", "chunked", "auto")),
+        *(("mask_mod", last32_mask, b) for b in ("naive", "chunked", "sdpa", "auto")),
+    ],
+)
+def test_a_mod_that_is_not_pointwise_is_refused_on_every_backend_naming_it(kind, mod, backend):
+    """Before: naive and chunked served both, 0.7 (top-k) and 1.4 (last 32 keys) apart."""
+    q, k, v = qkv()
+    name = mod.__name__
+    with pytest.raises(
+        ValueError, match=rf"{kind} {name} is not pointwise: .* values .*{CONTRACT}"
+    ):
+        softmax_attention(q, k, v, backend=backend, **{kind: mod})
+
+
+def test_a_mod_failing_on_a_tile_of_another_shape_is_refused_with_its_error():
+    """pairs_score runs on the whole (an even M) and fails on chunked's odd-width last tile."""
+    q, k, v = qkv(n=64)
+    message = (
+        r"score_mod pairs_score is not pointwise: on the queries 63..63 and keys 63..63 .* it "
+        rf"raised RuntimeError: .*{CONTRACT}"
+    )
+    with pytest.raises(ValueError, match=message):
+        softmax_attention(q, k, v, backend="naive", score_mod=pairs_score)
+
+
+def library_mods(heads: int) -> dict[str, object]:
+    """Every mod the library ships (MODS, the testing kit's), the combinators' and shifted
+    ones, by a name for the test ids."""
+    args = {
+        "causal": {},
+        "sliding_window": {"window": 40},
+        "prefix_lm": {"prefix": 70},
+        "document": {"lengths": [90, 130, 20]},
+        "alibi": {"n_heads": heads},
+        "softcap": {"cap": 1.5},
+    }
+    assert set(args) == set(MODS.names())  # a new named mod is checked here too
+    built = {name: build_mod({"name": name, **kw}) for name, kw in args.items()}
+    problem = types.SimpleNamespace(heads=heads, seed=0)
+    kit = {**SCORE_MODS, **MASK_MODS}
+    return {
+        **built,
+        "symmetric_alibi": build_mod({"name": "alibi", "n_heads": heads, "symmetric": True}),
+        "sliding_window_both_sides": build_mod(
+            {"name": "sliding_window", "window": 50, "causal": False}
+        ),
+        **{f"kit_{name}": make(problem, "cpu") for name, make in kit.items()},
+        "and_masks": and_masks(built["document"], built["causal"]),
+        "or_masks": or_masks(built["sliding_window"], built["prefix_lm"]),
+        "not_mask": not_mask(built["sliding_window"]),
+        "shifted_window": shift_queries(built["sliding_window"], 7, score=False),
+        "shifted_alibi": shift_queries(built["alibi"], 7, score=True),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(library_mods(4)))
+def test_every_library_mod_is_pointwise_and_chunked_serves_naives_attention(name):
+    mod = library_mods(4)[name]
+    kind = "score_mod" if len(inspect.signature(mod).parameters) == 5 else "mask_mod"
+    check_pointwise(kind, mod, (2, 4, N, N), torch.float64 if kind == "score_mod" else None, "cpu")
+    q, k, v = qkv(heads=4)
+    is_causal = "alibi" in name and "symmetric" not in name  # one-sided ALiBi: causal only
+    want = softmax_attention(q, k, v, backend="naive", is_causal=is_causal, **{kind: mod})
+    got = softmax_attention(q, k, v, backend="chunked", is_causal=is_causal, **{kind: mod})
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+
+
+def test_the_check_runs_once_per_mod_and_shape(monkeypatch):
+    """Counted by the probe's tiles: a mod rebuilt for every call (as a mechanism's) has the
+    same key; longer sequences use the same probe; another mod or batch is probed again."""
+    probes = []
+    tiles = mods_module.probe_tiles
+    monkeypatch.setattr(mods_module, "probe_tiles", lambda n, m: probes.append(1) or tiles(n, m))
+    mods_module._POINTWISE.clear()
+    q, k, v = qkv(n=80)
+    for backend in ("naive", "chunked", "naive", "sdpa"):
+        window = build_mod({"name": "sliding_window", "window": 21})
+        softmax_attention(q, k, v, backend=backend, mask_mod=window)
+    assert len(probes) == 1
+    long = qkv(n=N)
+    softmax_attention(*long, backend="chunked", mask_mod=window)
+    assert len(probes) == 1  # 80 and 300 queries: the same probe of 64
+    prefix = build_mod({"name": "prefix_lm", "prefix": 3})
+    softmax_attention(*long, backend="chunked", mask_mod=prefix)
+    assert len(probes) == 2
+    softmax_attention(*(t.expand(2, -1, -1, -1) for t in long), backend="chunked", mask_mod=window)
+    assert len(probes) == 3
+    table = torch.randn(KEY_ELEMENTS + 1)  # more than mod_key keys by content: by identity
+
+    def big_bias(score, b, h, q_idx, kv_idx):
+        return score + table[(q_idx - kv_idx).abs()]
+
+    for _ in range(3):
+        softmax_attention(q, k, v, backend="chunked", score_mod=big_bias)
+    assert len(probes) == 4
