@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-slow lint install install-demo docs grid-reference pinned-numerics docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check demo-mqar-probes demo-compile relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long shakespeare-data fastformer-shakespeare fastformer-shakespeare-small thread-variance engine-overhead benchmarks bench bench-gpu \
+.PHONY: test test-slow lint install install-demo docs grid-reference pinned-numerics docs-screenshot package-smoke browser-deps test-browser demo demo-lr-check demo-mqar-probes demo-compile relational-games relations-game-between match-pattern match-pattern-dual fastformer-lm fastformer-char fastformer-char-long shakespeare-data fastformer-shakespeare fastformer-shakespeare-small hf-teacher thread-variance engine-overhead benchmarks bench bench-gpu \
 	clean
 
 # --no-compile: no bytecode for the ~20,000 installed modules at install time (a module's is
@@ -13,23 +13,34 @@ BIN := $(VENV)/bin
 # in some sandboxes and CI images) every process, and the suite starts hundreds, would compile
 # torch's modules from source again on import (a minute of collection per pytest worker).
 unexport PYTHONDONTWRITEBYTECODE
+TORCH := torch==2.13.0
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
-	$(BIN)/pip install --quiet --no-compile torch==2.13.0
+	$(BIN)/pip install --quiet --no-compile $(TORCH)
+	echo '$(TORCH)' > $(VENV)/torch-pin.txt
+
+# The extras with uv where it can be had (one wheel, into the venv; 27 s for the test extra
+# from an empty cache here, pip 117 s), pinned to the torch pip installed (uv does not look
+# where this machine keeps its CPU build: any other torch would be a CUDA download), and with
+# pip where uv fails to install or to resolve.
+define install_extra
+	($(BIN)/pip install --quiet --no-compile uv && \
+	 $(BIN)/uv pip install --quiet --python $(BIN)/python --constraint $(VENV)/torch-pin.txt \
+		-e '.[$(1)]') || \
+	$(BIN)/pip install --quiet --no-compile -e '.[$(1)]'
+endef
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet --no-compile -e '.[test]'
+	$(call install_extra,test)
 	touch $@
 
 install: $(VENV)/.installed
 
 # What the demo needs and no more: torch and the ablations extra (pandas, matplotlib, scipy,
 # pydantic, rich, jinja2, markdown-it-py), not the test extra's triton, Ray, MLflow,
-# transformers and docs toolchain. From nothing (a copy of the tree, no .venv, 2026-11-28, the
-# 2-core machine under a load average of 7 from other jobs): 154 s, of which 68 s the venv and
-# torch (the test extra's set-up: 375 s on a fresh clone).
+# transformers and docs toolchain.
 $(VENV)/.installed-demo: $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet --no-compile -e '.[ablations]'
+	$(call install_extra,ablations)
 	touch $@
 
 install-demo: $(VENV)/.installed-demo
@@ -214,6 +225,16 @@ fastformer-shakespeare-small: shakespeare-data
 		ablations/grids/fastformer_shakespeare_small_lr.toml \
 		--out reports/fastformer_shakespeare_small_lr \
 		--note "$$(cat ablations/grids/fastformer_shakespeare_small_lr.conclusion.md)"
+
+# A Llama-style teacher for grids of attention replacements (docs/distillation.md): the one
+# cell of ablations/grids/shakespeare_teacher.toml (a GPU grid: days on 2 CPU cores), its model
+# then saved with save_pretrained into results/teachers/shakespeare_llama, the folder a grid's
+# model.teacher names.
+hf-teacher: shakespeare-data
+	ATTN_ZOO_DATA=$(ATTN_ZOO_DATA) $(BIN)/attn-zoo ablate run \
+		ablations/grids/shakespeare_teacher.toml --workers 1
+	ATTN_ZOO_DATA=$(ATTN_ZOO_DATA) $(BIN)/python -m ablations.run.export \
+		ablations/grids/shakespeare_teacher.toml results/teachers/shakespeare_llama
 
 # Every example report rebuilt from the files it committed, without the stores (which are not
 # committed): its cells.csv (and curves.csv where it has one) and its grid's [selection]; a

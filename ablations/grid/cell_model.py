@@ -1,8 +1,10 @@
 """The model a grid cell trains: the model family its task's kind needs (`MODEL_FOR_KIND`),
 sized and configured by the cell's `size` (ablations.grid.cell: d_model, n_layers and the model
 options), with the cell's mechanism, and the forward call of one batch. A mechanism that names
-a reference model (ablations.grid.references) builds that model instead. `load_cell_model`: the
-trained model of a stored cell that kept its checkpoint.
+a reference model (ablations.grid.references) builds that model instead, and a size naming a
+teacher (ablations.grid.teacher: a Hugging Face causal LM in a local folder) builds the teacher
+with its attention swapped for the mechanism. `load_cell_model`: the trained model of a stored
+cell that kept its checkpoint.
 
 Model options of a cell's size: the `BlockConfig` fields in `BLOCK_OPTIONS` (every kind), and
 the model's own options (`KindModel.options`: pos_enc, pool, final_norm; those of the kind
@@ -20,6 +22,7 @@ from torch import Tensor, nn
 
 from ablations.grid.cell import Cell
 from ablations.grid.references import REFERENCES, build_reference
+from ablations.grid.teacher import TEACHER_OPTIONS, build_teacher_model, has_teacher
 from ablations.labels import one_line
 from ablations.tasks import IGNORE_INDEX, build_task
 from attn_zoo.mechanisms.registry import MECHANISMS
@@ -125,11 +128,23 @@ MODEL_OPTIONS = tuple(dict.fromkeys(o for kind in MODEL_FOR_KIND.values() for o 
 
 def build_cell_model(cell: Cell, task) -> nn.Module:
     """The model family the task's kind needs, sized and configured by the cell's size, with
-    its mechanism (or the reference model its mechanism names: ablations.grid.references);
-    ValueError naming a model option the kind's model does not take, or a causal-only
-    mechanism (gla) on a task whose model is not a language model."""
+    its mechanism (or the reference model its mechanism names: ablations.grid.references; or
+    the teacher its size names, swapped: ablations.grid.teacher); ValueError naming a model
+    option the kind's model does not take, or a causal-only mechanism (gla) on a task whose
+    model is not a language model."""
     kind = MODEL_FOR_KIND[task.kind]
     size = cell.size
+    if has_teacher(size):
+        return build_teacher_model(
+            size, cell.folder, task, cell.mechanism_name, cell.mechanism_kwargs,
+            cell.training.steps,
+        )  # fmt: skip
+    distilling = [key for key in TEACHER_OPTIONS if key in size]
+    if distilling:
+        raise ValueError(
+            f"model options {distilling} distil a teacher's model: set model.teacher (a "
+            "save_pretrained folder) or leave them out"
+        )
     if cell.mechanism_name in REFERENCES:
         return build_reference(cell.mechanism_name, task, size, cell.mechanism_kwargs)
     if task.kind != "language_model" and MECHANISMS[cell.mechanism_name].causal_only:

@@ -34,6 +34,7 @@ from pydantic import (
 
 from ablations.grid.devices import DEVICES, RESOURCE_DEFAULTS, is_device_name
 from ablations.grid.references import REFERENCES
+from ablations.grid.teacher import FINETUNE
 from ablations.results.tracking import BACKENDS, URI_FORMS, is_tracking_uri
 from ablations.tasks import list_tasks
 from attn_zoo.mechanisms.registry import list_mechanisms
@@ -138,8 +139,9 @@ class Table(BaseModel):
 class ModelOptions(Table):
     """[model], and the options of a [[sizes]] entry or of a task's or mechanism's `model`:
     `BlockConfig` settings and the model's own (pos_enc, pool, final_norm: only where the task
-    kind's model takes them, ablations.grid.cell_model). Unset: the model's default. A cell
-    holds the options set."""
+    kind's model takes them, ablations.grid.cell_model), or a teacher to swap and distil
+    (teacher, from_scratch, transfer_steps, finetune, lora_rank: ablations.grid.teacher).
+    Unset: the model's default. A cell holds the options set."""
 
     dff: whole(1, high=WIDTH) | None = None
     dropout: finite("in [0, 1)", lambda v: 0 <= v < 1) | None = None
@@ -158,6 +160,24 @@ class ModelOptions(Table):
     symbol_retrieval: choice(list_symbol_retrievers) | None = None
     symbol_retrieval_kwargs: Kwargs = {}
     shared_symbol_retriever: rule(StrictBool, "a bool (false: a retriever per layer)") | None = None
+    teacher: (
+        rule(
+            StrictStr,
+            "a non-empty str: a save_pretrained folder (llama, mistral or qwen2), relative to "
+            "the grid file's folder",
+            bool,
+        )
+        | None
+    ) = None
+    from_scratch: (
+        rule(StrictBool, "a bool (true: the teacher's architecture with fresh weights)") | None
+    ) = None
+    transfer_steps: (
+        whole(0, "int >= 0 (steps of attention transfer, counted in training.steps; unset: 0)")
+        | None
+    ) = None
+    finetune: choice(FINETUNE) | None = None  # default "all"
+    lora_rank: whole(1, "int >= 1 (the rank of finetune 'lora' adapters)") | None = None
 
 
 class SizeEntry(ModelOptions):
@@ -267,15 +287,18 @@ class GridRules(Table):
 
 
 SELECTION_METRICS = ("val_acc", "val_loss")  # chosen on: the highest accuracy, lowest loss
-# A test metric: test_acc, test_exact, test_loss, test_bits (sequence tasks), or those of a
-# task's other test splits ("test_<what>_acc": relational_games' test_id_acc, test_ood_acc)
+# A test metric: test_acc, test_exact, test_loss, test_bits (sequence tasks), test_recovered
+# (a teacher's cells: ablations.grid.teacher), or those of a task's other test splits
+# ("test_<what>_acc": relational_games' test_id_acc, test_ood_acc)
 REPORTED = (
-    'a test metric or a list of them: "test_acc", "test_exact", "test_loss", "test_bits", or '
-    '"test_<split>_acc" (and _exact, _loss, _bits) of a task with more test splits, e.g. '
-    '"test_ood_acc"'
+    'a test metric or a list of them: "test_acc", "test_exact", "test_loss", "test_bits", '
+    '"test_recovered" (cells with a model.teacher), or "test_<split>_acc" (and _exact, _loss, '
+    '_bits) of a task with more test splits, e.g. "test_ood_acc"'
 )
 Reported = rule(
-    StrictStr, REPORTED, lambda v: re.fullmatch(r"test(_[A-Za-z0-9]+)*_(acc|exact|loss|bits)", v)
+    StrictStr,
+    REPORTED,
+    lambda v: re.fullmatch(r"test(_[A-Za-z0-9]+)*_(acc|exact|loss|bits)|test_recovered", v),
 )
 
 
@@ -467,5 +490,6 @@ SECTIONS: dict[str, type[Table] | None] = {
 
 def higher_is_better(metric: str) -> bool:
     """Whether a larger `metric` is better: accuracies ("val_acc", "test_id_acc", "test_exact"),
-    not losses ("val_loss", "test_loss", "test_bits")."""
+    the fraction of a teacher recovered ("test_recovered"), not losses ("val_loss",
+    "test_loss", "test_bits")."""
     return not metric.endswith(("loss", "bits"))

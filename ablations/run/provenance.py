@@ -7,8 +7,10 @@ and a run refused before training when finished cells of its grid were made from
     environment["diff_sha256"]  for a dirty tree, the SHA-256 of its changes (`source_state`):
                             two cells of one dirty commit ran the same code only if it is equal
 
-    environment["data"]     {path: sha256} of each file the task read (`Task.data_files`),
-                            recorded by the worker that trained the cell
+    environment["data"]     {path: sha256} of each file the task read (`Task.data_files`)
+                            and of each file of the cell's teacher folder, if any
+                            (ablations.grid.teacher), recorded by the worker that trained
+                            the cell
     environment["plugins"]  {name: sha256} of each plugin the grid's run imported
                             (`GridSpec.imports`: a file's path, a module's name) and of each
                             installed package registering one through an entry point
@@ -42,6 +44,7 @@ from pathlib import Path
 from ablations.files import file_state
 from ablations.grid.cell import Cell
 from ablations.grid.plugins import plugin_files
+from ablations.grid.teacher import teacher_files
 from ablations.results.store import ResultsStore
 from attn_zoo.registry import PLUGIN_GROUP
 
@@ -95,10 +98,12 @@ def source_state(here: Path | None = None) -> dict[str, str]:
     return {"commit": f"{commit}-dirty", "diff_sha256": digest.hexdigest()}
 
 
-def data_record(task) -> dict[str, str]:
-    """{path: SHA-256} of every file `task` reads (`Task.data_files`; {} for a generated
-    task)."""
-    return {str(path): file_sha256(path) for path in task.data_files()}
+def data_record(cell: Cell, task) -> dict[str, str]:
+    """{path: SHA-256} of every file `cell`'s `task` reads (`Task.data_files`) and of every
+    file of its teacher folder (ablations.grid.teacher.teacher_files); {} for a generated
+    task without teacher."""
+    files = [*task.data_files(), *teacher_files(cell.size, cell.folder)]
+    return {str(path): file_sha256(path) for path in files}
 
 
 def plugin_record(imports: Sequence[str]) -> dict[str, str | None]:
@@ -142,7 +147,7 @@ def mixed_provenance(cells: Iterable[Cell], results: ResultsStore, plugins: dict
     None when none was."""
     store = results.path
     rows = {row["key"]: row for row in results.rows()}
-    data: dict[tuple, dict] = {}  # (task name, kwargs, folder) -> this run's data record
+    data: dict[tuple, dict] = {}  # (task name, kwargs, teacher, folder) -> this run's record
     for cell in cells:
         row = rows.get(cell.key)
         if row is None or row["status"] not in COMPARED:
@@ -159,9 +164,10 @@ def mixed_provenance(cells: Iterable[Cell], results: ResultsStore, plugins: dict
                 "run with the same plugins (imports, --import) or give this run another store"
             )
         if env.get("data"):
-            task = (cell.task_name, json.dumps(cell.task_kwargs, sort_keys=True), cell.folder)
+            task = (cell.task_name, json.dumps(cell.task_kwargs, sort_keys=True),
+                    cell.size.get("teacher"), cell.folder)  # fmt: skip
             if task not in data:
-                data[task] = data_record(cell.build_task())
+                data[task] = data_record(cell, cell.build_task())
             if list(env["data"].values()) != list(data[task].values()):
                 return (
                     f"{what} was trained on the data files {short_record(env['data'])}, this run "

@@ -30,6 +30,15 @@ With `keep_maps`, a finished cell also returns the attention maps of its trained
 fixed test example (`MAPS_EXAMPLE`, see `attention_record`), so that a report draws them without
 running a model (ablations.report.attention_maps).
 
+A cell whose size names a teacher (ablations.grid.teacher: a Hugging Face causal LM, swapped to
+the cell's mechanism) trains in stages: steps 1 to `transfer_steps` on attention transfer
+(attn_zoo.interop.distill.transfer_loss against the frozen teacher: the curve's train loss
+there is that mean squared error, its validation loss and metric the model's next-token ones),
+then up to `steps` on next-token loss, each stage with fresh AdamW moments and its own warmup
+and decay (`stage_lr_factor`); with finetune "none" it ends after the transfer (`steps` is
+then the transfer's; none at all: the swapped model is only evaluated, its curve empty). Such a
+cell also records `teacher_test_loss` and `test_recovered` (ablations.grid.teacher.recovered).
+
 A cell can be interrupted and resumed (ablations.run.resume): given a resume checkpoint it trains on
 from that step and ends with exactly the metrics and curve of an uninterrupted run (its
 `wall_s` counts the seconds of every part); it hands out checkpoints as its `ResumePlan` says.
@@ -51,11 +60,20 @@ from torch.nn import functional as F
 from ablations.grid.cell import Cell
 from ablations.grid.cell_model import build_cell_model, forward
 from ablations.grid.schema import TrainingSettings
+from ablations.grid.teacher import (
+    CausalLM,
+    Stage,
+    frozen_teacher,
+    recovered,
+    stages_of,
+    train_only,
+)
 from ablations.run.devices import compute_dtype, resolve_device
 from ablations.run.provenance import data_record, source_state
 from ablations.run.resume import LoopState, ResumeError, ResumePlan, load_state, save_state
 from ablations.run.torch_state import changes, reset_torch_state, torch_state
 from ablations.tasks import IGNORE_INDEX
+from attn_zoo.interop.distill import transfer_loss
 from attn_zoo.kernels.dispatch import plugin_backends_first
 from attn_zoo.maps import recording_attention
 from attn_zoo.registry import replaced_names
@@ -182,6 +200,18 @@ def lr_factor(step: int, training: TrainingSettings) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def stage_lr_factor(step: int, training: TrainingSettings, stages: tuple[Stage, ...]) -> float:
+    """`lr_factor` within the stage of step ``step + 1`` (`step` steps done): each stage warms
+    up and decays over its own steps (one stage: `lr_factor` itself)."""
+    first = 0
+    for stage in stages:
+        if step < stage.last_step:
+            length = {"steps": stage.last_step - first}
+            return lr_factor(step - first, training.model_copy(update=length))
+        first = stage.last_step
+    return lr_factor(step, training)
+
+
 def smoothed_loss(logits: Tensor, targets: Tensor, smoothing: float) -> Tensor:
     """Cross-entropy with label smoothing `smoothing` over the scored targets: logits
     ``(..., classes)``, targets ``(...)`` with `IGNORE_INDEX` where not scored."""
@@ -284,13 +314,15 @@ def train_cell(
              for changed in [reset_torch_state()] if changed]  # fmt: skip
     torch.manual_seed(cell.seed)
     task = cell.build_task()
-    data = data_record(task)  # the files as the task read them
+    data = data_record(cell, task)  # the files as the task (and the cell's teacher) read them
     made = task.splits(cell.seed)
     splits = {
         name: type(split)(split.inputs.to(device), split.targets.to(device))
         for name, split in made.items()
     }
     model = build_cell_model(cell, task).to(device)  # built on the CPU: the same weights anywhere
+    teacher = frozen_teacher(cell.size, cell.folder)  # a teacher's cells: ablations.grid.teacher
+    teacher = teacher if teacher is None else teacher.to(device)
     check_torch_state("building the cell's model")
     resume = resume or ResumePlan()
     sources = resume.sources or {"code": source_state(), "plugins": {}}
@@ -299,7 +331,10 @@ def train_cell(
     opt = torch.optim.AdamW(
         model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay
     )
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, t))
+    stages = stages_of(model, t.steps)
+    end = stages[-1].last_step if stages else 0  # the last step (before: t.steps or fewer)
+    restarts = {stage.last_step + 1 for stage in stages[:-1]}  # first steps of a later stage
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: stage_lr_factor(s, t, stages))
     gen = torch.Generator().manual_seed(cell.seed)
     loop = LoopState()
     if resume.data is not None:
@@ -311,13 +346,21 @@ def train_cell(
     resumed_from, before = loop.step, loop.wall_s
     train = splits["train"]
     start = saved = time.perf_counter()
-    status, step = "done", loop.step
-    for step in range(loop.step + 1, t.steps + 1):
+    status, step, stage = "done", loop.step, None
+    for step in range(loop.step + 1, end + 1):
+        if stage is None or step > stage.last_step:
+            stage = next(s for s in stages if step <= s.last_step)
+            train_only(model, stage)
+        if step in restarts:  # a new stage: fresh AdamW moments (its schedule restarts too)
+            opt.state.clear()
         batch = torch.randint(len(train.inputs), (t.batch_size,), generator=gen).to(device)
         with _autocast(device, dtype):
-            logits, loss, y = forward(run, task, train.inputs[batch], train.targets[batch])
-            if t.label_smoothing:
-                loss = smoothed_loss(logits, y, t.label_smoothing)
+            if stage.name == "transfer":
+                loss = transfer_loss(teacher, model.hf, train.inputs[batch])
+            else:
+                logits, loss, y = forward(run, task, train.inputs[batch], train.targets[batch])
+                if t.label_smoothing:
+                    loss = smoothed_loss(logits, y, t.label_smoothing)
         if not torch.isfinite(loss):
             status = "diverged"
             break
@@ -327,7 +370,7 @@ def train_cell(
             nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
         opt.step()
         schedule.step()
-        if step % t.eval_every == 0 or step == t.steps:
+        if step % t.eval_every == 0 or step == end:
             with _autocast(device, dtype):
                 val = evaluate(run, task, splits["validation"])
             loop.val_loss, loop.val_metric = val["loss"], val["acc"]
@@ -345,16 +388,20 @@ def train_cell(
                 break
             if (
                 should_prune is not None
-                and step < t.steps
+                and step < end
                 and should_prune(step, loop.val_loss, loop.val_metric)
             ):
                 status = "pruned"
                 break
         now = time.perf_counter()
-        if on_checkpoint is not None and step < t.steps and resume.due(step, now - saved):
+        if on_checkpoint is not None and step < end and resume.due(step, now - saved):
             loop.step, loop.wall_s = step, before + now - start
             on_checkpoint(step, save_state(cell, loop, model, opt, schedule, gen, device, inputs))
             saved = time.perf_counter()
+    if end == 0:  # a teacher's model that trains no step (the swap alone): validated as it is
+        with _autocast(device, dtype):
+            val = evaluate(run, task, splits["validation"])
+        loop.val_loss, loop.val_metric = val["loss"], val["acc"]
     if status == "done" and not all(torch.isfinite(p).all() for p in model.parameters()):
         status = "diverged"  # the last update made the weights non-finite
     wall = before + time.perf_counter() - start
@@ -373,6 +420,16 @@ def train_cell(
             with _autocast(device, dtype):
                 test = evaluate(run, task, splits[name])
             tests.update({f"{name}_{k}": v for k, v in test.items()})
+        if teacher is not None:  # the fraction of the teacher's quality recovered
+            with _autocast(device, dtype):
+                reference = evaluate(CausalLM(teacher), task, splits["test"])
+            tests["teacher_test_loss"] = reference["loss"]
+            share = recovered(tests["test_loss"], tests["teacher_test_loss"], task.vocab_size)
+            if share is None:
+                notes.append("test_recovered not recorded: the teacher's test loss is no lower "
+                              "than uniform guessing's (log vocab_size)")  # fmt: skip
+            else:
+                tests["test_recovered"] = share
         if all(math.isfinite(v) for v in (val_loss, val_metric, *tests.values())):
             metrics.update(tests)
             metrics.update(task.loss_floors(made))  # the floor under its losses, if known

@@ -1,0 +1,74 @@
+"""A trained cell's Hugging Face model saved as a save_pretrained folder: how a teacher for a
+grid of attention replacements is made (ablations.grid.teacher; `make hf-teacher`).
+
+    python -m ablations.run.export GRID OUT [--key KEY]
+
+The cell (the grid's only one, or the one of key KEY) must have a `model.teacher` (a
+`from_scratch` one trains the teacher's architecture) and have kept its weights (the grid's
+`checkpoints = true`). Its model is built as the cell built it, the weights loaded, low-rank
+adapters merged (attn_zoo.interop.distill.merge_adapters), and ``save_pretrained`` writes it
+to OUT: a plain causal LM, or one recording its swap (attn_zoo.interop.surgery.load_swapped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from ablations.grid.cell_model import build_cell_model
+from ablations.grid.spec import GridSpec, load_grid
+from ablations.grid.teacher import CausalLM
+from ablations.results.store import ResultsStore
+from attn_zoo.interop.distill import merge_adapters
+
+
+def export_cell(spec: GridSpec, out: str | Path, key: str | None = None) -> Path:
+    """Save the trained model of `spec`'s cell `key` (default: its only cell) with
+    save_pretrained into the folder `out`; returns it. ValueError naming the cell where there
+    is no such cell, or it has no Hugging Face model; FileNotFoundError where its weights were
+    not kept."""
+    cells = [cell for cell in spec.cells if key is None or cell.key == key]
+    if len(cells) != 1:
+        keys = ", ".join(f"{cell.key} ({cell})" for cell in spec.cells)
+        what = f"no cell of key {key!r}" if key else f"{len(cells)} cells"
+        raise ValueError(f"{spec.path}: {what}; name one with --key: {keys}")
+    (cell,) = cells
+    with ResultsStore(spec.store, readonly=True) as store:
+        path = store.checkpoint_path(cell.key)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"cell {cell} (key {cell.key}) kept no weights at {path}: run its grid with "
+            "checkpoints = true"
+        )
+    model = build_cell_model(cell, cell.build_task())
+    if not isinstance(model, CausalLM):
+        raise ValueError(
+            f"cell {cell} (key {cell.key}) trains no Hugging Face model: only a cell with a "
+            "model.teacher (from_scratch for a new teacher) exports one"
+        )
+    model.load_state_dict(torch.load(path, weights_only=True))
+    merge_adapters(model.hf).save_pretrained(out)
+    return Path(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ablations.run.export", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("grid", help="the grid file")
+    parser.add_argument("out", help="the folder save_pretrained writes")
+    parser.add_argument("--key", help="the cell's key (default: the grid's only cell)")
+    args = parser.parse_args(argv)
+    try:
+        out = export_cell(load_grid(args.grid), args.out, args.key)
+    except (ValueError, FileNotFoundError) as err:  # a SpecError is a ValueError
+        sys.exit(f"error: {err}")
+    print(f"saved {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
