@@ -33,6 +33,7 @@ from attn_zoo.kernels.softmax.mods import (
     ScoreMod,
     captured_tensors,
     check_mod,
+    check_pointwise,
     is_pure,
     mask_from_mod,
     reads_learnable,
@@ -103,6 +104,10 @@ def check_inputs(
     is_causal = normal_causality(is_causal, q.shape[2], k.shape[2])
     check_mod("score_mod", score_mod)
     check_mod("mask_mod", mask_mod)
+    shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])  # every backend's, flex's too
+    half = q.dtype in (torch.float16, torch.bfloat16)  # scores in float32 then (naive, chunked)
+    check_pointwise("score_mod", score_mod, shape, torch.float32 if half else q.dtype, q.device)
+    check_pointwise("mask_mod", mask_mod, shape, None, q.device)
     return dict(
         q=q, k=k, v=v, attn_mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
         score_mod=score_mod, mask_mod=mask_mod,
