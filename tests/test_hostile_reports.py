@@ -226,6 +226,55 @@ def test_a_report_killed_in_its_folder_swap_leaves_a_whole_report(tmp_path):
         assert "## Task: second" in whole_report(out) and hidden(out.parent) == []
 
 
+# The user's files beside a report ---------------------------------------------------------
+
+
+def test_a_report_written_again_keeps_the_files_it_did_not_write(tmp_path):
+    """Found by a fifth hostile pass: notes and a hand-made table beside a report were deleted
+    when the report was written again (any .md or .csv counted as the report's). The report
+    lists its files in provenance.json; the next one replaces those (the plots of a task it no
+    longer shows are gone) and carries every other entry over as it was: files, a folder, a
+    link."""
+    store = ResultsStore(tmp_path / "store.sqlite")
+    add_done(store, config(task="first"), 0.6)
+    second = add_done(store, config(task="second"), 0.8)
+    out = write_report(store, tmp_path / "reports" / "out")
+    written = sorted(p.name for p in out.iterdir())
+    (out / "data").mkdir()
+    for name in ("notes.md", "my_analysis.csv", "data/raw.txt"):
+        (out / name).write_text(f"mine: {name}")
+    (out / "latest.md").symlink_to("report.md")
+    mine = {name: data for name, data in files_under(out).items() if name not in written}
+    assert len(mine) == 4
+
+    write_report(store, out, keys={second})  # the second task only
+    names = {p.name for p in out.iterdir()}
+    assert {name: data for name, data in files_under(out).items() if name in mine} == mine
+    stale = {name for name in written if "first" in name}  # the first task's plots
+    assert stale and not stale & names  # the previous report's: replaced
+    record = json.loads((out / "provenance.json").read_text())["files"]
+    assert sorted(names - set(record)) == ["data", "latest.md", "my_analysis.csv", "notes.md"]
+    assert hidden(out.parent) == []
+
+
+def test_a_users_file_named_as_a_new_report_file_is_refused_and_kept(tmp_path):
+    """The user's selection.csv beside a report without a selection, then a report with one
+    written into the folder: refused naming the file and what to do; nothing changes."""
+    from ablations.grid.schema import Selection
+
+    store = ResultsStore(tmp_path / "store.sqlite")
+    for mechanism in ("a", "b"):
+        add_done(store, config(mechanism=mechanism), 0.6)
+    reports = tmp_path / "reports"
+    out = write_report(store, reports / "out")
+    (out / "selection.csv").write_text("mine")
+    before = files_under(reports)
+    refused = r"selection.csv is not a file of the previous report .* move it out of"
+    with pytest.raises(FileExistsError, match=refused):
+        write_report(store, out, selection=Selection(compare=[["a", "b"]]))
+    assert files_under(reports) == before and hidden(reports) == []
+
+
 # Status ---------------------------------------------------------------------------------
 
 

@@ -4,6 +4,7 @@ report.md escapes HTML in labels and notes, a truncated checkpoint leaves a note
 failing, and an error mid-write leaves the previous report as it was. Real files throughout."""
 
 import io
+import json
 import re
 from pathlib import Path
 
@@ -273,7 +274,10 @@ def test_an_error_mid_write_leaves_the_previous_report(tmp_path, monkeypatch):
         add_done(store, config(task=task), final)
     reports = tmp_path / "reports"
     out = write_report(store, reports / "out")
-    (out / "curves_stale.png").write_bytes(b"from an older report")
+    (out / "curves_stale.png").write_bytes(b"from an older report")  # listed as the report's:
+    provenance = json.loads((out / "provenance.json").read_text())
+    provenance["files"].append("curves_stale.png")
+    (out / "provenance.json").write_text(json.dumps(provenance))
     before = files_under(reports)
     add_done(store, config(task="third"), 0.7)  # the next report's files would all differ
     plot_vs_params, calls = ablations.report.sections.plot_vs_params, []
@@ -292,7 +296,7 @@ def test_an_error_mid_write_leaves_the_previous_report(tmp_path, monkeypatch):
     assert files_under(reports) == before  # byte for byte
     assert [p.name for p in reports.iterdir()] == ["out"]  # no .partial (nor .old) folder
 
-    write_report(store, out)  # the folder belongs to the report: the stale file is gone
+    write_report(store, out)  # a file the previous report wrote and this one does not: gone
     assert "curves_stale.png" not in {p.name for p in out.iterdir()}
     assert "## Task: third" in (out / "report.md").read_text()
     assert [p.name for p in reports.iterdir()] == ["out"]

@@ -4,8 +4,10 @@ cells.csv, rerun here, and compared metric by metric with what the report says."
 from __future__ import annotations
 
 import io
+import signal
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
@@ -213,23 +215,34 @@ def test_two_reproduce_runs_at_once_keep_both_runs_rows(report, tmp_path):
     assert sorted(frame.key.unique()) == sorted(keys)
 
 
-MEETING = """
-import sys, time
+WAIT_FOR = """
+import time
 from pathlib import Path
+
+
+def wait_for(path, what):
+    deadline = time.monotonic() + 300
+    while not Path(path).exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(what)
+        time.sleep(0.01)
+"""  # the start of a child's script: wait_for(a file another process makes, what it means)
+
+MEETING = (
+    WAIT_FOR
+    + """
+import sys
 from ablations.run.reproduce import reproduce
 
 folder, key, mine, other = sys.argv[1:]
 
 def meet(i, n, cell):
     Path(mine).touch()
-    deadline = time.monotonic() + 300
-    while not Path(other).exists():
-        if time.monotonic() > deadline:
-            raise SystemExit("the other run never started")
-        time.sleep(0.01)
+    wait_for(other, "the other run never started")
 
 reproduce(Path(folder), keys=[key], on_cell=meet)
 """
+)
 
 
 def with_plugin_mechanism(report, cells):
@@ -285,3 +298,151 @@ def test_a_metric_one_run_lacks_is_a_row_with_a_note_and_not_identical(report, t
     lines = summary(frame)
     assert {"extra: 0 of 1 cells identical", "test_acc: 0 of 1 cells identical"} <= set(lines)
     assert any(line.endswith(" extra: missing in the rerun") for line in lines), lines
+
+
+REPORT_PAUSED = (
+    WAIT_FOR
+    + """
+import sys
+import ablations.report.build as build
+
+folder, read, go = sys.argv[1:]
+carried_reruns = build.carried_reruns
+
+
+def read_then_wait(store, final):
+    reruns = carried_reruns(store, final)
+    Path(read).touch()
+    wait_for(go, "never told to go on")
+    return reruns
+
+
+build.carried_reruns = read_then_wait
+build.write_report(Path(folder) / "cells.csv", Path(folder))
+"""
+)
+
+REPRODUCE_TELLING_WHEN_IT_WAITS = """
+import fcntl, sys
+from pathlib import Path
+from ablations.run.reproduce import reproduce
+
+folder, key, waits = sys.argv[1:]
+flock = fcntl.flock
+
+
+def flock_telling_when_it_waits(handle, operation):
+    try:
+        flock(handle, operation | fcntl.LOCK_NB)
+    except BlockingIOError:
+        Path(waits).touch()
+        flock(handle, operation)
+
+
+fcntl.flock = flock_telling_when_it_waits
+reproduce(Path(folder), keys=[key])
+"""
+
+
+def child(*args: str) -> subprocess.Popen:
+    """`python -c ARGS` in a process of its own, its stderr kept."""
+    return subprocess.Popen([sys.executable, "-c", *args], stderr=subprocess.PIPE, text=True)
+
+
+def wait_until(done, *processes: subprocess.Popen) -> None:
+    """Poll until `done()`, failing with a process's stderr when it ends first."""
+    deadline = time.monotonic() + 300
+    while not done():
+        for process in processes:
+            assert process.poll() is None, process.stderr.read()[-2000:]
+        assert time.monotonic() < deadline, "never came"
+        time.sleep(0.01)
+
+
+def finished(*processes: subprocess.Popen) -> list[tuple[int, str]]:
+    """The exit status and stderr of each process, each killed if it outlives 300 seconds."""
+    results = []
+    for process in processes:
+        try:
+            _, err = process.communicate(timeout=300)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        results.append((process.returncode, err))
+    return results
+
+
+@pytest.mark.slow  # two processes that load torch: about ten seconds on a busy machine
+def test_a_report_rewritten_while_reproduce_runs_keeps_the_rows_reproduce_wrote(report, tmp_path):
+    """The report of a folder is rewritten into it from its cells.csv, and an `attn-zoo
+    reproduce` of that folder reruns a cell meanwhile, in two processes: the report, paused
+    just after it read reproduce.csv, goes on to swap its folder in only once the rerun has
+    written its rows or waits for the lock. The rows are in the folder after both (they were
+    deleted with the old folder, which the rerun had locked)."""
+    folder = write_report(report / "cells.csv", tmp_path / "report")
+    key = pd.read_csv(folder / "cells.csv", dtype=str).key[0]
+    read, go, waits = (tmp_path / name for name in ("read", "go", "waits"))
+    writer = child(REPORT_PAUSED, str(folder), str(read), str(go))
+    rerun = None
+    try:
+        wait_until(read.exists, writer)
+        rerun = child(REPRODUCE_TELLING_WHEN_IT_WAITS, str(folder), key, str(waits))
+        wait_until(lambda: waits.exists() or rerun.poll() is not None, writer)
+    finally:
+        go.touch()  # the report goes on (at once where something failed)
+        results = finished(writer, *filter(None, [rerun]))
+    for returncode, err in results:
+        assert returncode == 0, err[-2000:]
+    frame = pd.read_csv(folder / FILE, dtype={"key": str})
+    assert list(frame.key.unique()) == [key] and (frame.difference == 0).all()
+
+
+INTERRUPTED = """
+import sys, time
+from pathlib import Path
+import ablations.run.reproduce as reproduce
+from ablations.cli import main
+
+folder, training = sys.argv[1:]
+run_cell, calls = reproduce.run_cell, []
+
+
+def the_second_cell_waits_to_be_stopped(*args, **kwargs):
+    calls.append(args)
+    if len(calls) == 2:
+        Path(training).touch()
+        time.sleep(600)
+    return run_cell(*args, **kwargs)
+
+
+reproduce.run_cell = the_second_cell_waits_to_be_stopped
+sys.exit(main(["reproduce", folder, "--sample", "3"]))
+"""
+
+
+@pytest.mark.parametrize(
+    "stop",
+    [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],  # one process each
+    ids=["SIGINT", "SIGTERM"],
+)
+def test_a_stopped_reproduce_keeps_the_reruns_it_finished(report, tmp_path, stop):
+    """`attn-zoo reproduce --sample 3` (a real process) stopped by SIGINT (Ctrl-C) or SIGTERM
+    at its second cell, which waits there in place of training: the first cell's rows are in
+    reproduce.csv, the exit status is 128 + the signal and the last line says how many cells
+    were kept (every rerun was lost: the file was written once, at the end)."""
+    folder = copied(report, tmp_path)
+    training = tmp_path / "training"
+    stopped = child(INTERRUPTED, str(folder), str(training))
+    try:
+        wait_until(training.exists, stopped)
+    finally:
+        stopped.send_signal(stop)  # at once where something failed
+        [(returncode, err)] = finished(stopped)
+    assert returncode == 128 + stop, err[-2000:]
+    assert err.splitlines()[-1] == (
+        f"interrupted ({stop.name}): the rows of 1 of 3 cells are kept in {folder / FILE}; "
+        "the cell in progress and those after it were not rerun"
+    )
+    frame = pd.read_csv(folder / FILE, dtype={"key": str})
+    assert frame.key.nunique() == 1 and (frame.difference == 0).all()

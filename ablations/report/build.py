@@ -61,9 +61,11 @@ import pandas as pd
 from ablations.grid.schema import ReportSettings, Selection
 from ablations.report.attention_maps import attention_sections, carried_attention_sections
 from ablations.report.folder import (
+    carry_over,
     check_replaceable,
     hidden_sibling,
     new_file,
+    record_files,
     recover,
     replace_folder,
 )
@@ -113,6 +115,7 @@ from ablations.results.axes import CellSource, GridAxes, swept_of
 from ablations.results.cells_file import CellsFile
 from ablations.results.frames import cells_table
 from ablations.results.store import ResultsStore
+from ablations.run.reproduce import reruns_lock
 from ablations.steps import Steps
 
 INTRO = (
@@ -207,16 +210,20 @@ def write_report(
     (with a [selection]), the note; then the details (every setting, the learning curves,
     provenance, the cells not in the tables), collapsed in index.html.
 
-    The folder belongs to the report and is written whole or not at all: the report is written
-    into a new hidden sibling folder (``.<name>.partial-<pid>-<random>``), which then replaces
-    `out_dir` (`replace_folder`: swapped in one step where the file system can), so files in
-    `out_dir` that this report does not write are deleted with the previous report, an error
-    on the way leaves the previous report as it was and no partial folder behind, and a kill
-    at any instant leaves the old or the new report; the next report into `out_dir` deletes
-    what killed reports left (`recover`).
+    The folder is written whole or not at all: the report is written into a new hidden sibling
+    folder (``.<name>.partial-<pid>-<random>``), which then replaces `out_dir`
+    (`replace_folder`: swapped in one step where the file system can), so the previous report's
+    files (those its provenance.json lists under "files") that this report does not write are
+    deleted with it, while every other entry of `out_dir` (the user's) is carried over
+    untouched (ablations/report/folder.py); an error on the way leaves the previous report as it
+    was and no partial folder behind, and a kill at any instant leaves the old or the new report;
+    the next report into `out_dir` deletes what killed reports left (`recover`).
     To keep other files safe, `out_dir` must be missing, empty, or a previous report: a folder
-    of .md, .html, .csv, .png and .json files holding report.md (FileExistsError otherwise).
-    A cells.csv inside `out_dir` is read whole before the folder is replaced."""
+    holding report.md and, for a report that recorded no files, only .md, .html, .csv, .png and
+    .json files, all replaced (FileExistsError otherwise).
+    A cells.csv inside `out_dir` is read whole before the folder is replaced; its reproduce.csv
+    is read, and the folder replaced, under the lock `attn-zoo reproduce` merges its rows
+    under (ablations.run.reproduce.reruns_lock), so that no rerun it writes meanwhile is lost."""
     store = open_store(store)
     recorded = lead_record(store, report, grid)  # before anything is written: its files read,
     if require_clean:  # the cells checked
@@ -225,8 +232,7 @@ def write_report(
             raise ValueError(f"--require-clean: {problem}")
     final = Path(out_dir).resolve()
     recover(final)
-    check_replaceable(final)
-    reruns = carried_reruns(store, final)  # read before the folder is replaced
+    check_replaceable(final)  # refused now, not after the plots; read again before the swap
     final.parent.mkdir(parents=True, exist_ok=True)
     partial_dir = hidden_sibling(final, "partial")
     partial_dir.mkdir()
@@ -237,12 +243,17 @@ def write_report(
             store, partial_dir, title, target, note, selection, keys, progress, grid, overrides,
             recorded,
         )  # fmt: skip
-        if reruns is not None:  # `attn-zoo reproduce`'s comparison is kept, and named
-            new_file(partial_dir, RERUNS).write_bytes(reruns)
-            page.facts.append(reruns_fact(reruns))  # in the header, under the code line
         progress.doing("pages: report.md, index.html")
-        write_pages(page, partial_dir)
-        replace_folder(partial_dir, final)
+        with reruns_lock(final):  # no `attn-zoo reproduce` writes reproduce.csv until the swap
+            reruns = carried_reruns(store, final)
+            if reruns is not None:  # `attn-zoo reproduce`'s comparison is kept, and named
+                new_file(partial_dir, RERUNS).write_bytes(reruns)
+                page.facts.append(reruns_fact(reruns))  # in the header, under the code line
+            write_pages(page, partial_dir)
+            record_files(partial_dir)
+            others = check_replaceable(final)  # not the previous report's: the user's own
+            carry_over([name for name in others if name != RERUNS], final, partial_dir)
+            replace_folder(partial_dir, final)
         progress.advance()
     finally:
         shutil.rmtree(partial_dir, ignore_errors=True)  # gone already unless something failed

@@ -3,13 +3,17 @@ folder that then replaces the old one in one step (Linux renameat2 RENAME_EXCHAN
 two renames, repaired by the next report), and what killed reports left is cleaned up.
 
 Only a folder that is missing, empty or a previous report may be replaced
-(`check_replaceable`): files a report does not write are never deleted with it.
+(`check_replaceable`), and files a report does not write are never deleted with it: a report
+records the names of the files it wrote in its provenance.json ("files", `record_files`), and
+the next one replaces those and carries every other entry of the folder over untouched
+(`carry_over`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import os
 import re
 import shutil
@@ -21,19 +25,26 @@ from ablations.report.pages import path_in
 from ablations.results.store import pid_alive
 
 REPORT_SUFFIXES = (".md", ".html", ".csv", ".png", ".json")  # what a report folder may hold
+RECORD = "provenance.json"  # where a report records the names of its files, under "files"
 
 
-def check_replaceable(folder: Path) -> None:
-    """FileExistsError unless `folder` is missing, empty or a previous report (only top-level
-    .md, .html, .csv, .png and .json files or links, report.md among them): replacing it
-    deletes what it holds (a link itself, never what it points to)."""
+def check_replaceable(folder: Path) -> list[str]:
+    """The names of the entries of `folder` that a new report there carries over (`carry_over`):
+    those its previous report did not write, as that report's provenance.json records them
+    (`written_files`); [] for a missing or empty folder. FileExistsError unless `folder` is
+    missing, empty or a previous report (report.md among its files); a report that recorded no
+    files (written before they were) holds only top-level .md, .html, .csv, .png and .json files
+    or links, every one replaced (a link itself, never what it points to)."""
     if folder.parent == folder:
         raise ValueError(f"{folder} cannot be a report folder: it has no parent")
     if not folder.exists():
-        return
+        return []
     if not folder.is_dir():
         raise NotADirectoryError(f"{folder} is not a folder: the report cannot be written there")
     entries = list(folder.iterdir())
+    written = written_files(folder) if (folder / "report.md").is_file() else None
+    if written is not None:
+        return sorted(p.name for p in entries if p.name not in written)
     other = sorted(
         p.name
         for p in entries
@@ -45,6 +56,54 @@ def check_replaceable(folder: Path) -> None:
             f"{folder} is not empty and not a previous report ({held}); a report replaces its "
             "whole folder: write it to a new folder, or to an earlier report's"
         )
+    return []
+
+
+def written_files(folder: Path) -> set[str] | None:
+    """The names of the files the report in `folder` wrote, as its provenance.json records them
+    under "files" (`record_files`); None where it records none (no such file, or a report
+    written before they were recorded). ValueError for a record that is no list of names."""
+    path = folder / RECORD
+    if not path.is_file():
+        return None
+    try:
+        names = json.loads(path.read_text(encoding="utf-8")).get("files")
+    except (ValueError, AttributeError) as err:
+        raise ValueError(f"{path} is not a report's {RECORD}: {err}") from None
+    if names is not None and not (
+        isinstance(names, list) and all(isinstance(name, str) for name in names)
+    ):
+        raise ValueError(f'{path}: "files" = {names!r} is not a list of file names')
+    return None if names is None else set(names)
+
+
+def record_files(folder: Path) -> None:
+    """Record in `folder`/provenance.json, under "files", the names of every entry of `folder`
+    (the report's files, provenance.json among them), sorted: the files the next report into
+    its folder replaces (`check_replaceable`)."""
+    path = folder / RECORD
+    record = json.loads(path.read_text(encoding="utf-8"))
+    record["files"] = sorted(p.name for p in folder.iterdir())
+    path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def carry_over(names: list[str], old: Path, new: Path) -> None:
+    """Copy the entries `names` of the folder `old` into `new` as they are (a folder whole, a
+    link as a link), before `new` replaces `old`: a kill at any instant leaves them in one of
+    the two. FileExistsError, naming it, for an entry the new report wrote a file of that name
+    for."""
+    for name in names:
+        source, target = old / name, new / name
+        if target.exists() or target.is_symlink():
+            raise FileExistsError(
+                f"{source} is not a file of the previous report (its {RECORD} does not list it), "
+                f"and the new report writes a {name}: move it out of {old} and write the "
+                "report again"
+            )
+        if source.is_dir() and not source.is_symlink():
+            shutil.copytree(source, target, symlinks=True)
+        else:
+            shutil.copy2(source, target, follow_symlinks=False)
 
 
 def hidden_sibling(final: Path, kind: str) -> Path:

@@ -18,8 +18,10 @@ One row per (cell, metric) either run has: committed, rerun, difference (rerun -
 and where each ran (commit, device, threads: `threads` is the rerun's); a metric one run lacks
 has its note ("missing in the rerun"), and so has every row of a cell whose rerun imported other
 plugin code than the cell recorded ("other plugin code: ..."). Timings (`TIMINGS`)
-are machine facts, not results: left out. Two runs at once on one report merge their rows into
-reproduce.csv one after the other (an OS lock). The differences are left to the reader to weigh: a
+are machine facts, not results: left out. Each cell's rows are merged into reproduce.csv as it
+finishes, under an OS lock (`reruns_lock`) that two runs at once and a report rewritten into the
+folder take in turn, so none loses another's rows; SIGINT (Ctrl-C) or SIGTERM loses only the cell
+in progress, and says how many were kept. The differences are left to the reader to weigh: a
 difference within the run-to-run variance across thread counts (reports/thread_variance) is
 noise; one above it has a cause to find.
 """
@@ -31,7 +33,10 @@ import json
 import math
 import os
 import random
+import signal
+import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,6 +49,7 @@ from ablations.grid.plugins import import_plugins, resolve
 from ablations.results.cells_file import CellsFile
 from ablations.run.cell_worker import run_cell
 from ablations.run.provenance import plugin_record, short_record, source_state
+from ablations.run.runner import GridInterrupted
 from ablations.tasks.registry import TASKS
 from attn_zoo.mechanisms.registry import MECHANISMS
 from attn_zoo.registry import unknown_name_error
@@ -110,57 +116,83 @@ def reproduce(
     on_cell: Callable[[int, int, str], None] | None = None,
 ) -> pd.DataFrame:
     """Rerun cells of the report in folder `report` (see the module) and write the comparison to
-    `report`/reproduce.csv (an earlier one's rows kept for the cells not rerun now);
+    `report`/reproduce.csv, each cell's rows as it finishes (an earlier one's rows kept for the
+    cells not rerun now);
     `threads`: the torch threads of every rerun in place of each cell's recorded count (a probe
     of run-to-run variance: rows of other thread counts are kept beside them);
     `on_cell(i, n, cell)` before each cell. The frame (this run's rows) has `COLUMNS`.
     ValueError (before any training) for a report without a cells.csv, a row that is no cell,
     a cell whose mechanism or task is unknown here (`check_names`), keys that are no done cell,
-    or a reproduce.csv that is not one."""
+    or a reproduce.csv that is not one. Stopped by SIGINT or SIGTERM: prints how many cells'
+    rows were kept and raises ablations.run.runner.GridInterrupted (the CLI exits 130 or 143)."""
     cells = CellsFile(report / "cells.csv")
     _earlier(report / FILE)  # refused now, not after the training; read again to merge
     folder = grid_folder(report)
-    rows = chosen_rows(cells.rows(), sample, seed, keys)
-    chosen = [(row, rebuilt_cell(row, folder), thread_count(row, threads)) for row in rows]
+    chosen = [
+        (row, rebuilt_cell(row, folder), thread_count(row, threads))
+        for row in chosen_rows(cells.rows(), sample, seed, keys)
+    ]
     import_plugins(imports, where="--import")
     for row, cell, _ in chosen:
         check_names(row, cell)
     plugins = plugin_record(resolve(imports))
     commit = source_state()["commit"]
+    lines, kept, stops = [], 0, _Stops()
+    try:
+        with stops.installed():
+            for i, (row, cell, count) in enumerate(chosen):  # every row checked first
+                if on_cell is not None:
+                    on_cell(i, len(chosen), str(cell))
+                rows = rerun_rows(row, cell, count, imports, commit, plugins)
+                with stops.held(), reruns_lock(report):  # kept as it finishes, counted
+                    mine = pd.DataFrame(rows, columns=list(COLUMNS))
+                    _write(_merged(_earlier(report / FILE), mine), report / FILE)
+                    lines, kept = lines + rows, kept + 1
+    except KeyboardInterrupt as stop:  # SIGINT, or SIGTERM through `_Stops`
+        signum = getattr(stop, "signum", signal.SIGINT)
+        summary = (
+            f"interrupted ({signal.Signals(signum).name}): the rows of {kept} of "
+            f"{len(chosen)} cells are kept in {report / FILE}; the cell in progress and those "
+            "after it were not rerun"
+        )
+        print(summary, file=sys.stderr, flush=True)
+        raise GridInterrupted(signum, summary, {"done": kept}) from None
+    return pd.DataFrame(lines, columns=list(COLUMNS))
+
+
+def rerun_rows(
+    row: dict, cell: Cell, count: int, imports: Sequence[str], commit: str, plugins: dict
+) -> list[dict]:
+    """The rows (`COLUMNS`) of one cell of `reproduce`: `cell` (of the cells.csv `row`) rerun
+    here with `count` torch threads, the plugin modules `imports` at the source `commit`
+    (`plugins`: their `plugin_record`), one row per metric either run has; one row with its
+    note for a cell not rerun (a GPU cell on a machine without one) or not finished."""
+    recorded = row["environment"] or {}
+    device = str(recorded.get("device") or "cpu")
+    place = dict(key=row["key"], task=cell.task, size=cell.size["label"],
+                 mechanism=cell.mechanism, seed=cell.seed,
+                 committed_commit=recorded.get("commit", "not recorded"), rerun_commit=commit,
+                 committed_device=device, committed_threads=recorded.get("threads", ""),
+                 threads=count)  # fmt: skip
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return [{**place, "rerun_device": "", "note": "not rerun: ran on a GPU"}]
+    outcome = run_cell(cell, count, imports=imports, device=device)
+    where = (outcome.environment or {}).get("device", "")
+    code = other_plugins(recorded, plugins)
+    if outcome.status != "done":
+        error = (outcome.error or "").strip().splitlines()[-1:] or [""]
+        note = _notes(f"rerun {outcome.status}: {error[0]}", code)
+        return [{**place, "rerun_device": where, "note": note}]
     lines = []
-    for i, (row, cell, count) in enumerate(chosen):  # every row checked first
-        if on_cell is not None:
-            on_cell(i, len(chosen), str(cell))
-        recorded = row["environment"] or {}
-        device = str(recorded.get("device") or "cpu")
-        place = dict(key=row["key"], task=cell.task, size=cell.size["label"],
-                     mechanism=cell.mechanism, seed=cell.seed,
-                     committed_commit=recorded.get("commit", "not recorded"), rerun_commit=commit,
-                     committed_device=device, committed_threads=recorded.get("threads", ""),
-                     threads=count)  # fmt: skip
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            lines.append({**place, "rerun_device": "", "note": "not rerun: ran on a GPU"})
-            continue
-        outcome = run_cell(cell, count, imports=imports, device=device)
-        where = (outcome.environment or {}).get("device", "")
-        code = other_plugins(recorded, plugins)
-        if outcome.status != "done":
-            error = (outcome.error or "").strip().splitlines()[-1:] or [""]
-            note = _notes(f"rerun {outcome.status}: {error[0]}", code)
-            lines.append({**place, "rerun_device": where, "note": note})
-            continue
-        for metric, committed, rerun in compared_metrics(row["metrics"], outcome.metrics):
-            gap = rerun - committed if _number(rerun) and _number(committed) else float("nan")
-            missing = "missing in the rerun" if rerun is None else ""
-            if committed is None:
-                missing = "missing in the committed cells.csv"
-            lines.append({**place, "metric": metric, "committed": committed, "rerun": rerun,
-                          "difference": gap, "rerun_device": where,
-                          "note": _notes(missing, code)})  # fmt: skip
-    frame = pd.DataFrame(lines, columns=list(COLUMNS))
-    with _locked(report):  # another reproduce of the report may have written since the start
-        _write(_merged(_earlier(report / FILE), frame), report / FILE)
-    return frame
+    for metric, committed, rerun in compared_metrics(row["metrics"], outcome.metrics):
+        gap = rerun - committed if _number(rerun) and _number(committed) else float("nan")
+        missing = "missing in the rerun" if rerun is None else ""
+        if committed is None:
+            missing = "missing in the committed cells.csv"
+        lines.append({**place, "metric": metric, "committed": committed, "rerun": rerun,
+                      "difference": gap, "rerun_device": where,
+                      "note": _notes(missing, code)})  # fmt: skip
+    return lines
 
 
 def check_names(row: dict, cell: Cell) -> None:
@@ -211,16 +243,69 @@ def _notes(*notes: str) -> str:
 
 
 @contextmanager
-def _locked(report: Path) -> Iterator[None]:
-    """An OS lock on the folder `report` (flock on the folder itself: no file left in the
-    report), held until the block ends or its process dies: two reproduce runs of one report
-    merge their rows into reproduce.csv one after the other, neither losing the other's."""
-    handle = os.open(report, os.O_RDONLY)
+def reruns_lock(report: Path) -> Iterator[None]:
+    """An OS lock (flock) on the folder that holds the report folder `report`, held until the
+    block ends or its process dies: reproduce merges each cell's rows into reproduce.csv under
+    it, and a report written into `report` reads that file and replaces the folder under it
+    (ablations/report/build.py), so that neither loses the other's rows. On the parent, not on
+    `report` itself: a report swaps that folder for a new one (ablations/report/folder.py),
+    which a lock on the old one would not hold. No file is left anywhere."""
+    handle = os.open(report.resolve().parent, os.O_RDONLY)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
     finally:
         os.close(handle)  # closing it releases the lock
+
+
+STOPS = (signal.SIGINT, signal.SIGTERM)  # what stops `reproduce` between two cells' rows
+
+
+class _Stopped(KeyboardInterrupt):
+    """A stop signal (`STOPS`) during the reruns; `signum` says which."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Stops:
+    """SIGINT and SIGTERM while `reproduce` reruns cells (`installed`): either raises `_Stopped`
+    in the main thread, stopping the cell that trains there; in `held()` (a finished cell's
+    rows being written and counted) the stop waits until the block ends. Off the main thread,
+    which cannot set handlers, the signals are left as they are."""
+
+    def __init__(self) -> None:
+        self.holding, self.pending = False, None
+
+    def handle(self, signum: int, frame: object) -> None:
+        if not self.holding:
+            raise _Stopped(signum)
+        self.pending = self.pending or signum
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """The handler set for the block, the handlers there were put back after it."""
+        main = threading.current_thread() is threading.main_thread()
+        previous = {signum: signal.getsignal(signum) for signum in STOPS} if main else {}
+        for signum in previous:
+            signal.signal(signum, self.handle)
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """A stop in the block raises `_Stopped` after it."""
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.pending is not None:
+            raise _Stopped(self.pending)
 
 
 def _earlier(path: Path) -> pd.DataFrame | None:
