@@ -36,10 +36,14 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def cli(grid: Path, *extra: str, path: Path = ROOT) -> subprocess.CompletedProcess:
-    """`attn-zoo ablate run GRID` in a child process with 2 worker processes; `path`: a folder
-    of modules it imports, first on its sys.path (and the workers')."""
-    command = [sys.executable, "-m", "ablations.cli", "ablate", "run", str(grid), "--workers", "2"]
+def cli(
+    grid: Path, *extra: str, path: Path = ROOT, workers: int = 2
+) -> subprocess.CompletedProcess:
+    """`attn-zoo ablate run GRID` in a child process with `workers` worker processes (1: a
+    thread of the child: where the driver's decision is the point, such as whether to resume);
+    `path`: a folder of modules it imports, first on its sys.path (and the workers')."""
+    command = [sys.executable, "-m", "ablations.cli", "ablate", "run", str(grid),
+               "--workers", str(workers)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys([str(path), str(ROOT)]))}
     result = subprocess.run(
         [*command, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
@@ -138,7 +142,7 @@ def test_a_checkpoint_is_not_resumed_after_its_data_file_changed(tmp_path):
                      training=TRAINING)  # fmt: skip
     planted_checkpoint(grid)
     write_boards(tmp_path / "train.npz", 40, seed=1)  # the same shapes, other boards
-    result = cli(grid, "--set", "resume.every_steps=10")
+    result = cli(grid, "--set", "resume.every_steps=10", workers=1)
     assert_trained_from_zero(grid, result, "its data files")
 
 
@@ -158,7 +162,7 @@ def test_a_checkpoint_is_not_resumed_after_its_plugin_changed(tmp_path, edited):
     planted_checkpoint(grid)
     changed = plugin if edited == "the plugin" else helper
     changed.write_text(changed.read_text() + "SCALE = 2.0  # edited after the kill\n")
-    result = cli(grid, "--set", "resume.every_steps=10")
+    result = cli(grid, "--set", "resume.every_steps=10", workers=1)
     assert_trained_from_zero(grid, result, "the plugin files")
 
 
@@ -177,7 +181,7 @@ def test_a_checkpoint_is_not_resumed_after_a_module_of_its_plugin_package_change
     grid.write_text(f'imports = ["{package.name}"]\n' + grid.read_text())
     planted_checkpoint(grid)
     (package / "impl.py").write_text("SCALE = 2.0  # edited after the kill\n")
-    result = cli(grid, "--set", "resume.every_steps=10", path=tmp_path)
+    result = cli(grid, "--set", "resume.every_steps=10", path=tmp_path, workers=1)
     assert_trained_from_zero(grid, result, "the plugin files")
 
 
@@ -200,7 +204,7 @@ def test_a_checkpoint_is_not_resumed_after_an_installed_entry_point_plugin_chang
     grid = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training=TRAINING)
     planted_checkpoint(grid)
     (site / "ep_helper" / "maths.py").write_text("ONE = 2  # edited after the kill\n")
-    result = cli(grid, "--set", "resume.every_steps=10", path=site)
+    result = cli(grid, "--set", "resume.every_steps=10", path=site, workers=1)
     assert_trained_from_zero(grid, result, "the plugin files")
     assert list(the_row(grid)["environment"]["plugins"]) == ["ep_helper (entry point)"]
 

@@ -24,7 +24,7 @@ def test_status_and_report_without_the_plugin_name_the_one_the_store_recorded(tm
     grid = str(
         tiny_grid(tmp_path, mechanisms=[WINDOW], seeds=[0], training={"steps": 4, "eval_every": 2})
     )
-    ran = cli("ablate", "run", grid, "--import", str(PLUGIN))
+    ran = cli("ablate", "run", grid, "--import", str(PLUGIN), "--workers", "1")
     assert ran.returncode == 0, ran.stdout + ran.stderr
     hint = f"(its store's cells were run with plugins: try --import {PLUGIN})"
     for command in (["ablate", "status", grid], ["report", grid, "--out", str(tmp_path / "r")]):

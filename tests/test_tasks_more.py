@@ -370,7 +370,7 @@ def test_grammar_sentence_probability_agrees_with_the_parser(kwargs):
 def test_grammar_prefix_probability_is_the_sum_over_continuations():
     task = build_task("grammar", max_depth=2)
     rules, uniform = grammar(task.recursion_prob), uniforms(torch.Generator().manual_seed(1))
-    for _ in range(40):
+    for _ in range(12):  # sentences: every prefix of each, word by word and letter by letter
         words = [VOCAB[i] for i in task.sentence(rules, uniform)[0]]
         for cut in range(len(words)):  # every prefix within the sentence, the whole excluded
             prefix = words[:cut]
