@@ -1,4 +1,4 @@
-"""The gpu suite (ablations/bench/gpu.py, ablations/bench/suites.py `gpu_rows`): every
+"""The gpu suite (ablations/bench/gpu.py: `gpu_rows`, `bench_gpu`): every
 comparison of issue 41 has its rows; on a machine without CUDA it runs end to end, the rows
 that need a GPU kept in every table with why they were not run; its time budget, with a fake
 clock and with none; a row's failure noted, not fatal."""
@@ -12,15 +12,19 @@ import pytest
 import torch
 
 from ablations.bench import report as report_module
-from ablations.bench.gpu import CausalKernel, Row, Spent, measure_rows, over_budget
-from ablations.bench.measure import Workload
-from ablations.bench.suites import (
-    DEFAULT_LENGTHS,
+from ablations.bench.gpu import (
     GPU_DTYPES,
     GPU_GROUPS,
+    CausalKernel,
+    Row,
+    Spent,
     bench_gpu,
     gpu_rows,
+    measure_rows,
+    over_budget,
 )
+from ablations.bench.measure import Workload
+from ablations.bench.suites import DEFAULT_LENGTHS
 from ablations.cli import main, parser
 
 # Per table, its rows (the baseline first) and those that need what a CPU machine lacks

@@ -22,10 +22,8 @@ prints each table and writes the CSVs and the report it asks for (ablations.benc
 
 from __future__ import annotations
 
-import contextlib
 import re
 import shlex
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +33,7 @@ import pandas as pd
 import torch
 
 from ablations.bench import GPU_BUDGET, SUITES
-from ablations.bench.gpu import PARTS, TARGET_MS, CausalKernel, Row, measure_rows
+from ablations.bench.gpu import GPU_GROUPS, TARGET_MS, bench_gpu
 from ablations.bench.masks import MASKS, MaskedKernel, kept_tiles
 from ablations.bench.measure import (
     Workload,
@@ -43,7 +41,6 @@ from ablations.bench.measure import (
     interleaved_median_ms,
     machine,
     measure,
-    on_cuda,
 )
 from ablations.grid.devices import device_problem
 from ablations.steps import Steps, make_steps
@@ -265,111 +262,6 @@ def bench_mechanisms(
         if backend not in ("flex", "xformers")  # GPU backends: refused on CPU
     ]
     return measure(workloads, lengths, repeats, device, ("standard:sdpa",), memory, progress)
-
-
-GPU_DTYPES = ("bfloat16", "float32")
-GPU_GROUPS = {  # table -> (its baseline row, what it compares)
-    "softmax": ("sdpa", "the softmax kernel, causal, on sdpa (torch SDPA: FlashAttention in "
-                "bfloat16), flex (FlexAttention, compiled) and chunked"),
-    "relational": ("standard_sdpa", "a relational attention layer on the Triton kernel "
-                   "(triton) against standard attention with the same heads on SDPA"),
-    "masks": ("sdpa", "a causal window and documents of 3 windows as mask mods on flex "
-              "(<mask>:flex; it builds the block mask at every call: attn_zoo/kernels/softmax/"
-              "flex.py) and as dense boolean masks on sdpa (<mask>:sdpa, built before timing); "
-              "sdpa: unmasked causal"),
-    "linear": ("sdpa", "causal linear attention (elu + 1 features) on chunked against "
-               "flash-linear-attention's chunk_linear_attn (fla); sdpa: causal softmax"),
-    "gla": ("sdpa", "gated linear attention on chunked against flash-linear-attention's "
-            "chunk_gla (fla); sdpa: causal softmax"),
-}  # fmt: skip
-RECOMPILES = 256  # torch.compile's recompile limit in the gpu suite (flex: once per shape)
-
-
-def gpu_rows(
-    group: str,
-    dtype: str,
-    heads: int = 8,
-    head_dim: int = 64,
-    d_model: int = 512,
-    ra_heads: int = 4,
-    window: int = 64,
-) -> list[Row]:
-    """The rows of the gpu suite's table `group` (GPU_GROUPS) in `dtype`, batch 1: kernels with
-    `heads` heads of width `head_dim`, the relational layers as the relational suite's
-    (d_model, `ra_heads` relational heads), masks of width `window` (ablations.bench.masks)."""
-    if group not in GPU_GROUPS:
-        raise ValueError(f"gpu group {group!r}: valid are {', '.join(GPU_GROUPS)}")
-    if group == "relational":
-        kwargs = dict(d_model=d_model, n_heads=ra_heads, total_n_heads=2 * ra_heads)
-        return [
-            Row(Workload("triton", "mechanism", "relational", kwargs, "triton", symbols=True,
-                         dtype=dtype), "relational", "triton"),
-            Row(Workload("standard_sdpa", "mechanism", "standard", kwargs, "sdpa", dtype=dtype),
-                "softmax", "sdpa"),
-        ]  # fmt: skip
-    causal_kernel = f"{CausalKernel.__module__}.{CausalKernel.__name__}"
-
-    def causal(label: str, kernel: str, backend: str) -> Row:
-        kwargs = dict(d_model=PARTS[kernel] * heads * head_dim, heads=heads, kernel=kernel,
-                      backend=backend)  # fmt: skip
-        workload = Workload(label, "module", causal_kernel, kwargs, dtype=dtype)
-        return Row(workload, "fla" if backend == "fla" else kernel, backend)
-
-    sdpa = causal("sdpa", "softmax", "sdpa")
-    if group == "softmax":
-        return [sdpa, causal("flex", "softmax", "flex"), causal("chunked", "softmax", "chunked")]
-    if group in ("linear", "gla"):
-        return [
-            sdpa,
-            causal(f"{group}:chunked", group, "chunked"),
-            causal(f"{group}:fla", group, "fla"),
-        ]
-    masked = f"{MaskedKernel.__module__}.{MaskedKernel.__name__}"
-    shape = dict(d_model=3 * heads * head_dim, heads=heads, window=window)
-    return [sdpa] + [
-        Row(Workload(f"{mask}:{backend}", "module", masked,
-                     {**shape, "mask": mask, "dense": backend == "sdpa", "backend": backend},
-                     causal=False, dtype=dtype), "softmax", backend)
-        for mask in ("window", "document")
-        for backend in ("flex", "sdpa")
-    ]  # fmt: skip
-
-
-def bench_gpu(
-    lengths: Sequence[int] = (1024, 2048, 4096, 8192, 16384),
-    repeats: int = 5,
-    device: str = "cuda",
-    heads: int = 8,
-    head_dim: int = 64,
-    d_model: int = 512,
-    ra_heads: int = 4,
-    window: int = 64,
-    budget: float = GPU_BUDGET,
-    memory: bool = True,
-    clock: Callable[[], float] = time.monotonic,
-    progress: Steps | None = None,
-) -> dict[tuple[str, str], pd.DataFrame]:
-    """The gpu suite: a table per (group, dtype) of GPU_GROUPS x GPU_DTYPES, bfloat16 first
-    (`gpu_rows`, measured by ablations.bench.gpu.measure_rows), in `budget` seconds on `clock`
-    in all: each table may take the time left over the tables left. On CUDA torch.compile may
-    compile flex RECOMPILES times (once per shape; importing torch._dynamo takes seconds, and
-    flex does not run elsewhere)."""
-    recompiles = contextlib.nullcontext()
-    if on_cuda(device):
-        import torch._dynamo
-
-        recompiles = torch._dynamo.config.patch(recompile_limit=RECOMPILES)
-    plan = [(group, dtype) for dtype in GPU_DTYPES for group in GPU_GROUPS]
-    start, tables = clock(), {}
-    with recompiles:
-        for i, (group, dtype) in enumerate(plan):
-            rows = gpu_rows(group, dtype, heads, head_dim, d_model, ra_heads, window)
-            seconds = (budget - (clock() - start)) / (len(plan) - i)
-            tables[group, dtype] = measure_rows(
-                rows, lengths, repeats, device, GPU_GROUPS[group][0], seconds, clock, memory,
-                progress,
-            )  # fmt: skip
-    return tables
 
 
 GENERATION_MODELS = {  # mechanism -> LanguageModel settings beside the sizes
