@@ -19,8 +19,14 @@ behind (importing it again raises the same error); what a plugin prints as it is
 to stderr, so that a command's stdout is what the command prints (`importing_plugin`). The
 resolved names (`GridSpec.imports`) travel with the cells to the executors' worker processes
 and Ray tasks, which import them before training; each cell records them with their files'
-SHA-256 (ablations.run.provenance). Installed packages need none of this: their entry points
-(group "attn_zoo.plugins") are loaded by every registry (attn_zoo/registry.py).
+SHA-256 (ablations.run.provenance), and its resume checkpoints the files of every module
+loaded from the plugins' folders, however it was imported (`loaded_plugin_files`). A data
+file a plugin reads is its input too, but unseen unless its module declares it:
+
+    ATTN_ZOO_FILES = ["settings.json"]    # beside the module: digested with its code
+
+Installed packages need none of this: their entry points (group "attn_zoo.plugins") are loaded
+by every registry (attn_zoo/registry.py).
 """
 
 from __future__ import annotations
@@ -33,12 +39,15 @@ import importlib.util
 import os
 import sys
 import sysconfig
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from functools import cache
 from pathlib import Path
+from types import ModuleType
 
 import attn_zoo
 from attn_zoo.registry import PluginError, importing_plugin, load_entry_point_plugins
 
+DATA_FILES = "ATTN_ZOO_FILES"  # a plugin module's list of the files it reads (`declared_files`)
 _brought: dict[str, list[str]] = {}  # a plugin (resolved name) -> the modules its import
 # brought into this process (`importing_plugin`)
 
@@ -178,8 +187,10 @@ def plugin_files(name: str) -> list[str]:
     every other module its import brought in (`importing_plugin`: a helper module beside it)
     that is not part of Python, an installed package, attn_zoo or ablations
     (`_library_folders`), and of the modules their code names in an import statement, however
-    late it runs (`_named_imports`). A file's edit then changes the plugin's digest
-    (ablations.run.provenance.plugin_record)."""
+    late it runs (`_named_imports`); then the data files its loaded modules declare
+    (`declared_files`). A file's edit then changes the plugin's digest
+    (ablations.run.provenance.plugin_record); a module it loads another way (importlib in a
+    forward) is digested in its resume checkpoints (`loaded_plugin_files`)."""
     package: list[str] = []
     if is_file(name):
         own = name
@@ -203,7 +214,10 @@ def plugin_files(name: str) -> list[str]:
         if module in package or not file.startswith(library):
             files.add(file)
     files |= _named_imports([own, *files] if own else list(files), library)
-    return ([own] if own else []) + sorted(files - {own})
+    code = ([own] if own else []) + sorted(files - {own})
+    modules = _loaded_modules()
+    data = {path for file in code if file in modules for path in declared_files(modules[file])}
+    return code + sorted(data - set(code))
 
 
 def _named_imports(files: list[str], library: tuple[str, ...]) -> set[str]:
@@ -250,3 +264,85 @@ def _module_files(top: str, folder: Path) -> list[str]:
     if os.path.basename(origin) != "__init__.py":
         return [origin]
     return glob.glob(os.path.join(os.path.dirname(origin), "**", "*.py"), recursive=True)
+
+
+def plugin_folders(names: Iterable[str]) -> list[str]:
+    """The folders that hold plugins `names` (resolved, as `resolve` gives them, or a
+    top-level package's name), sorted: a file's folder, else the folder of the module's
+    top-level module or package (its sys.path entry, where ``importlib.import_module("helper")``
+    finds a module beside it), as imported here; none inside `_library_folders` (an installed
+    package's)."""
+    library = _library_folders()
+    folders = set()
+    for name in names:
+        if is_file(name):
+            found = name
+        else:  # its top-level module as imported here (a namespace package: its folder)
+            module = sys.modules.get(name.split(".")[0])
+            path = list(getattr(module, "__path__", []))
+            found = getattr(module, "__file__", None) or (path[0] if path else None)
+        if not isinstance(found, str) or not os.path.exists(found):  # a built-in module
+            continue
+        found = os.path.realpath(found)
+        top = os.path.dirname(found) if os.path.basename(found) == "__init__.py" else found
+        folder = os.path.dirname(top)  # `top`: a module's file, a package's folder
+        if not os.path.join(folder, "").startswith(library):
+            folders.add(folder)
+    return sorted(folders)
+
+
+def loaded_plugin_files(names: Iterable[str]) -> list[str]:
+    """The files of the modules loaded in this process (sys.modules) that lie in a folder of
+    plugins `names` (`plugin_folders`, or below it) but not in `_library_folders`, however they
+    were imported (``importlib.import_module("helper")`` or ``__import__`` in a forward: code
+    that `plugin_files` cannot see in the plugins' source), and the data files they declare
+    (`declared_files`), sorted. A resume checkpoint holds their digests
+    (ablations.run.resume.loaded_record)."""
+    folders = tuple(os.path.join(folder, "") for folder in plugin_folders(names))
+    library = _library_folders()
+    modules = _loaded_modules()
+    code = [file for file in modules if file.startswith(folders) and not file.startswith(library)]
+    data = {path for file in code for path in declared_files(modules[file])}
+    return sorted(set(code) | data)
+
+
+def declared_files(module: ModuleType) -> list[str]:
+    """The data files that plugin module `module` declares it reads, as real paths: its
+    `DATA_FILES` list, names relative to its file's folder (``ATTN_ZOO_FILES =
+    ["settings.json"]``); digested with its code, so that an edit of one changes the plugin's
+    digest. PluginError naming the module and the entry for one that is not a file."""
+    declared = vars(module).get(DATA_FILES, [])
+    if isinstance(declared, str) or not isinstance(declared, list | tuple):
+        raise PluginError(
+            f"plugin module {module.__name__!r} ({module.__file__}): {DATA_FILES} = "
+            f"{declared!r} is not a list of file names (e.g. {DATA_FILES} = ['settings.json'])"
+        )
+    folder = Path(module.__file__).parent
+    files = []
+    for entry in declared:
+        path = folder / entry if isinstance(entry, str | os.PathLike) else None
+        if path is None or not path.is_file():
+            raise PluginError(
+                f"plugin module {module.__name__!r} ({module.__file__}): {DATA_FILES} names "
+                f"{entry!r}, which is not a file in {folder}; name the files it reads, "
+                f"relative to its folder"
+            )
+        files.append(os.path.realpath(path))
+    return files
+
+
+def _loaded_modules() -> dict[str, ModuleType]:
+    """{real path of its file: module} of the modules loaded in this process from a file (an
+    absolute path: ``torch.ops`` says "_ops.py", which is no file of the working folder)."""
+    modules = list(sys.modules.values())  # any object: None where an import is blocked
+    files = ((getattr(module, "__dict__", {}).get("__file__"), module) for module in modules)
+    return {
+        _real(file): module
+        for file, module in files
+        if isinstance(file, str) and os.path.isabs(file) and os.path.isfile(file)
+    }
+
+
+@cache
+def _real(file: str) -> str:
+    return os.path.realpath(file)

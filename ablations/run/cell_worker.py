@@ -16,7 +16,8 @@ from ablations.grid.cell import Cell
 from ablations.grid.plugins import import_plugins
 from ablations.results.store import error_summary
 from ablations.run.devices import attempted_device
-from ablations.run.resume import ResumePlan, ResumePoint
+from ablations.run.provenance import entry_point_packages
+from ablations.run.resume import ResumePlan, ResumePoint, loaded_record
 from ablations.run.train import CellOutcome, environment, train_cell
 
 
@@ -64,7 +65,10 @@ def run_cell(
     `progress.put(ResumePoint(...))` with each resume checkpoint `resume` asks for (and the
     cell starts from its checkpoint, if any, made from the code and plugins of the plan's
     `sources`, the driver's record: ablations.run.resume); best-effort: a put that fails
-    ends the reporting, never the cell. `CellInterrupted` (not an Exception) passes through."""
+    ends the reporting, never the cell. `CellInterrupted` (not an Exception) passes through.
+    The outcome's environment records, as "loaded_plugin_files", the digests of the files the
+    run's plugins (`_plugins`) loaded by the cell's end, however they were imported
+    (ablations.run.resume.loaded_record)."""
     torch.set_num_threads(threads)
     key = cell.key
 
@@ -91,6 +95,7 @@ def run_cell(
             resume=resume,
             on_checkpoint=lambda step, data: send(ResumePoint(key, step, data)),
         )
+        result.environment["loaded_plugin_files"] = loaded_record(_plugins(imports, resume))
     except Exception:
         setting = cell.training.device
         where = environment(attempted_device(setting, device))
@@ -104,6 +109,15 @@ def run_cell(
         if result.maps.get("error"):
             outcome.maps_error = error_summary(result.maps["error"])
     return outcome
+
+
+def _plugins(imports: Sequence[str], resume: ResumePlan | None) -> list[str]:
+    """The names of the plugins of a cell's run: those of the driver's record, where the
+    resume plan holds it (`ResumePlan.sources`; a thread worker in the driver's process is
+    given no `imports`), else `imports` and the installed entry-point plugins' packages."""
+    if resume is not None and resume.sources is not None:
+        return list(resume.sources["plugins"])
+    return [*imports, *entry_point_packages()]
 
 
 def run_cell_options(device: str | None, resume: ResumePlan | None, ask=None) -> dict:

@@ -9,7 +9,9 @@ which `load_state` checks).
 
 A checkpoint holds the inputs that can change a result besides the cell's config (its `inputs`: the
 digests of the data files the task read and of the plugins' code, torch's global state,
-ablations/run/torch_state.py, and the code's commit) and everything the training loop
+ablations/run/torch_state.py, and the code's commit; and, as it is written, the digests of the
+files of the modules loaded from the plugins' folders by then however they were imported, a
+helper that a forward loads with importlib too: `loaded_record`) and everything the training loop
 (ablations.run.train) carries from one step to the next: the model's weights, the optimizer's and
 LR schedule's state, every random state (torch's CPU generator and the device's, Python's
 `random`, NumPy's, and the generator that draws the batches: the position in the data order) and
@@ -20,14 +22,14 @@ key: how often checkpoints are taken changes no result.
 Its bytes are `MAGIC`, the SHA-256 of the payload, then the payload (torch.save of a dict of
 tensors and plain values, read back with `weights_only=True`). `load_state` trusts only a
 checkpoint whose checksum holds and that was written for the same cell config, from the same
-inputs (a data file or plugin edited since, or another default dtype, would mix two
-trainings under one result), by the same torch and attn_zoo, on the same kind of device, with
-the same torch thread count (`torch.get_num_threads()`), before the cell's last step; it
-raises `ResumeError` (the cell trains from step 0, its note saying which input changed)
-before it changes anything. The thread count changes
-how a CPU sums (a cell checkpointed with 2 threads and resumed with 1 ended with val_loss
-1.6354334, not the uninterrupted 1.6354336), so a checkpoint of another count is not resumed:
-a resumed result is always the uninterrupted one.
+inputs (a data file or plugin edited since, a loaded plugin file edited or gone, or another
+default dtype, would mix two trainings under one result), by the same torch and attn_zoo, on
+the same kind of device, with the same torch thread count (`torch.get_num_threads()`), before
+the cell's last step; it raises `ResumeError` (the cell trains from step 0, its note saying
+which input changed) before it changes anything. The thread count changes how a CPU sums (a
+cell checkpointed with 2 threads and resumed with 1 ended with val_loss 1.6354334, not the
+uninterrupted 1.6354336), so a checkpoint of another count is not resumed: a resumed result is
+always the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ import hashlib
 import io
 import json
 import random
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -44,7 +48,8 @@ from torch import nn
 
 import attn_zoo
 from ablations.grid.cell import Cell
-from ablations.run.provenance import short_record
+from ablations.grid.plugins import loaded_plugin_files
+from ablations.run.provenance import file_sha256, short_record
 
 MAGIC = b"attn_zoo resume checkpoint 2\n"  # 2: with the cell's inputs
 KEYS = ("config", "inputs", "versions", "device_type", "threads", "loop", "model", "optimizer",
@@ -156,7 +161,9 @@ def save_state(
 ) -> bytes:
     """The resume checkpoint of `cell` after step `loop.step`, trained from `inputs` (`INPUTS`:
     {"data": {path: sha256}, "plugins": {name: sha256}, "torch": torch_state(), "code":
-    source_state()}): its bytes (see the module)."""
+    source_state()}) and the plugin files loaded by now (`loaded_record` of the plugins'
+    names, under "loaded"): its bytes (see the module)."""
+    inputs = {**inputs, "loaded": loaded_record(inputs.get("plugins", {}))}
     buffer = io.BytesIO()
     torch.save(
         {
@@ -196,6 +203,32 @@ def _changed_input(recorded: dict, inputs: dict) -> str | None:
     return None
 
 
+def loaded_record(plugins: Iterable[str]) -> dict[str, str]:
+    """{path: SHA-256} of the files that the plugins named `plugins` (resolved imports or
+    top-level packages, as a plugin record names them: "PACKAGE (entry point)",
+    ablations.run.provenance.plugin_record) have loaded in this process by now, and of the data
+    files those declare (ablations.grid.plugins.loaded_plugin_files)."""
+    names = [name.removesuffix(" (entry point)") for name in plugins]
+    return {path: file_sha256(path) for path in loaded_plugin_files(names)}
+
+
+def _changed_loaded(recorded: dict) -> str | None:
+    """How the plugin files a checkpoint recorded as loaded (`loaded_record`) differ from those
+    files now: "the plugin files changed since it was written: scalecfg.py (1a2b3c4d5e6f then,
+    9f8e7d6c5b4a now)", "... (1a2b3c4d5e6f then, missing now)"; None if none did."""
+    differ = []
+    for path, digest in recorded.items():
+        try:
+            now = file_sha256(path)
+        except OSError:  # removed, or no longer readable
+            now = "missing"
+        if now != digest:
+            differ.append(f"{Path(path).name} ({digest[:12]} then, {now[:12]} now)")
+    if differ:
+        return f"{INPUTS['plugins']} changed since it was written: {', '.join(differ)}"
+    return None
+
+
 def _trusted(data: bytes, cell: Cell, model: nn.Module, device: torch.device, inputs: dict) -> dict:
     """The checkpoint in `data` once every check of the module's holds; else ResumeError."""
     if not data.startswith(MAGIC):
@@ -214,7 +247,9 @@ def _trusted(data: bytes, cell: Cell, model: nn.Module, device: torch.device, in
         raise ResumeError(f"unreadable: {type(err).__name__}: {first}") from None
     if state["config"] != _config(cell):
         raise ResumeError("written for another cell config")
-    changed = _changed_input(json.loads(state["inputs"]), json.loads(json.dumps(inputs)))
+    recorded = json.loads(state["inputs"])
+    changed = _changed_input(recorded, json.loads(json.dumps(inputs)))
+    changed = changed or _changed_loaded(recorded.get("loaded", {}))
     if changed is not None:
         raise ResumeError(changed)
     here = {"versions": _versions(), "device_type": device.type, "threads": torch.get_num_threads()}
