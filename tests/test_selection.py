@@ -358,7 +358,9 @@ def test_a_report_names_settings_alike_for_cells_stored_and_cells_not_run(tmp_pa
 
 
 def test_steps_an_epoch_count_resolves_to_are_not_an_axis(tmp_path):
-    path = tiny_grid(tmp_path, seeds=[0], mechanisms=[STD], training={"epochs": 2})
+    path = tiny_grid(
+        tmp_path, seeds=[0], mechanisms=[STD], training={"epochs": 2, "warmup_steps": 0}
+    )
     text = path.read_text().replace("steps = 20\n", "")  # epochs instead of steps
     path.write_text(text + "[sweep]\ntask_kwargs.n_train = [64, 128]\n")
     store = ResultsStore(tmp_path / "tiny.sqlite")
@@ -370,8 +372,10 @@ def test_steps_an_epoch_count_resolves_to_are_not_an_axis(tmp_path):
 
 
 def swept_grid(tmp_path, sweep_and_selection: str):
-    """The tiny grid (2 seeds, 10 steps) with `sweep_and_selection` (TOML) appended, trained."""
-    path = tiny_grid(tmp_path, seeds=[0, 1], training={"steps": 10, "eval_every": 5})
+    """The tiny grid (2 seeds, 10 steps, warmed up over 9: cells that learn a little, each
+    seed its own amount) with `sweep_and_selection` (TOML) appended, trained."""
+    training = {"steps": 10, "eval_every": 5, "warmup_steps": 9}
+    path = tiny_grid(tmp_path, seeds=[0, 1], training=training)
     path.write_text(path.read_text() + sweep_and_selection)
     spec = load_grid(path)
     run_grid(spec, workers=1)

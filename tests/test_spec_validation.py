@@ -454,9 +454,10 @@ def test_ablate_run_exit_status_and_stderr_from_the_command_line(tmp_path):
     assert not (tmp_path / "out").exists() and not (tmp_path / "results").exists()
 
 
-# Keys of the cells of tests/grids.py's tiny grid as stores written before the added training
-# keys (epochs, patience, device, precision, compile) and [resources] hold them.
-TINY_KEYS = ["9d8cd390b825c377", "8546a34f940fe71e", "aa4fa11bfa2d53d1", "af7175b40bd1dd6f"]
+# Keys of the cells of tests/grids.py's tiny grid (20 steps, warmup unset: 2 since 2026-11-29,
+# 50 before, longer than the training) without the added training keys (epochs, patience,
+# device, precision, compile) and [resources].
+TINY_KEYS = ["994bd82cb9d2b243", "7b6e31739905437a", "a00d1302f4815b23", "67d3d9df4ac327c3"]
 
 
 def test_added_keys_keep_the_cell_keys_of_existing_grids_unless_set_otherwise(tmp_path):
@@ -474,7 +475,9 @@ def test_added_keys_keep_the_cell_keys_of_existing_grids_unless_set_otherwise(tm
 
 def test_epochs_resolve_to_steps_per_task_and_batch_size(tmp_path):
     tasks = [SAME_PAIR, {"name": "same_pair", "label": "default_size"}]  # n_train 128; 2000
-    path = tiny_grid(tmp_path, tasks=tasks, mechanisms=[STD], seeds=[0])
+    path = tiny_grid(
+        tmp_path, tasks=tasks, mechanisms=[STD], seeds=[0], training={"warmup_steps": 0}
+    )
     text = path.read_text().replace("steps = 20", "epochs = 3")
     spec = load_grid(write(tmp_path, text, "epochs.toml"), ["training.batch_size=30"])
     assert spec.training.epochs == 3

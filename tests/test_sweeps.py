@@ -71,18 +71,24 @@ def test_a_mechanism_sweep_replaces_the_grid_sweep_of_its_key_and_beats_fixed_va
 
 
 def test_steps_and_epochs_are_one_setting_across_levels(tmp_path):
-    rel = {**REL, "training": {"epochs": 2}}  # the grid says steps = 20
+    rel = {**REL, "training": {"epochs": 2, "warmup_steps": 1}}  # the grid says steps = 20
     cells = load_grid(grid(tmp_path, mechanisms=[STD, rel], seeds=[0])).cells
     by = {c.mechanism: c.config()["training"] for c in cells}  # as each is keyed
     assert by["std"]["steps"] == 20 and "epochs" not in by["std"]
     assert by["rel"]["epochs"] == 2 and by["rel"]["steps"] == 2 * 128 // 16  # n_train 128
-    swept = grid(tmp_path, "[sweep]\ntraining.epochs = [1, 3]\n", seeds=[0], file="e.toml")
+    swept = grid(
+        tmp_path,
+        "[sweep]\ntraining.epochs = [1, 3]\n",
+        seeds=[0],
+        file="e.toml",
+        training={"warmup_steps": 0},
+    )
     assert sorted({c.training.steps for c in load_grid(swept).cells}) == [8, 24]
 
 
 def test_a_task_kwarg_sweep_resolves_epochs_per_training_set_size(tmp_path):
     path = grid(tmp_path, "[sweep]\ntask_kwargs.n_train = [64, 256]\n", seeds=[0],
-                training={"epochs": 1})  # fmt: skip
+                training={"epochs": 1, "warmup_steps": 0})  # fmt: skip
     path.write_text(path.read_text().replace("steps = 20\n", ""))
     cells = load_grid(path).cells
     assert {(c.task_kwargs["n_train"], c.training.steps) for c in cells} == {(64, 4), (256, 16)}

@@ -219,7 +219,9 @@ def test_patience_counts_evaluations_since_the_best_not_since_the_first():
 
 
 def test_a_cell_of_epochs_trains_its_resolved_steps(tmp_path):
-    path = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0])  # n_train 128, batch_size 16
+    path = tiny_grid(
+        tmp_path, mechanisms=[STD], seeds=[0], training={"warmup_steps": 0}
+    )  # n_train 128, batch_size 16
     path.write_text(path.read_text().replace("steps = 20", "epochs = 2"))
     (two_epochs,) = load_grid(path).cells
     assert two_epochs.training.steps == 2 * 8

@@ -70,7 +70,10 @@ def _valid(schema: type[Table], name: str) -> str:
 
 
 def _default(info: FieldInfo) -> str:
-    """A field's default as a grid file would write it; "required" where it has none."""
+    """A field's default as a grid file would write it; "computed" where a function of the
+    other settings gives it; "required" where it has none."""
+    if info.default_factory is not None:
+        return "computed (see valid values)"
     if info.default is PydanticUndefined:
         return "required"
     if isinstance(info.default, Table):

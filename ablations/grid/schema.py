@@ -107,7 +107,14 @@ def resource(valid: str, ok: Callable[[float], bool]) -> object:
     )
 
 
-Label = rule(StrictStr, "a non-empty str", lambda v: v != "")
+# A label names a row of the report: no whitespace around it, which would read the same
+# ("std" and "std "); labels of one kind also differ after Unicode NFC normalisation
+# (ablations/grid/validate.py: check_entries)
+Label = rule(
+    StrictStr,
+    "a non-empty str without leading or trailing whitespace",
+    lambda v: v != "" and v == v.strip(),
+)
 # A grid name names files (results/<name>.sqlite, reports/<name>/): no path, no hidden file
 Name = rule(
     StrictStr,
@@ -188,6 +195,21 @@ class SizeEntry(ModelOptions):
     n_layers: whole(1, high=1024)
 
 
+WARMUP = 50  # training.warmup_steps where unset and training.steps > 50
+
+
+def default_warmup(settings: dict) -> int:
+    """training.warmup_steps where unset, from the settings validated before it: 50 where
+    steps > 50, else a tenth of the steps (as 50 is of the default 500), so that the lr
+    reaches training.lr before the last step. 50, not a tenth, beyond 50 steps keeps the keys
+    of the cells of every grid that left it unset (ablations/grid/cell.py keys a cell by its
+    resolved settings). Where epochs are set, steps are their default 500 here: 50, and
+    ablations/grid/validate.py's check_warmup refuses it where the epochs' steps are no more,
+    as it refuses any warmup as long as a stage of a teacher's cell."""
+    steps = settings["steps"]
+    return WARMUP if steps > WARMUP else steps // 10
+
+
 class TrainingSettings(Table):
     """[training]: every training key with its range and default (the only source of them).
     Frozen: a cell's settings (`Cell.training`) are read as attributes, `cell.training.lr`."""
@@ -200,7 +222,11 @@ class TrainingSettings(Table):
     lr: finite("> 0 and < 3.4e38 (a float32)", lambda v: 0 < v < 3.4e38) = 1e-3
     weight_decay: finite(">= 0", lambda v: v >= 0) = 0.01
     betas: Betas = [0.9, 0.999]  # AdamW's (beta1, beta2)
-    warmup_steps: whole(0) = 50
+    warmup_steps: whole(
+        0,
+        "int >= 0, below each cell's steps (each stage's, with a teacher; 1 is no warmup); "
+        "unset: 50 where steps > 50 (or epochs are set), else steps // 10",
+    ) = Field(default_factory=default_warmup)
     schedule: choice(SCHEDULES) = "cosine"
     grad_clip: finite(">= 0 (the gradient-norm bound; 0: no clipping)", lambda v: v >= 0) = 1.0
     eval_every: whole(1) = 50

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import sys
+import unicodedata
 from types import UnionType
 from typing import Annotated, Union, get_args, get_origin, get_type_hints
 
@@ -42,6 +43,7 @@ from ablations.grid.schema import (
     Valid,
     higher_is_better,
 )
+from ablations.grid.teacher import has_teacher
 from ablations.tasks import build_task, task_arguments
 from ablations.tasks.registry import locate_files
 from attn_zoo.mechanisms.registry import MECHANISMS
@@ -217,9 +219,10 @@ def check_sweep(path, where: str, sweep: Sweep, entries: list[TaskEntry]) -> Non
 
 
 def check_entries(path, key: str, entries: list[TaskEntry | SizeEntry]) -> None:
-    """Labels (defaulting to the name) unique; kwargs keys of tasks and mechanisms known;
+    """Labels (defaulting to the name) unique, also in Unicode NFC normal form (a "café" of
+    one code point and one of two read the same); kwargs keys of tasks and mechanisms known;
     their training (steps or epochs) and sweeps valid."""
-    taken: dict[str, int] = {}
+    taken: dict[str, tuple[int, str]] = {}  # NFC label -> (index, label as written)
     for i, entry in enumerate(entries):
         where = f"{key}[{i}]"
         if isinstance(entry, TaskEntry):
@@ -231,12 +234,18 @@ def check_entries(path, key: str, entries: list[TaskEntry | SizeEntry]) -> None:
                 check_keys(path, f"{where}.kwargs.", entry.kwargs, valid, what)
             check_length(path, f"{where}.training", entry.training)
             check_sweep(path, f"{where}.sweep", entry.sweep, [entry])
-        if entry.label in taken:
+        normal = unicodedata.normalize("NFC", entry.label)
+        if normal in taken:
+            first, label = taken[normal]
+            how = "" if label == entry.label else (
+                f" = {label!r}, the same text in Unicode NFC ({ascii(entry.label)} and "
+                f"{ascii(label)})"
+            )  # fmt: skip
             raise SpecError(
-                f"{path}: {where}.label = {entry.label!r} repeats {key}[{taken[entry.label]}]"
-                f".label; labels must be unique within {key} (a label defaults to the name)"
+                f"{path}: {where}.label = {entry.label!r} repeats {key}[{first}].label{how}; "
+                f"labels must be unique within {key} (a label defaults to the name)"
             )
-        taken[entry.label] = i
+        taken[normal] = (i, entry.label)
 
 
 def check_length(path, where: str, training: TrainingSettings) -> None:
@@ -247,6 +256,55 @@ def check_length(path, where: str, training: TrainingSettings) -> None:
             f"{given['steps']!r} are both set; set exactly one of them (an epoch is "
             f"ceil(n_train / batch_size) steps)"
         )
+
+
+def _stages(cell: Cell) -> list[tuple[int, str]]:
+    """The steps of each stage `cell` trains in, each warming up anew (ablations/run/train.py:
+    stage_lr_factor; a teacher's cell: attention transfer, then finetuning), and what sets
+    them; stages of no step left out (ablations/grid/teacher.py refuses those)."""
+    training = cell.training
+    steps = f"training.steps = {training.steps}"
+    if training.epochs is not None:
+        per_epoch = training.steps // training.epochs
+        steps = f"training.epochs = {training.epochs} ({per_epoch} steps an epoch)"
+    if not has_teacher(cell.size):
+        return [(training.steps, steps)]
+    transfer, finetune = cell.size.get("transfer_steps", 0), cell.size.get("finetune", "all")
+    stages = [(transfer, f"model.transfer_steps = {transfer} (attention transfer)")]
+    if finetune != "none":
+        rest = f"{steps} less model.transfer_steps = {transfer}" if transfer else steps
+        stages.append((training.steps - transfer, f"{rest} (finetune {finetune!r})"))
+    return [(length, what) for length, what in stages if length >= 1]
+
+
+def check_warmup(path, cells: list[Cell]) -> None:
+    """Each cell's warmup ends before its training does: training.warmup_steps below the
+    steps of each stage it trains in (`_stages`), else its lr reaches training.lr only at the
+    last step, or never (ablations/run/train.py: lr_factor). A warmup of 1 step is none: its
+    one step is at the full lr."""
+    for cell in cells:
+        warmup = cell.training.warmup_steps
+        if "training.warmup_steps" in cell.swept:
+            origin = "swept"
+        elif "warmup_steps" in cell.training.model_fields_set:
+            origin = "set in [training], the task's or mechanism's training, or by --set"
+        else:
+            origin = (
+                "unset: its default, 50 where training.steps > 50 or epochs are set, else "
+                "steps // 10, for the whole training"
+            )
+        for length, what in _stages(cell):
+            if warmup > 1 and warmup >= length:
+                lr = f"training.lr = {cell.training.lr:g}"
+                when = f"reach {lr} only at its last step" if warmup == length else (
+                    f"never reach {lr}"
+                )  # fmt: skip
+                where = ", ".join(f"{key} {value!r}" for key, value in cell.labels.items())
+                raise SpecError(
+                    f"{path}: training.warmup_steps = {warmup} ({origin}) is not below the "
+                    f"{length} steps of {what} in the cell of {where}: its lr would {when}. "
+                    f"Valid: training.warmup_steps < {length} (0: no warmup), or more steps"
+                )
 
 
 def check_training(path, cells: list[Cell]) -> None:
@@ -360,7 +418,9 @@ def checked_task(path, label: str, name: str, kwargs: dict):
 def check_builds(path, cells: list[Cell]) -> None:
     """Build each task with its kwargs, each (mechanism, size) as one attention layer, then
     each distinct model (cheap: no data, no training), turning any exception into a SpecError
-    blaming the task, the mechanism, or the model options."""
+    blaming the task, the mechanism, or the model options; each cell's warmup first
+    (`check_warmup`, cheap)."""
+    check_warmup(path, cells)
     tasks, layers, models = {}, set(), set()
     with torch.random.fork_rng(devices=[]):  # leave the global RNG as it was
         for cell in cells:
