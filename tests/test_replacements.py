@@ -154,7 +154,7 @@ def test_replacements_run_from_the_command_line_with_two_workers_and_report(teac
         ({"d_model": 32}, TEACHER, ["d_model = 32, the teacher's hidden_size is 16"]),
         ({}, {**TEACHER, "kwargs": {"n_heads": 4}}, ["n_heads = 4: the teacher's"]),
         ({}, {**LINEAR, "model": {"transfer_steps": 6}}, ["leaves no step"]),
-        ({}, {**TEACHER, "model": {"transfer_steps": 2}}, ["keeps the teacher's attention"]),
+        ({}, {**TEACHER, "model": {"transfer_steps": 3}}, ["keeps the teacher's attention"]),
         ({"teacher": None, "transfer_steps": 2}, TEACHER, ["set model.teacher"]),
     ],
     ids=[
