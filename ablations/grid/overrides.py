@@ -183,8 +183,7 @@ def _check_sweep_not_replaced(grid: GridFile, item: str, steps: list, value: obj
                 if isinstance(inner, dict) for key, values in inner.items()}  # fmt: skip
     else:
         return
-    below = ["mechanisms"] if table == "tasks" else ["tasks", "mechanisms"]
-    for other in below:
+    for other in _levels_below(table, ["tasks", "mechanisms"]):
         for i, entry in enumerate(getattr(grid, other)):
             theirs = flat_sweep(entry.sweep)
             found = next((k for k in mine if k in theirs and theirs[k] != mine[k]), None)
@@ -195,6 +194,12 @@ def _check_sweep_not_replaced(grid: GridFile, item: str, steps: list, value: obj
                     f"sweep of a key replaces the grid's, a mechanism's a task's); to sweep it "
                     f"there too, add --set '{other}[{i}].sweep.{found}={_toml_text(mine[found])}'"
                 )
+
+
+def _levels_below(table: str | None, order: list[str]) -> list[str]:
+    """The entry tables of `order` (least to most specific) more specific than `table`: every
+    one of them for the grid's own tables (`table` None or not in `order`)."""
+    return order[order.index(table) + 1 :] if table in order else order
 
 
 def _setting_around(steps: list[str | int]) -> list[str | int] | None:
@@ -220,8 +225,7 @@ def _check_not_fixed_below(grid: GridFile, what: str, steps: list, value: object
         return  # a task's or mechanism's kwargs: no level below it
     names = LENGTH if section == "training" and name in LENGTH else (name,)
     order = ["sizes", "tasks", "mechanisms"] if section == "model" else ["tasks", "mechanisms"]
-    below = order[order.index(table) + 1 :] if table in order else order
-    for other in below:
+    for other in _levels_below(table, order):
         for i, entry in enumerate(getattr(grid, other)):
             fixed = entry if other == "sizes" else getattr(entry, section)
             set_here = fixed.model_dump(exclude_unset=True)
