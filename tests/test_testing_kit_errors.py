@@ -7,7 +7,9 @@ import re
 
 import pytest
 import torch
-from hypothesis import find
+from hypothesis import find, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
 
 from attn_zoo.kernels.softmax.naive import naive
 from attn_zoo.testing import (
@@ -201,3 +203,29 @@ def test_a_constant_output_passes_where_every_gradient_is_zero():
         AttentionProblem(k_len=0), backends=[], kernels={"mine": zeros_without_keys}
     )
     assert report == {"mine": "ok"}
+
+
+# --- a check that compares nothing is no pass (the sixth hostile pass) ---------------------
+
+
+def test_asking_to_check_nothing_is_refused_before_any_work():
+    """backends=[] and no kernels returned {}: a test that could not fail."""
+    with pytest.raises(ValueError, match=r"backends=\[\] and no kernels: nothing to check"):
+        assert_backends_agree(AttentionProblem(), backends=[])
+
+
+def test_a_call_whose_every_kernel_is_skipped_fails_naming_why():
+    """A kernel not declaring score_mod, on a problem with one and no backend beside it,
+    returned {'mine': 'skipped: ...'}; now nothing compared is an AssertionError, and under
+    @given such a problem is rejected (another is drawn)."""
+    problem = AttentionProblem(score_mod="relative_bias")
+    with pytest.raises(AssertionError, match=r"nothing was compared on this problem: mine "):
+        assert_backends_agree(problem, backends=[], kernels={"mine": always_123})
+
+    @given(st.just(problem))
+    @settings(database=None, max_examples=5)
+    def every_draw_skipped(p):
+        assert_backends_agree(p, backends=[], kernels={"mine": always_123})
+
+    with pytest.raises(Unsatisfiable):
+        every_draw_skipped()

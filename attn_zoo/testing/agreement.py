@@ -25,6 +25,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+from hypothesis import reject
+from hypothesis.control import currently_in_test_context
 
 from attn_zoo.kernels.dispatch import family
 from attn_zoo.testing.problems import check_names, torch_threads
@@ -232,6 +234,11 @@ def _agree(
     check_names("kernel_features", kernel_features, declared)
     if backends is not None:
         check_names("backends", backends, ["auto", *fam.names()])
+        if not backends and not kernels:
+            raise ValueError(
+                "backends=[] and no kernels: nothing to check (name backends, pass kernels, "
+                "or leave backends unset for every registered one that serves the problem)"
+            )
     dtype = problem.dtype
     on = torch.empty(0, device=device).device  # "cuda" -> cuda:0, as tensors report it
 
@@ -284,6 +291,15 @@ def _agree(
         else:
             chosen = fam.select(name, call) if backends is not None else registered
             to_check[name] = (chosen.fn, chosen.capabilities.features)
+
+    if not to_check:  # every kernel asked for was skipped: a check that could not fail
+        if currently_in_test_context():
+            reject()  # under @given: another problem is drawn (all rejected: Unsatisfiable)
+        raise AssertionError(
+            "nothing was compared on this problem: "
+            + "; ".join(f"{name} {why}" for name, why in report.items())
+            + f"\nProblem: {problem!r}"
+        )
 
     def fail(name: str, what: str, failures: list[str]):
         raise AssertionError(
