@@ -91,7 +91,24 @@ def test_labels_that_differ_only_in_unicode_normal_form_are_refused(tmp_path, ki
     assert NFC != NFD
     path = tiny_grid(tmp_path, **{kind: ENTRIES[kind](NFC, NFD)})
     assert_refused(path, [f"{kind}[1].label = {NFD!r} repeats {kind}[0].label = {NFC!r}",
-                          r"Unicode NFC ('cafe\u0301' and 'caf\xe9')"])  # fmt: skip
+                          r"Unicode NFKC ('cafe\u0301' and 'caf\xe9')"])  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ENTRIES)
+def test_a_full_width_label_is_the_same_label(tmp_path, kind):
+    """The sixth pass: "std" and "ｓtd" (a full-width s, the same under NFKC) were two rows
+    that read alike."""
+    path = tiny_grid(tmp_path, **{kind: ENTRIES[kind]("std", "\uff53td")})
+    assert_refused(path, [f"{kind}[1].label = '\uff53td' repeats {kind}[0].label = 'std'"])
+
+
+@pytest.mark.parametrize("kind", ENTRIES)
+@pytest.mark.parametrize("label", ["std\u200b", "s\u200dtd", "std\x07"])
+def test_labels_with_invisible_characters_are_refused(tmp_path, kind, label):
+    """The sixth pass: "std\u200b" (a zero-width space) read as "std" in the report."""
+    path = tiny_grid(tmp_path, **{kind: ENTRIES[kind]("std", label)})
+    assert_refused(path, [f"{kind}[1].label = {label!r} must be a non-empty str without "
+                          "leading or trailing whitespace or invisible"])  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", ENTRIES)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -107,13 +108,16 @@ def resource(valid: str, ok: Callable[[float], bool]) -> object:
     )
 
 
-# A label names a row of the report: no whitespace around it, which would read the same
-# ("std" and "std "); labels of one kind also differ after Unicode NFC normalisation
-# (ablations/grid/validate.py: check_entries)
+# A label names a row of the report: no whitespace around it and no invisible character in
+# it, which would read the same ("std", "std " and "std\u200b"); labels of one kind also differ
+# after Unicode NFKC normalisation (ablations/grid/validate.py: check_entries)
 Label = rule(
     StrictStr,
-    "a non-empty str without leading or trailing whitespace",
-    lambda v: v != "" and v == v.strip(),
+    "a non-empty str without leading or trailing whitespace or invisible (format or control) "
+    "characters",
+    lambda v: (
+        v != "" and v == v.strip() and not any(unicodedata.category(c) in ("Cf", "Cc") for c in v)
+    ),
 )
 # A grid name names files (results/<name>.sqlite, reports/<name>/): no path, no hidden file
 Name = rule(

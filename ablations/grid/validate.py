@@ -219,10 +219,11 @@ def check_sweep(path, where: str, sweep: Sweep, entries: list[TaskEntry]) -> Non
 
 
 def check_entries(path, key: str, entries: list[TaskEntry | SizeEntry]) -> None:
-    """Labels (defaulting to the name) unique, also in Unicode NFC normal form (a "café" of
-    one code point and one of two read the same); kwargs keys of tasks and mechanisms known;
-    their training (steps or epochs) and sweeps valid."""
-    taken: dict[str, tuple[int, str]] = {}  # NFC label -> (index, label as written)
+    """Labels (defaulting to the name) unique, also in Unicode NFKC normal form (a "café" of
+    one code point and one of two read the same, as do "std" and its full-width "ｓtd");
+    kwargs keys of tasks and mechanisms known; their training (steps or epochs) and sweeps
+    valid."""
+    taken: dict[str, tuple[int, str]] = {}  # NFKC label -> (index, label as written)
     for i, entry in enumerate(entries):
         where = f"{key}[{i}]"
         if isinstance(entry, TaskEntry):
@@ -234,11 +235,11 @@ def check_entries(path, key: str, entries: list[TaskEntry | SizeEntry]) -> None:
                 check_keys(path, f"{where}.kwargs.", entry.kwargs, valid, what)
             check_length(path, f"{where}.training", entry.training)
             check_sweep(path, f"{where}.sweep", entry.sweep, [entry])
-        normal = unicodedata.normalize("NFC", entry.label)
+        normal = unicodedata.normalize("NFKC", entry.label)
         if normal in taken:
             first, label = taken[normal]
             how = "" if label == entry.label else (
-                f" = {label!r}, the same text in Unicode NFC ({ascii(entry.label)} and "
+                f" = {label!r}, the same text in Unicode NFKC ({ascii(entry.label)} and "
                 f"{ascii(label)})"
             )  # fmt: skip
             raise SpecError(
