@@ -19,6 +19,7 @@ from attn_zoo.kernels.softmax.mods import (
     and_masks,
     build_mod,
     check_pointwise,
+    mod_key,
     not_mask,
     or_masks,
     shift_queries,
@@ -123,7 +124,8 @@ def test_every_library_mod_is_pointwise_and_chunked_serves_naives_attention(name
 
 def test_the_check_runs_once_per_mod_and_shape(monkeypatch):
     """Counted by the probe's tiles: a mod rebuilt for every call (as a mechanism's) has the
-    same key; longer sequences use the same probe; another mod or batch is probed again."""
+    same key; longer sequences use the same probe (from 64 queries and 513 keys on); another
+    mod or batch is probed again; a mod without a key at every call."""
     probes = []
     tiles = mods_module.probe_tiles
     monkeypatch.setattr(mods_module, "probe_tiles", lambda n, m: probes.append(1) or tiles(n, m))
@@ -133,19 +135,77 @@ def test_the_check_runs_once_per_mod_and_shape(monkeypatch):
         window = build_mod({"name": "sliding_window", "window": 21})
         softmax_attention(q, k, v, backend=backend, mask_mod=window)
     assert len(probes) == 1
-    long = qkv(n=N)
+    long = qkv(n=600)
     softmax_attention(*long, backend="chunked", mask_mod=window)
-    assert len(probes) == 1  # 80 and 300 queries: the same probe of 64
+    assert len(probes) == 2  # 80 and 600 keys: probes of 80 and 513 keys
+    softmax_attention(*qkv(n=700), backend="chunked", mask_mod=window)
+    assert len(probes) == 2  # 600 and 700 queries and keys: the same probe of 64 x 513
     prefix = build_mod({"name": "prefix_lm", "prefix": 3})
     softmax_attention(*long, backend="chunked", mask_mod=prefix)
-    assert len(probes) == 2
-    softmax_attention(*(t.expand(2, -1, -1, -1) for t in long), backend="chunked", mask_mod=window)
     assert len(probes) == 3
-    table = torch.randn(KEY_ELEMENTS + 1)  # more than mod_key keys by content: by identity
+    softmax_attention(*(t.expand(2, -1, -1, -1) for t in long), backend="chunked", mask_mod=window)
+    assert len(probes) == 4
+    table = torch.randn(KEY_ELEMENTS + 1)  # more than mod_key keys by content: no key
 
     def big_bias(score, b, h, q_idx, kv_idx):
         return score + table[(q_idx - kv_idx).abs()]
 
     for _ in range(3):
         softmax_attention(q, k, v, backend="chunked", score_mod=big_bias)
-    assert len(probes) == 4
+    assert len(probes) == 4 + 3 * 2  # each call: the family's check and chunked's own
+
+
+def topk_score(k: int, fill: float):
+    """Top-k sparse attention: each query's k highest scores kept, the others set to `fill`."""
+
+    def topk(score, b, h, q_idx, kv_idx):
+        kth = score.topk(min(k, score.shape[-1]), dim=-1).values[..., -1:]
+        return score.masked_fill(score < kth, fill)
+
+    topk.__name__ = f"top{k}"
+    return topk
+
+
+def test_a_mod_masking_with_minus_infinity_is_compared_exactly_there():
+    """Before: the tolerance 256 eps (1 + |want|) was infinite where the whole gave -inf, so a
+    top-4 mod filling -inf passed (a tile keeping a score the whole masked counted as equal)
+    while the same mod filling -1e9 was refused."""
+    mods_module._POINTWISE.clear()
+    with pytest.raises(ValueError, match=r"score_mod top4 is not pointwise: .* values differ"):
+        check_pointwise(
+            "score_mod", topk_score(4, float("-inf")), (1, 2, 64, 64), torch.float64, "cpu"
+        )
+
+
+def test_a_top_k_mod_keeping_more_keys_than_a_small_probe_is_refused():
+    """Before: the probe had 64 keys, so a top-64 mod kept every key of every tile and passed
+    (cached for every M); at 512 keys chunked (top 64 of each 256-key tile) was 0.25 off naive."""
+    q, k, v = qkv(n=512)
+    for backend in ("naive", "chunked"):
+        with pytest.raises(ValueError, match=rf"score_mod top64 is not pointwise: .*{CONTRACT}"):
+            softmax_attention(q, k, v, backend=backend, score_mod=topk_score(64, -1e9))
+
+
+def test_a_mod_without_a_key_is_probed_again_when_what_it_reads_changes():
+    """Before: a mod reading a plain object's attribute (no mod_key) was cached by its id, so
+    a pass while it was pointwise stood after the attribute made it a top-4 mod."""
+
+    class Config:
+        topk = None
+
+    config = Config()
+    top4 = topk_score(4, -1e9)
+
+    def maybe_top4(score, b, h, q_idx, kv_idx):
+        return score if config.topk is None else top4(score, b, h, q_idx, kv_idx)
+
+    check_pointwise("score_mod", maybe_top4, (1, 2, 64, 64), torch.float64, "cpu")
+    config.topk = 4
+    with pytest.raises(ValueError, match=r"score_mod maybe_top4 is not pointwise"):
+        check_pointwise("score_mod", maybe_top4, (1, 2, 64, 64), torch.float64, "cpu")
+
+
+@pytest.mark.parametrize("name", sorted(library_mods(4)))
+def test_every_library_mod_has_a_key_so_its_check_is_cached(name):
+    """A mod without a key is probed at every call: none of the library's may pay that."""
+    assert mod_key(library_mods(4)[name], []) is not None

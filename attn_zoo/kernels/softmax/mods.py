@@ -13,9 +13,10 @@ indices b, h, i, j and the tensors it reads, never on the shape of the tile it i
 calls it on the whole (N, M), chunked per tile, blocks.py per query tile) nor on the other
 scores there (top-k, a softmax over keys, "the last 32 keys" read from kv_idx.shape). Naive
 and chunked (and the materialised mask of the others) check it before serving a call,
-`check_pointwise`: the mod on a drawn problem of up to `PROBE` queries and keys, whole and in
-tiles of other shapes, must agree, else ValueError naming the mod and the difference; once per
-mod and shape (cached under `mod_key`). What a mod returns is checked where it is called, and
+`check_pointwise`: the mod on a drawn problem of up to `PROBE` queries and `PROBE_KEYS` keys,
+whole and in tiles of other shapes (chunked's key tiles among them), must agree, else
+ValueError naming the mod and the difference; once per mod and shape (cached under `mod_key`;
+a mod without one is probed at every call). What a mod returns is checked where it is called, and
 anything else is refused (ValueError naming the mod, what it returned and what is valid):
 
     score_mod: a float tensor of its score's shape (B, H, N, M)
@@ -474,7 +475,11 @@ def _names(code: types.CodeType) -> list[str]:
     return [*code.co_names, *(name for c in nested for name in _names(c))]
 
 
-PROBE = 64  # the most queries and keys `check_pointwise` evaluates a mod on
+PROBE = 64  # the most queries `check_pointwise` evaluates a mod on
+KEY_TILE = 256  # the widest key tile a backend gives a mod (chunked.py: BLOCK; flex: 128)
+# The most keys it evaluates a mod on: more than two key tiles, so that a tile never holds every
+# key of the whole (a top-k mod with k up to KEY_TILE keeps other keys on a tile than on it)
+PROBE_KEYS = 2 * KEY_TILE + 1
 PROBE_BATCH = 2  # the most batch entries it evaluates it on (every head: a mod may check them)
 CACHE_SIZE = 64  # entries of the caches keyed by `mod_key` (here, blocks.py)
 POINTWISE = (
@@ -484,10 +489,9 @@ POINTWISE = (
     "shapes nor reduce over the scores or positions it is given (top-k, a softmax, a cumsum)"
 )
 
-# (kind, mod_key or the mod's id, the probe's (b, H, n, m), dtype, device) of each mod found
-# pointwise -> what the key names (the mod, its tensors), kept alive so that their ids, in
-# the key, are not reused while the entry lives
-_POINTWISE: OrderedDict[tuple, list[object]] = OrderedDict()
+# (kind, mod_key, the probe's (b, H, n, m), dtype, device) of each mod found pointwise (a key
+# names the mod by content, not by identity: a mod that has none is not cached)
+_POINTWISE: OrderedDict[tuple, None] = OrderedDict()
 
 
 def check_pointwise(
@@ -495,22 +499,23 @@ def check_pointwise(
 ) -> None:
     """ValueError naming `mod` (`kind`: "score_mod" or "mask_mod"), the difference and
     `POINTWISE` unless the mod is pointwise: on a drawn (b, H, n, m) problem (`shape`: the
-    call's (B, H, N, M), b = min(B, PROBE_BATCH), n = min(N, PROBE), m = min(M, PROBE); scores
-    of `dtype`, a score mod's), each tile of `probe_tiles` gives the values the whole gives
-    there (score mods to within 256 eps of `dtype`). A pass is cached (`CACHE_SIZE` entries)
-    under the mod's `mod_key`, or its identity where it has none, and the probe's shape: once
-    per mod and shape (every N and M from PROBE on alike). Skipped for an impure mod (its
-    results vary by call; one not declaring it, whose whole differs when called again, is
-    left to chunked's backward check), under torch.compile (the eager call's check stands)
-    and where the whole call raises (not cached: the real call raises it, checked)."""
+    call's (B, H, N, M), b = min(B, PROBE_BATCH), n = min(N, PROBE), m = min(M, PROBE_KEYS);
+    scores of `dtype`, a score mod's), each tile of `probe_tiles` gives the values the whole
+    gives there (score mods to within 256 eps of `dtype`, infinities and NaN exactly). A pass
+    is cached (`CACHE_SIZE` entries) under the mod's `mod_key` and the probe's shape: once per
+    mod and shape (every N from PROBE and M from PROBE_KEYS on alike); a mod without a key
+    (reading an object's attribute, which may change) is probed at every call. Skipped for an
+    impure mod (its results vary by call; one not declaring it, whose whole differs when
+    called again, is left to chunked's backward check), under torch.compile (the eager call's
+    check stands) and where the whole call raises (not cached: the real call raises it,
+    checked)."""
     b, h, n, m = shape
-    b, n, m = min(b, PROBE_BATCH), min(n, PROBE), min(m, PROBE)
+    b, n, m = min(b, PROBE_BATCH), min(n, PROBE), min(m, PROBE_KEYS)
     if mod is None or not is_pure(mod) or not n or not m or torch.compiler.is_compiling():
         return
-    tensors: list[torch.Tensor] = []
-    key = mod_key(mod, tensors)
-    key = (kind, key or ("id", id(mod)), b, h, n, m, dtype, str(torch.device(device)))
-    if key in _POINTWISE:
+    content = mod_key(mod, [])
+    key = (kind, content, b, h, n, m, dtype, str(torch.device(device)))
+    if content is not None and key in _POINTWISE:
         _POINTWISE.move_to_end(key)
         return
     if kind == "score_mod":  # drawn on the CPU: the same scores on every device
@@ -549,34 +554,42 @@ def check_pointwise(
                     f"= {(b, h, n, m)} problem it gave other values than on the whole there "
                     f"({differs}): {POINTWISE}"
                 )
-    _POINTWISE[key] = [mod, *tensors]
+    if content is None:
+        return
+    _POINTWISE[key] = None
     if len(_POINTWISE) > CACHE_SIZE:
         _POINTWISE.popitem(last=False)
 
 
 def probe_tiles(n: int, m: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """The (queries, keys) ranges `check_pointwise` compares with the whole [0, n) x [0, m):
-    the queries cut at n // 3, the keys at 2 m // 3 (tiles of four shapes, none the whole's),
-    and the last query with the last key (1 x 1)."""
+    the queries cut every n // 3, the keys where chunked cuts them (every `KEY_TILE`) or, for m up
+    to one tile, at 2 m // 3 (tiles of several shapes, none the whole's), and the last query
+    with the last key (1 x 1)."""
     rows = _ranges(n, n // 3)
-    columns = _ranges(m, 2 * m // 3)
+    columns = _ranges(m, KEY_TILE if m > KEY_TILE else 2 * m // 3)
     return [*itertools.product(rows, columns), ((n - 1, n), (m - 1, m))]
 
 
-def _ranges(size: int, cut: int) -> list[tuple[int, int]]:
-    """[0, size) cut in two at `cut`, or whole where the cut leaves an empty range."""
-    return [(0, cut), (cut, size)] if 0 < cut < size else [(0, size)]
+def _ranges(size: int, width: int) -> list[tuple[int, int]]:
+    """[0, size) cut every `width`, or whole where `width` is 0."""
+    if not width:
+        return [(0, size)]
+    return [(start, min(start + width, size)) for start in range(0, size, width)]
 
 
 def _differences(got: torch.Tensor, want: torch.Tensor) -> str | None:
     """How the tile's mod values `got` differ from the whole's `want` (boolean: exactly; float:
-    beyond 256 eps of their dtype, relative and absolute), or None."""
+    beyond 256 eps of their dtype, relative and absolute, where both are finite; an infinity
+    or NaN exactly: a masked score, -inf, is not within any tolerance of a kept one), or None."""
     if got.dtype == torch.bool:
         differ = got != want
         return f"{int(differ.sum())} of {differ.numel()} positions differ" if differ.any() else None
     gap = torch.where(got == want, 0.0, (got - want).abs())  # equal infinities: none
     tolerance = 256 * torch.finfo(want.dtype).eps
-    differ = ~(gap <= tolerance * (1 + want.abs())) & ~(got.isnan() & want.isnan())
+    close = gap <= tolerance * (1 + want.abs())
+    same = (got == want) | (got.isnan() & want.isnan())
+    differ = ~torch.where(got.isfinite() & want.isfinite(), close, same)
     if not differ.any():
         return None
     largest = gap[differ].nan_to_num(nan=float("inf")).max()
