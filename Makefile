@@ -229,7 +229,7 @@ fastformer-shakespeare-small: shakespeare-data
 # A Llama-style teacher for grids of attention replacements (docs/distillation.md): the one
 # cell of ablations/grids/shakespeare_teacher.toml (a GPU grid: days on 2 CPU cores), its model
 # then saved with save_pretrained into results/teachers/shakespeare_llama, the folder a grid's
-# model.teacher names.
+# model.teacher names (a folder holding a model already is refused: delete it to make it again).
 hf-teacher: shakespeare-data
 	ATTN_ZOO_DATA=$(ATTN_ZOO_DATA) $(BIN)/attn-zoo ablate run \
 		ablations/grids/shakespeare_teacher.toml --workers 1

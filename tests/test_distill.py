@@ -219,6 +219,27 @@ def test_lora_again_keeps_the_adapters_of_the_same_rank_only():
         set_trainable(student, "lora", lora_rank=4, lora_alpha=4.0)
 
 
+@pytest.mark.parametrize("stage", ["transfer", "attention"])
+def test_a_stage_after_lora_trains_the_projections_not_the_adapters(stage, ids):
+    """Adapters injected first (as ablations/grid/teacher.py does): "transfer" and "attention"
+    train what they train without them (the projections W under their base_layer name), and
+    a transfer step leaves the adapters as they were; "lora" again trains them."""
+    teacher, student = pair("gla")
+    set_trainable(student, "lora", lora_rank=2)
+    trained = set_trainable(student, stage)
+    names = {n for n, p in student.named_parameters() if p.requires_grad}
+    adapted = {f"{SWAPPED}{w}.weight": f"{SWAPPED}{w}.base_layer.weight" for w in PROJECTIONS}
+    assert names == {adapted.get(n, n) for n in EXPECTED[stage]}
+    before = state(student)
+    optimizer = torch.optim.AdamW(trained, lr=1e-2)
+    transfer_loss(teacher, student, ids).backward()
+    optimizer.step()
+    changed = {n for n, p in student.named_parameters() if not torch.equal(p, before[n])}
+    assert changed == names
+    set_trainable(student, "lora", lora_rank=2)
+    assert {n for n, p in student.named_parameters() if p.requires_grad} == EXPECTED["lora"]
+
+
 # --- refusals ----------------------------------------------------------------------------
 
 

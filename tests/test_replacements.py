@@ -2,10 +2,13 @@
 by a grid of its own and exported with save_pretrained (ablations/run/export.py), then cells
 that swap its attention and distil it, from the command line with two workers, with the
 teacher's own cell reproducing its test loss, bad teachers and swaps refused before training,
-and a resume across the transfer / fine-tuning boundary ending as an uninterrupted run."""
+a resume across the transfer / fine-tuning boundary ending as an uninterrupted run, a lora
+cell's stages training what distil's do, and an export refused for a cell that is not done,
+weights that are not finite, or a folder that holds files (without --force)."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import subprocess
@@ -20,8 +23,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from ablations.cli import main  # noqa: E402
+from ablations.grid.cell_model import build_cell_model  # noqa: E402
 from ablations.grid.spec import load_grid  # noqa: E402
 from ablations.results.store import ResultsStore  # noqa: E402
+from ablations.run import export  # noqa: E402
 from ablations.run.export import export_cell  # noqa: E402
 from ablations.run.provenance import (  # noqa: E402
     mixed_provenance,
@@ -200,6 +205,37 @@ def test_a_cell_resumed_across_the_transfer_boundary_ends_as_an_uninterrupted_on
         assert resumed.curve == plain.curve and exact(resumed.metrics) == exact(plain.metrics)
 
 
+def test_a_lora_cells_stages_train_what_distil_trains(teacher):
+    """A cell with transfer_steps and finetune 'lora' trains, stage by stage, the parameters
+    attn_zoo.interop.distill.distil(finetune="lora") trains (the cell holds its adapters from
+    the start: its projections' weights are named base_layer.weight, and only the lora stage
+    trains the adapters)."""
+    from ablations.grid.teacher import load_teacher
+    from attn_zoo.interop.distill import distil
+    from attn_zoo.interop.surgery import swap_attention
+
+    lora = {**LINEAR, "model": {"transfer_steps": 3, "finetune": "lora", "lora_rank": 2}}
+    (cell,) = load_grid(grid(teacher, [lora], name="stages")).cells
+    model = build_cell_model(cell, cell.build_task())
+    cells = {
+        stage.name: {name.removeprefix("hf.").replace(".base_layer", "") for name in stage.trains}
+        for stage in model.stages
+    }
+    student = swap_attention(load_teacher(teacher / "teacher"), "linear", **HEADS)
+    distils = {}
+
+    def record(stage: str, step: int, loss: float) -> None:
+        trains = {name for name, p in student.named_parameters() if p.requires_grad}
+        distils["lora" if stage == "finetune" else stage] = trains
+
+    batch = cell.build_task().splits(0)["train"].inputs[:8]
+    distil(load_teacher(teacher / "teacher"), student, [batch], transfer_steps=1,
+           finetune_steps=1, lr=1e-3, finetune="lora", on_step=record)  # fmt: skip
+    assert cells == distils
+    assert not any("lora_" in name for name in cells["transfer"])
+    assert any("lora_" in name for name in cells["lora"])
+
+
 def test_a_distilled_cell_exports_as_a_swapped_model_with_its_test_loss(teacher, tmp_path):
     from attn_zoo.interop.surgery import load_swapped
 
@@ -218,3 +254,64 @@ def test_a_distilled_cell_exports_as_a_swapped_model_with_its_test_loss(teacher,
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), test.targets.flatten(),
                                              ignore_index=-1)  # fmt: skip
     assert float(loss) == pytest.approx(row["metrics"]["test_loss"], rel=1e-5)
+
+
+def stored_teacher(folder: Path, status: str, weight: float | None = None) -> Path:
+    """A grid of one from-scratch teacher cell whose store holds it as `status` with its kept
+    weights, each filled with `weight` (None: as built), without training it."""
+    (folder / "arch").mkdir()
+    (folder / "arch" / "config.json").write_text(json.dumps(ARCHITECTURE))
+    mechanism = {"label": "llama", "name": "standard", "kwargs": HEADS}
+    path = tiny_grid(folder, name="stored", tasks=[TASK], mechanisms=[mechanism], seeds=[0],
+                     sizes=[{**SIZE, "teacher": "arch", "from_scratch": True}],
+                     training=TRAINING, checkpoints=True)  # fmt: skip
+    (cell,) = load_grid(path).cells
+    weights = build_cell_model(cell, cell.build_task()).state_dict()
+    if weight is not None:
+        weights = {name: torch.full_like(tensor, weight) for name, tensor in weights.items()}
+    data = io.BytesIO()
+    torch.save(weights, data)
+    with ResultsStore(folder / "stored.sqlite") as store:
+        store.claim(cell.config())
+        store.finish(cell.key, status, metrics={}, curve=[], environment={},
+                     files={store.checkpoint_path(cell.key): data.getvalue()})  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize(
+    "status, weight, fragments",
+    [
+        ("diverged", math.nan, ["is diverged: only a done cell's weights are exported"]),
+        ("failed", None, ["is failed"]),
+        ("done", math.inf, ["kept weights that are not finite in", "model.embed_tokens.weight"]),
+    ],
+    ids=["diverged", "failed", "done-not-finite"],
+)
+def test_export_refuses_a_cell_not_done_or_not_finite_and_writes_nothing(
+    tmp_path, status, weight, fragments
+):
+    path = stored_teacher(tmp_path, status, weight)
+    (key,) = {cell.key for cell in load_grid(path).cells}
+    with pytest.raises(SystemExit) as exited:
+        export.main([str(path), str(tmp_path / "teacher")])
+    assert f"(key {key})" in str(exited.value)
+    assert all(fragment in str(exited.value) for fragment in fragments)
+    assert not (tmp_path / "teacher").exists()
+
+
+def test_export_into_a_folder_holding_files_needs_force(tmp_path):
+    path = stored_teacher(tmp_path, "done")
+    out = tmp_path / "teacher"
+    assert export.main([str(path), str(out)]) == 0
+    (out / "README.md").write_text("a teacher trained for a week\n")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    (out / "model.safetensors").write_bytes(b"the week's weights")
+    with pytest.raises(SystemExit) as exited:
+        export.main([str(path), str(out)])
+    assert f"out={str(out)!r} is a folder that is not empty" in str(exited.value)
+    assert "--force" in str(exited.value)
+    assert (out / "model.safetensors").read_bytes() == b"the week's weights"  # untouched
+    with pytest.raises(SystemExit, match="is a file"):
+        export.main([str(path), str(out / "README.md")])
+    assert export.main([str(path), str(out), "--force"]) == 0
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

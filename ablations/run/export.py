@@ -1,13 +1,15 @@
 """A trained cell's Hugging Face model saved as a save_pretrained folder: how a teacher for a
 grid of attention replacements is made (ablations.grid.teacher; `make hf-teacher`).
 
-    python -m ablations.run.export GRID OUT [--key KEY]
+    python -m ablations.run.export GRID OUT [--key KEY] [--force]
 
 The cell (the grid's only one, or the one of key KEY) must have a `model.teacher` (a
-`from_scratch` one trains the teacher's architecture) and have kept its weights (the grid's
-`checkpoints = true`). Its model is built as the cell built it, the weights loaded, low-rank
-adapters merged (attn_zoo.interop.distill.merge_adapters), and ``save_pretrained`` writes it
-to OUT: a plain causal LM, or one recording its swap (attn_zoo.interop.surgery.load_swapped).
+`from_scratch` one trains the teacher's architecture), be `done` (not diverged, failed, ...)
+and have kept its weights (the grid's `checkpoints = true`), every one of them finite. Its
+model is built as the cell built it, the weights loaded, low-rank adapters merged
+(attn_zoo.interop.distill.merge_adapters), and ``save_pretrained`` writes it to OUT: a plain
+causal LM, or one recording its swap (attn_zoo.interop.surgery.load_swapped). OUT must be new
+or empty (it may be the teacher other grids name); --force writes over a folder that is not.
 """
 
 from __future__ import annotations
@@ -25,19 +27,37 @@ from ablations.results.store import ResultsStore
 from attn_zoo.interop.distill import merge_adapters
 
 
-def export_cell(spec: GridSpec, out: str | Path, key: str | None = None) -> Path:
+def export_cell(
+    spec: GridSpec, out: str | Path, key: str | None = None, force: bool = False
+) -> Path:
     """Save the trained model of `spec`'s cell `key` (default: its only cell) with
-    save_pretrained into the folder `out`; returns it. ValueError naming the cell where there
-    is no such cell, or it has no Hugging Face model; FileNotFoundError where its weights were
-    not kept."""
+    save_pretrained into the folder `out` (written over where it holds files only with
+    `force`); returns it. ValueError, before the model is built, where there is no such cell,
+    it is not done, or `out` is a file or (without `force`) a folder that is not empty; where
+    the cell has no Hugging Face model or a weight that is not finite; FileNotFoundError where
+    its weights were not kept."""
     cells = [cell for cell in spec.cells if key is None or cell.key == key]
     if len(cells) != 1:
         keys = ", ".join(f"{cell.key} ({cell})" for cell in spec.cells)
         what = f"no cell of key {key!r}" if key else f"{len(cells)} cells"
         raise ValueError(f"{spec.path}: {what}; name one with --key: {keys}")
     (cell,) = cells
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out={str(out)!r} is a file: save_pretrained writes a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ValueError(
+            f"out={str(out)!r} is a folder that is not empty (a model other grids may name as "
+            "their teacher): name a new or empty folder, or pass --force to write over it"
+        )
     with ResultsStore(spec.store, readonly=True) as store:
+        status = store.status(cell.config())
         path = store.checkpoint_path(cell.key)
+    if status != "done":
+        raise ValueError(
+            f"cell {cell} (key {cell.key}) is {status or 'not run'}: only a done cell's weights "
+            "are exported"
+        )
     if not path.is_file():
         raise FileNotFoundError(
             f"cell {cell} (key {cell.key}) kept no weights at {path}: run its grid with "
@@ -49,9 +69,17 @@ def export_cell(spec: GridSpec, out: str | Path, key: str | None = None) -> Path
             f"cell {cell} (key {cell.key}) trains no Hugging Face model: only a cell with a "
             "model.teacher (from_scratch for a new teacher) exports one"
         )
-    model.load_state_dict(torch.load(path, weights_only=True))
+    weights = torch.load(path, weights_only=True)
+    bad = [name for name, tensor in weights.items() if not tensor.isfinite().all()]
+    if bad:
+        raise ValueError(
+            f"cell {cell} (key {cell.key}) kept weights that are not finite in {len(bad)} "
+            f"tensors ({', '.join(bad[:3])}{', ...' * (len(bad) > 3)}): a model to export has "
+            "finite weights only"
+        )
+    model.load_state_dict(weights)
     merge_adapters(model.hf).save_pretrained(out)
-    return Path(out)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,9 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("grid", help="the grid file")
     parser.add_argument("out", help="the folder save_pretrained writes")
     parser.add_argument("--key", help="the cell's key (default: the grid's only cell)")
+    parser.add_argument(
+        "--force", action="store_true", help="write over an OUT folder that is not empty"
+    )
     args = parser.parse_args(argv)
     try:
-        out = export_cell(load_grid(args.grid), args.out, args.key)
+        out = export_cell(load_grid(args.grid), args.out, args.key, args.force)
     except (ValueError, FileNotFoundError) as err:  # a SpecError is a ValueError
         sys.exit(f"error: {err}")
     print(f"saved {out}")

@@ -188,34 +188,48 @@ def set_trainable(
     student: nn.Module, stage: str, lora_rank: int = 8, lora_alpha: float = 16.0
 ) -> list[nn.Parameter]:
     """Freeze every parameter of `student`, then unfreeze what `stage` trains: "transfer" and
-    "attention" the swapped layers' mechanisms (every parameter of each); "lora" low-rank
-    adapters W x + (lora_alpha / lora_rank) B A x, A (lora_rank, d_in), B (d_out, lora_rank)
-    starting at 0, injected by peft on the mechanisms' projections wq, wq_attn, wk, wk_attn,
-    wv, wo (frozen), plus every other parameter of the mechanisms (module docstring; adapters
-    already injected are kept if their rank and alpha are these); "all" every parameter.
-    Returns the trainable parameters (for the optimizer). ValueError for another stage, a
-    student with no swapped layer, a bad rank or alpha, or no projection to adapt."""
+    "attention" the swapped layers' mechanisms (every parameter of each, but the adapters of
+    a student that holds them: their projections W train as without adapters); "lora"
+    low-rank adapters W x + (lora_alpha / lora_rank) B A x, A (lora_rank, d_in), B (d_out,
+    lora_rank) starting at 0, injected by peft on the mechanisms' projections wq, wq_attn, wk,
+    wk_attn, wv, wo (W frozen), plus every other parameter of the mechanisms (module
+    docstring; adapters already injected are kept if their rank and alpha are these); "all"
+    every parameter. So a "transfer" after a "lora" call (ablations/grid/teacher.py injects
+    the adapters first) trains what it trains before one (`distil`). Returns the trainable
+    parameters (for the optimizer). ValueError for another stage, a student with no swapped
+    layer, a bad rank or alpha, or no projection to adapt."""
     if stage not in STAGES:
         raise ValueError(f"stage={stage!r}: must be one of {', '.join(STAGES)}")
     check_int("lora_rank", lora_rank)
     check_positive("lora_alpha", lora_alpha)
     swapped = swapped_layers(student)
-    adapters = add_adapters(student, swapped, lora_rank, lora_alpha) if stage == "lora" else []
+    if stage == "lora":
+        add_adapters(student, swapped, lora_rank, lora_alpha)
     student.requires_grad_(stage == "all")
     for attention in swapped.values():
         attention.requires_grad_(True)
-    for adapted in adapters:
-        adapted.get_base_layer().requires_grad_(False)
+    for adapted in adapter_layers(student):  # adapters train in "lora" and "all", W but in "lora"
+        adapted.requires_grad_(stage in ("lora", "all"))
+        adapted.get_base_layer().requires_grad_(stage != "lora")
     return [p for p in student.parameters() if p.requires_grad]
+
+
+def adapter_layers(student: nn.Module) -> list[nn.Module]:
+    """The peft LoRA layers of `student` (none, peft not imported, without a `peft_config`:
+    a student that never held adapters, or had them merged)."""
+    if not hasattr(student, "peft_config"):
+        return []
+    from peft.tuners.lora import LoraLayer
+
+    return [m for m in student.modules() if isinstance(m, LoraLayer)]
 
 
 def add_adapters(
     student: nn.Module, swapped: dict[int, SwappedAttention], rank: int, alpha: float
-) -> list[nn.Module]:
-    """The peft LoRA layers on the swapped mechanisms' `ADAPTED` projections of `student`,
-    injected unless the student holds adapters of this rank and alpha already."""
+) -> None:
+    """Inject peft LoRA layers on the swapped mechanisms' `ADAPTED` projections of `student`,
+    unless the student holds adapters of this rank and alpha already."""
     from peft import LoraConfig, inject_adapter_in_model
-    from peft.tuners.lora import LoraLayer
 
     injected = getattr(student, "peft_config", {}).get("default")
     if injected is None:
@@ -238,7 +252,6 @@ def add_adapters(
             f"lora_rank={rank}, lora_alpha={alpha}: the student holds adapters of rank "
             f"{injected.r}, alpha {injected.lora_alpha} already (merge_adapters first)"
         )
-    return [m for m in student.modules() if isinstance(m, LoraLayer)]
 
 
 def merge_adapters(student: nn.Module) -> nn.Module:
