@@ -44,6 +44,7 @@ from ablations.grid.schema import (
     higher_is_better,
 )
 from ablations.grid.teacher import has_teacher
+from ablations.labels import short_label
 from ablations.tasks import build_task, task_arguments
 from ablations.tasks.registry import locate_files
 from attn_zoo.mechanisms.registry import MECHANISMS
@@ -114,6 +115,9 @@ IMPORTS = create_model(
 )
 
 
+VALUE_CHARS = 120  # the most of a refused value an error shows
+
+
 def spec_error(
     path, err: ValidationError, root: type[BaseModel] | None = None, key: str | None = None
 ) -> SpecError:
@@ -130,12 +134,13 @@ def spec_error(
         return SpecError(f"{path}: {parent + ' is ' if parent else ''}missing {loc[-1]!r}")
     where, _, valid = _where(loc, root)
     where = key or where
+    shown = short_label(repr(value), VALUE_CHARS)  # a 100,000-character label: its start
     if error["type"] in ("model_type", "dict_type"):
-        return SpecError(f"{path}: {where} = {value!r} must be a table, e.g. {{ key = value }}")
+        return SpecError(f"{path}: {where} = {shown} must be a table, e.g. {{ key = value }}")
     if valid is not None and valid.choices:
         return _fail(path, where, value, valid.options())
     text = valid.text if valid is not None else error["msg"]
-    return SpecError(f"{path}: {where} = {value!r} must be {text}")
+    return SpecError(f"{path}: {where} = {shown} must be {text}")
 
 
 MAX_DEPTH = 32  # tables and lists in a grid file or a --set value nest at most this deep
