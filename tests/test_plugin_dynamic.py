@@ -1,15 +1,21 @@
 """Plugin code and data that no import statement names (hostile pass 5): a helper the plugin's
 forward loads with ``importlib.import_module``, and a data file it reads, are inputs of a resume
 checkpoint like its own file; an edit of either after a kill trains the cell from step 0, an
-unchanged one resumes (ablations/grid/plugins.py, ablations/run/resume.py). Runs are real CLI
-processes (one thread worker: the decision to resume is the point)."""
+unchanged one resumes (ablations/grid/plugins.py, ablations/run/resume.py). And (hostile pass 6)
+the note of a checkpoint not resumed names exactly the files that changed, were added or are
+gone, a checkpoint holding a digest of each. Runs are real CLI processes (one thread worker: the
+decision to resume is the point), or the training function where only the note is."""
 
+import hashlib
+import io
+import json
 import re
 import sys
 from pathlib import Path
 
 import pytest
-from grids import tiny_grid
+import torch
+from grids import STD, tiny_grid
 from test_cell_inputs import (
     TRAINING,
     assert_trained_from_zero,
@@ -21,6 +27,10 @@ from test_cell_inputs import (
 )
 
 from ablations.grid.plugins import import_plugins, plugin_files, resolve
+from ablations.grid.spec import load_grid
+from ablations.run import train
+from ablations.run.provenance import plugin_record, source_state
+from ablations.run.resume import MAGIC, ResumePlan
 from attn_zoo.registry import PluginError
 
 
@@ -111,3 +121,119 @@ def test_declared_data_files_that_are_not_a_list_of_files_are_refused_by_name(
     with pytest.raises(PluginError, match=re.escape(said)) as error:
         plugin_files(name)
     assert plugin.name in str(error.value)
+
+
+def outside_grid(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """A grid in tmp_path/grid whose plugin imports helper module outside_helper (SCALE = 1.0)
+    from tmp_path/lib, a folder on sys.path outside the plugin's and the grid's (its forward
+    reads the helper anew with importlib, so that a reference trains on an edit): the grid and
+    the helper."""
+    lib, folder = tmp_path / "lib", tmp_path / "grid"
+    lib.mkdir(), folder.mkdir()
+    helper = lib / "outside_helper.py"
+    helper.write_text("SCALE = 1.0\n")
+    monkeypatch.syspath_prepend(str(lib))
+    monkeypatch.delitem(sys.modules, "outside_helper", raising=False)
+    scale = "importlib.import_module('outside_helper').SCALE"
+    mechanism = scaled_plugin(folder, "outside_mech", scale, "import outside_helper  # noqa: F401")
+    grid = tiny_grid(folder, mechanisms=[mechanism], seeds=[0], training=TRAINING)
+    with_imports(grid, folder / "outside_mech.py")
+    return grid, helper
+
+
+@pytest.mark.slow  # two CLI runs and two trainings: about 15 s here
+def test_the_note_names_the_helper_from_another_folder_that_changed(tmp_path, monkeypatch):
+    """The hostile pass: a helper the plugin imports from another folder, edited after a kill:
+    the checkpoint was rightly not resumed, but its note named the plugin's file, the record
+    holding one digest of all its files."""
+    grid, helper = outside_grid(tmp_path, monkeypatch)
+    planted_checkpoint(grid)
+    helper.write_text("SCALE = 0.5  # edited after the kill\n")
+    monkeypatch.delitem(sys.modules, "outside_helper")  # the reference trains on the edit
+    result = cli(grid, "--set", "resume.every_steps=10", path=helper.parent, workers=1)
+    assert_trained_from_zero(grid, result, "the plugin files")
+    (note,) = [line for line in result.stdout.splitlines() if "checkpoint ignored" in line]
+    assert f"changed since it was written: {helper.resolve()} (" in note
+    assert "outside_mech" not in note
+
+
+def resumed_notes(grid: Path, edit, checkpoint=lambda data: data) -> list[str]:
+    """The notes of `grid`'s one cell trained in this process from its step-10 checkpoint
+    (made `checkpoint(data)`) after `edit()`, each time with the code and plugins as a run's
+    driver records them."""
+    spec = load_grid(grid)
+    (cell,) = spec.cells
+
+    def plan(**given) -> ResumePlan:
+        return ResumePlan(sources={"code": source_state(),
+                                   "plugins": plugin_record(spec.imports)}, **given)  # fmt: skip
+
+    points = []
+    train.train_cell(cell, resume=plan(every_steps=10),
+                     on_checkpoint=lambda step, data: points.append(data))  # fmt: skip
+    edit()
+    return train.train_cell(cell, resume=plan(data=checkpoint(points[0]))).notes
+
+
+def test_the_note_names_a_changed_file_from_another_folder_by_its_absolute_path(
+    tmp_path, monkeypatch
+):
+    grid, helper = outside_grid(tmp_path, monkeypatch)
+    (note,) = resumed_notes(grid, lambda: helper.write_text("SCALE = 0.5\n"))
+    assert note.startswith(
+        f"resume checkpoint ignored (the plugin files changed since it was written: "
+        f"{helper.resolve()} ("
+    )
+    assert "outside_mech" not in note and note.count(" then, ") == 1
+
+
+def test_the_note_names_a_changed_file_under_the_grids_folder_by_its_relative_path(tmp_path):
+    (tmp_path / "plugins").mkdir()
+    mechanism = scaled_plugin(tmp_path / "plugins", "relative_mech", "1.0")
+    grid = tiny_grid(tmp_path, mechanisms=[mechanism], seeds=[0], training=TRAINING)
+    plugin = tmp_path / "plugins" / "relative_mech.py"
+    with_imports(grid, plugin)
+    (note,) = resumed_notes(grid, lambda: plugin.write_text(plugin.read_text() + "# edited\n"))
+    assert "changed since it was written: plugins/relative_mech.py (" in note
+    assert str(tmp_path) not in note and note.count(" then, ") == 1
+
+
+def test_the_note_names_the_files_of_a_plugin_package_added_and_gone(tmp_path, monkeypatch):
+    package = tmp_path / "files_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "old.py").write_text("ONE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    grid = tiny_grid(tmp_path, mechanisms=[STD], seeds=[0], training=TRAINING)
+    grid.write_text(f'imports = ["{package.name}"]\n' + grid.read_text())
+
+    def edit() -> None:
+        (package / "old.py").unlink()
+        (package / "new.py").write_text("ONE = 1\n")
+
+    (note,) = resumed_notes(grid, edit)
+    assert re.search(r"written: files_pkg/old\.py \([0-9a-f]{12} then, gone now\), "
+                     r"files_pkg/new\.py \(added\)\)", note), note  # fmt: skip
+
+
+def without_file_digests(data: bytes) -> bytes:
+    """Checkpoint `data` as written before a digest per plugin file: its inputs without "files"
+    (with "loaded", the files loaded from the plugins' folders: none here)."""
+    payload = torch.load(io.BytesIO(data[len(MAGIC) + 32 :]), weights_only=True)
+    inputs = json.loads(payload["inputs"])
+    inputs.pop("files", None)
+    payload["inputs"] = json.dumps({**inputs, "loaded": {}}, sort_keys=True)
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return MAGIC + hashlib.sha256(buffer.getvalue()).digest() + buffer.getvalue()
+
+
+def test_a_checkpoint_from_before_per_file_digests_resumes_unchanged_and_refuses_a_change(
+    tmp_path, monkeypatch
+):
+    grid, helper = outside_grid(tmp_path, monkeypatch)
+    old = without_file_digests
+    assert resumed_notes(grid, lambda: None, old) == ["resumed from its checkpoint at step 10"]
+    (note,) = resumed_notes(grid, lambda: helper.write_text("SCALE = 0.5\n"), old)
+    assert "changed since it was written: {outside_mech.py: " in note
+    assert "(the checkpoint predates per-file digests: which of the plugins' files" in note

@@ -19,8 +19,9 @@ behind (importing it again raises the same error); what a plugin prints as it is
 to stderr, so that a command's stdout is what the command prints (`importing_plugin`). The
 resolved names (`GridSpec.imports`) travel with the cells to the executors' worker processes
 and Ray tasks, which import them before training; each cell records them with their files'
-SHA-256 (ablations.run.provenance), and its resume checkpoints the files of every module
-loaded from the plugins' folders, however it was imported (`loaded_plugin_files`). A data
+SHA-256 (ablations.run.provenance), and its resume checkpoints each file of their code, a
+helper they import from another folder and every module loaded from the plugins' folders
+however it was imported included, with its own digest (`loaded_plugin_files`). A data
 file a plugin reads is its input too, but unseen unless its module declares it:
 
     ATTN_ZOO_FILES = ["settings.json"]    # beside the module: digested with its code
@@ -292,18 +293,22 @@ def plugin_folders(names: Iterable[str]) -> list[str]:
 
 
 def loaded_plugin_files(names: Iterable[str]) -> list[str]:
-    """The files of the modules loaded in this process (sys.modules) that lie in a folder of
-    plugins `names` (`plugin_folders`, or below it) but not in `_library_folders`, however they
-    were imported (``importlib.import_module("helper")`` or ``__import__`` in a forward: code
-    that `plugin_files` cannot see in the plugins' source), and the data files they declare
-    (`declared_files`), sorted. A resume checkpoint holds their digests
-    (ablations.run.resume.loaded_record)."""
+    """Every file of plugins `names`' code and data in this process, sorted, each once: the
+    `plugin_files` of each (its own, its package's modules, the helpers it imports wherever
+    they lie, the data files they declare), and the files of the modules loaded in this
+    process (sys.modules) that lie in a folder of the plugins (`plugin_folders`, or below it)
+    but not in `_library_folders`, however they were imported (``importlib.import_module(
+    "helper")`` or ``__import__`` in a forward: code that `plugin_files` cannot see in the
+    plugins' source), with the data files they declare (`declared_files`). A resume
+    checkpoint holds a digest of each (ablations.run.resume.loaded_record)."""
+    names = list(names)
     folders = tuple(os.path.join(folder, "") for folder in plugin_folders(names))
     library = _library_folders()
     modules = _loaded_modules()
     code = [file for file in modules if file.startswith(folders) and not file.startswith(library)]
     data = {path for file in code for path in declared_files(modules[file])}
-    return sorted(set(code) | data)
+    own = {file for name in names for file in plugin_files(name)}
+    return sorted(own | set(code) | data)
 
 
 def declared_files(module: ModuleType) -> list[str]:

@@ -110,7 +110,8 @@ def resource(valid: str, ok: Callable[[float], bool]) -> object:
 
 # A label names a row of the report: no whitespace around it and no invisible character in
 # it, which would read the same ("std", "std " and "std\u200b"); labels of one kind also differ
-# after Unicode NFKC normalisation (ablations/grid/validate.py: check_entries)
+# after Unicode NFKC normalisation and in their confusable skeletons, "relational" and one with
+# a Cyrillic "а" (ablations/grid/validate.py: check_entries)
 Label = rule(
     StrictStr,
     "a non-empty str without leading or trailing whitespace or invisible (format or control) "

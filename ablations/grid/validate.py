@@ -10,10 +10,12 @@ import difflib
 import json
 import sys
 import unicodedata
+from functools import cache
 from types import UnionType
 from typing import Annotated, Union, get_args, get_origin, get_type_hints
 
 import torch
+from confusable_homoglyphs.confusables import confusables_data
 from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
 
 if sys.version_info >= (3, 11):
@@ -59,6 +61,12 @@ def _fail(path, key, value, valid, what: str = "") -> SpecError:
     valid = [str(v) for v in valid]
     close = difflib.get_close_matches(str(value), valid, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
+    alike = [v for v in valid if isinstance(value, str) and skeleton(v) == skeleton(value)]
+    if alike:  # a label that reads as a valid one: say how it differs ("relаtional", Cyrillic а)
+        hint = (
+            f" It reads as {ascii(alike[0])} but is {ascii(value)}, which differs from it in "
+            f"{differing_characters(alike[0], value)}."
+        )
     return SpecError(
         f"{path}: {key} = {value!r} is not valid{what}.{hint} Valid: {', '.join(valid)}"
     )
@@ -225,10 +233,11 @@ def check_sweep(path, where: str, sweep: Sweep, entries: list[TaskEntry]) -> Non
 
 def check_entries(path, key: str, entries: list[TaskEntry | SizeEntry]) -> None:
     """Labels (defaulting to the name) unique, also in Unicode NFKC normal form (a "café" of
-    one code point and one of two read the same, as do "std" and its full-width "ｓtd");
-    kwargs keys of tasks and mechanisms known; their training (steps or epochs) and sweeps
-    valid."""
-    taken: dict[str, tuple[int, str]] = {}  # NFKC label -> (index, label as written)
+    one code point and one of two read the same, as do "std" and its full-width "ｓtd"), and
+    of distinct confusable skeletons (`skeleton`: "relational" and "relаtional" with a
+    Cyrillic а); kwargs keys of tasks and mechanisms known; their training (steps or epochs)
+    and sweeps valid."""
+    taken: dict[str, tuple[int, str]] = {}  # skeleton -> (index, label as written)
     for i, entry in enumerate(entries):
         where = f"{key}[{i}]"
         if isinstance(entry, TaskEntry):
@@ -240,9 +249,16 @@ def check_entries(path, key: str, entries: list[TaskEntry | SizeEntry]) -> None:
                 check_keys(path, f"{where}.kwargs.", entry.kwargs, valid, what)
             check_length(path, f"{where}.training", entry.training)
             check_sweep(path, f"{where}.sweep", entry.sweep, [entry])
-        normal = unicodedata.normalize("NFKC", entry.label)
-        if normal in taken:
-            first, label = taken[normal]
+        alike = skeleton(entry.label)
+        if alike in taken:
+            first, label = taken[alike]
+            if unicodedata.normalize("NFKC", label) != unicodedata.normalize("NFKC", entry.label):
+                raise SpecError(
+                    f"{path}: {where}.label = {ascii(entry.label)} and {key}[{first}].label = "
+                    f"{ascii(label)} read alike (one Unicode TR39 confusable skeleton; they "
+                    f"differ in {differing_characters(entry.label, label)}): the report's "
+                    f"rows would not tell them apart; rename one"
+                )
             how = "" if label == entry.label else (
                 f" = {label!r}, the same text in Unicode NFKC ({ascii(entry.label)} and "
                 f"{ascii(label)})"
@@ -251,7 +267,54 @@ def check_entries(path, key: str, entries: list[TaskEntry | SizeEntry]) -> None:
                 f"{path}: {where}.label = {entry.label!r} repeats {key}[{first}].label{how}; "
                 f"labels must be unique within {key} (a label defaults to the name)"
             )
-        taken[normal] = (i, entry.label)
+        taken[alike] = (i, entry.label)
+
+
+BIDI_MARKS = str.maketrans("", "", "\u200e\u200f")  # confusable_homoglyphs' data wraps
+# right-to-left glyphs in them
+
+
+@cache
+def _homoglyphs() -> dict[str, set[str]]:
+    """{glyph: the glyphs Unicode's confusables.txt maps it to or to it}, from the data of
+    confusable_homoglyphs (its right-to-left glyphs unwrapped)."""
+    glyphs: dict[str, set[str]] = {}
+    for glyph, entries in confusables_data.items():
+        near = {entry["c"].translate(BIDI_MARKS) for entry in entries}
+        glyphs.setdefault(glyph.translate(BIDI_MARKS), set()).update(near)
+    return glyphs
+
+
+@cache
+def _prototype(char: str) -> str:
+    """The prototype of `char` (Unicode TR39): the glyphs that read as one form a star in
+    `_homoglyphs`, a prototype with the glyphs mapped to it (each one character); its
+    prototype where that is a sequence ("m" -> "rn"), each of its characters' own, else its
+    least glyph (which one does not matter: every glyph of the star maps to it)."""
+    glyphs = _homoglyphs()
+    near = glyphs.get(char, set())
+    star = {char} | near | {glyph for other in near for glyph in glyphs.get(other, ())}
+    sequences = [glyph for glyph in star if len(glyph) > 1]
+    if sequences:
+        return "".join(_prototype(c) for c in sequences[0])
+    return min(star)
+
+
+def skeleton(label: str) -> str:
+    """The confusable skeleton of `label` (Unicode TR39, after NFKC): each character mapped to
+    its prototype (`_prototype`); two labels that read alike ("relational" and "relаtional"
+    with a Cyrillic а, "d32xl" and "d32x1") have one."""
+    return "".join(_prototype(c) for c in unicodedata.normalize("NFKC", label))
+
+
+def differing_characters(a: str, b: str) -> str:
+    """The characters where `a` and `b` differ (difflib's opcodes: those outside their common
+    blocks), escaped and named: "'a' LATIN SMALL LETTER A, '\\u0430' CYRILLIC SMALL LETTER A"."""
+    opcodes = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+    chars = dict.fromkeys(
+        c for tag, i, j, k, m in opcodes if tag != "equal" for c in a[i:j] + b[k:m]
+    )
+    return ", ".join(f"{ascii(c)} {unicodedata.name(c, f'U+{ord(c):04X}')}" for c in chars)
 
 
 def check_length(path, where: str, training: TrainingSettings) -> None:

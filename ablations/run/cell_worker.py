@@ -66,8 +66,9 @@ def run_cell(
     cell starts from its checkpoint, if any, made from the code and plugins of the plan's
     `sources`, the driver's record: ablations.run.resume); best-effort: a put that fails
     ends the reporting, never the cell. `CellInterrupted` (not an Exception) passes through.
-    The outcome's environment records, as "loaded_plugin_files", the digests of the files the
-    run's plugins (`_plugins`) loaded by the cell's end, however they were imported
+    The outcome's environment records, as "loaded_plugin_files", a digest of each file of the
+    run's plugins (`_plugins`) by the cell's end: their code and data, helpers they import
+    from other folders and modules loaded from theirs however they were imported
     (ablations.run.resume.loaded_record)."""
     torch.set_num_threads(threads)
     key = cell.key

@@ -7,29 +7,29 @@ which `load_state` checks).
     data = save_state(cell, loop, model, optimizer, schedule, batches, device, inputs)
     loop = load_state(data, cell, model, optimizer, schedule, batches, device, inputs)
 
-A checkpoint holds the inputs that can change a result besides the cell's config (its `inputs`: the
-digests of the data files the task read and of the plugins' code, torch's global state,
-ablations/run/torch_state.py, and the code's commit; and, as it is written, the digests of the
-files of the modules loaded from the plugins' folders by then however they were imported, a
-helper that a forward loads with importlib too: `loaded_record`) and everything the training loop
-(ablations.run.train) carries from one step to the next: the model's weights, the optimizer's and
-LR schedule's state, every random state (torch's CPU generator and the device's, Python's
-`random`, NumPy's, and the generator that draws the batches: the position in the data order) and
-the `LoopState` (step, curve so far, last validation metrics, early-stopping state, training
-seconds). It is no part of the cell's config or
-key: how often checkpoints are taken changes no result.
+A checkpoint holds the inputs that can change a result besides the cell's config (its `inputs`:
+the digests of the data files the task read and of the plugins' code, torch's global state,
+ablations/run/torch_state.py, and the code's commit; and, as it is written, a digest of each
+file of the plugins' code and data, a helper they import from another folder and a module loaded
+from their folders by then however it was imported (importlib in a forward) included:
+`loaded_record`) and everything the training loop (ablations.run.train) carries from one step to
+the next: the model's weights, the optimizer's and LR schedule's state, every random state
+(torch's CPU generator and the device's, Python's `random`, NumPy's, and the generator that
+draws the batches: the position in the data order) and the `LoopState` (step, curve so far, last
+validation metrics, early-stopping state, training seconds). It is no part of the cell's config
+or key: how often checkpoints are taken changes no result.
 
 Its bytes are `MAGIC`, the SHA-256 of the payload, then the payload (torch.save of a dict of
 tensors and plain values, read back with `weights_only=True`). `load_state` trusts only a
 checkpoint whose checksum holds and that was written for the same cell config, from the same
 inputs (a data file or plugin edited since, a loaded plugin file edited or gone, or another
-default dtype, would mix two trainings under one result), by the same torch and attn_zoo, on
-the same kind of device, with the same torch thread count (`torch.get_num_threads()`), before
-the cell's last step; it raises `ResumeError` (the cell trains from step 0, its note saying
-which input changed) before it changes anything. The thread count changes how a CPU sums (a
-cell checkpointed with 2 threads and resumed with 1 ended with val_loss 1.6354334, not the
-uninterrupted 1.6354336), so a checkpoint of another count is not resumed: a resumed result is
-always the uninterrupted one.
+default dtype, would mix two trainings under one result), by the same torch and attn_zoo, on the
+same kind of device, with the same torch thread count (`torch.get_num_threads()`), before the
+cell's last step; it raises `ResumeError` (the cell trains from step 0, its note saying which
+input changed, and of the plugins which files: `_changed_plugins`) before it changes anything.
+The thread count changes how a CPU sums (a cell checkpointed with 2 threads and resumed with 1
+ended with val_loss 1.6354334, not the uninterrupted 1.6354336), so a checkpoint of another
+count is not resumed: a resumed result is always the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from torch import nn
 
 import attn_zoo
 from ablations.grid.cell import Cell
-from ablations.grid.plugins import loaded_plugin_files
+from ablations.grid.plugins import loaded_plugin_files, plugin_files
 from ablations.run.provenance import file_sha256, short_record
 
 MAGIC = b"attn_zoo resume checkpoint 2\n"  # 2: with the cell's inputs
@@ -60,6 +60,9 @@ INPUTS = {  # a checkpoint's inputs, and how a changed one is named
     "torch": "torch's global state",
     "code": "the code (attn_zoo, ablations)",
 }
+PREDATES = (
+    "the checkpoint predates per-file digests: which of the plugins' files changed is not known"
+)
 RNG_STATES = ("torch", "device", "python", "numpy", "batches")  # the random states kept
 
 
@@ -161,9 +164,9 @@ def save_state(
 ) -> bytes:
     """The resume checkpoint of `cell` after step `loop.step`, trained from `inputs` (`INPUTS`:
     {"data": {path: sha256}, "plugins": {name: sha256}, "torch": torch_state(), "code":
-    source_state()}) and the plugin files loaded by now (`loaded_record` of the plugins'
-    names, under "loaded"): its bytes (see the module)."""
-    inputs = {**inputs, "loaded": loaded_record(inputs.get("plugins", {}))}
+    source_state()}) and a digest of each file of the plugins by now (`loaded_record` of the
+    plugins' names, under "files"): its bytes (see the module)."""
+    inputs = {**inputs, "files": loaded_record(inputs.get("plugins", {}))}
     buffer = io.BytesIO()
     torch.save(
         {
@@ -184,15 +187,20 @@ def save_state(
     return MAGIC + hashlib.sha256(payload).digest() + payload
 
 
-def _changed_input(recorded: dict, inputs: dict) -> str | None:
+def _changed_input(recorded: dict, inputs: dict, folder: str) -> str | None:
     """How a checkpoint's inputs (`recorded`) differ from this training's, by `INPUTS`' names:
     "its data files changed since it was written: {boards.npz: 1a2b3c4d5e6f} then,
     {boards.npz: 9f8e7d6c5b4a} now"; None if none did. Files count by content (a plugin may
-    move), torch's state and the code by each field ("fp32_precision cuda.matmul tf32 then,
-    none now"; "commit 3a5da2dc... then, 5d4b58b1... now")."""
+    move), the plugins' file by file (`_changed_plugins`, paths shown from `folder`), torch's
+    state and the code by each field ("fp32_precision cuda.matmul tf32 then, none now";
+    "commit 3a5da2dc... then, 5d4b58b1... now")."""
     for what, name in INPUTS.items():
         was, now = recorded.get(what, {}), inputs.get(what, {})
-        if what in ("torch", "code"):
+        if what == "plugins":
+            differ = _changed_plugins(recorded, now, folder)
+            if differ:
+                return f"{name} changed since it was written: {differ}"
+        elif what in ("torch", "code"):
             keys = [key for key in dict.fromkeys([*was, *now]) if was.get(key) != now.get(key)]
             differ = [f"{key} {was.get(key)} then, {now.get(key)} now" for key in keys]
             if differ:
@@ -203,30 +211,58 @@ def _changed_input(recorded: dict, inputs: dict) -> str | None:
     return None
 
 
+def _names(plugins: Iterable[str]) -> list[str]:
+    """The plugins a plugin record names (resolved imports, "PACKAGE (entry point)",
+    ablations.run.provenance.plugin_record) as ablations.grid.plugins takes them."""
+    return [name.removesuffix(" (entry point)") for name in plugins]
+
+
 def loaded_record(plugins: Iterable[str]) -> dict[str, str]:
-    """{path: SHA-256} of the files that the plugins named `plugins` (resolved imports or
-    top-level packages, as a plugin record names them: "PACKAGE (entry point)",
-    ablations.run.provenance.plugin_record) have loaded in this process by now, and of the data
-    files those declare (ablations.grid.plugins.loaded_plugin_files)."""
-    names = [name.removesuffix(" (entry point)") for name in plugins]
-    return {path: file_sha256(path) for path in loaded_plugin_files(names)}
+    """{path: SHA-256} of each file of the plugins named `plugins` (as a plugin record names
+    them) in this process by now: their code and data, and the modules loaded from their
+    folders (ablations.grid.plugins.loaded_plugin_files)."""
+    return {path: file_sha256(path) for path in loaded_plugin_files(_names(plugins))}
 
 
-def _changed_loaded(recorded: dict) -> str | None:
-    """How the plugin files a checkpoint recorded as loaded (`loaded_record`) differ from those
-    files now: "the plugin files changed since it was written: scalecfg.py (1a2b3c4d5e6f then,
-    9f8e7d6c5b4a now)", "... (1a2b3c4d5e6f then, missing now)"; None if none did."""
-    differ = []
-    for path, digest in recorded.items():
-        try:
-            now = file_sha256(path)
-        except OSError:  # removed, or no longer readable
-            now = "missing"
-        if now != digest:
-            differ.append(f"{Path(path).name} ({digest[:12]} then, {now[:12]} now)")
-    if differ:
-        return f"{INPUTS['plugins']} changed since it was written: {', '.join(differ)}"
-    return None
+def _changed_plugins(recorded: dict, plugins: dict, folder: str) -> str | None:
+    """How the plugin files of a checkpoint's inputs (`recorded`) differ from this training's
+    (`plugins`: its plugin record), file by file, each path relative to `folder` (the grid
+    file's) where it lies under it: "scalecfg.py (1a2b3c4d5e6f then, 9f8e7d6c5b4a now),
+    /opt/lib/helper.py (1a2b3c4d5e6f then, gone now), pkg/new.py (added)" (added: a file of
+    their code now, ablations.grid.plugins.plugin_files, and not then); their record's digests
+    where no file differs. A checkpoint written before a digest per file holds the plugins'
+    digests and those of the files loaded from their folders ("loaded"): what differs of
+    these, and that which file changed is not known. None if nothing did."""
+    was = recorded.get("plugins", {})
+    changed = list(was.values()) != list(plugins.values())  # the plugins' own digests
+    summary = f"{short_record(was)} then, {short_record(plugins)} now"
+    files = recorded.get("files", recorded.get("loaded", {}))
+    differ = [_changed_file(path, digest, folder) for path, digest in files.items()]
+    differ = [change for change in differ if change]
+    if "files" not in recorded:  # "loaded": only the files loaded from the plugins' folders
+        differ = [summary, *differ] if changed else differ
+        return f"{', '.join(differ)} ({PREDATES})" if differ else None
+    now = sorted({file for name in _names(plugins) for file in plugin_files(name)})
+    differ += [f"{_shown(path, folder)} (added)" for path in now if path not in files]
+    return ", ".join(differ or ([summary] if changed else [])) or None
+
+
+def _changed_file(path: str, digest: str, folder: str) -> str | None:
+    """How the file at `path` differs from SHA-256 `digest`: "helper.py (1a2b3c4d5e6f then,
+    9f8e7d6c5b4a now)", "... then, gone now)" (removed or unreadable); None where it does not
+    (`_shown` from `folder`)."""
+    try:
+        now = file_sha256(path)
+    except OSError:
+        now = "gone"
+    return None if now == digest else f"{_shown(path, folder)} ({digest[:12]} then, {now[:12]} now)"
+
+
+def _shown(path: str, folder: str) -> str:
+    """`path` relative to `folder` where it lies under it ("" : none), else as it is."""
+    if folder and Path(path).is_relative_to(folder):
+        return str(Path(path).relative_to(folder))
+    return path
 
 
 def _trusted(data: bytes, cell: Cell, model: nn.Module, device: torch.device, inputs: dict) -> dict:
@@ -248,8 +284,7 @@ def _trusted(data: bytes, cell: Cell, model: nn.Module, device: torch.device, in
     if state["config"] != _config(cell):
         raise ResumeError("written for another cell config")
     recorded = json.loads(state["inputs"])
-    changed = _changed_input(recorded, json.loads(json.dumps(inputs)))
-    changed = changed or _changed_loaded(recorded.get("loaded", {}))
+    changed = _changed_input(recorded, json.loads(json.dumps(inputs)), cell.folder)
     if changed is not None:
         raise ResumeError(changed)
     here = {"versions": _versions(), "device_type": device.type, "threads": torch.get_num_threads()}
