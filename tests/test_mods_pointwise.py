@@ -152,7 +152,7 @@ def test_the_check_runs_once_per_mod_and_shape(monkeypatch):
 
     for _ in range(3):
         softmax_attention(q, k, v, backend="chunked", score_mod=big_bias)
-    assert len(probes) == 4 + 3 * 2  # each call: the family's check and chunked's own
+    assert len(probes) == 4 + 3  # once a call: the family's check (chunked has none of its own)
 
 
 def topk_score(k: int, fill: float):
@@ -209,3 +209,20 @@ def test_a_mod_without_a_key_is_probed_again_when_what_it_reads_changes():
 def test_every_library_mod_has_a_key_so_its_check_is_cached(name):
     """A mod without a key is probed at every call: none of the library's may pay that."""
     assert mod_key(library_mods(4)[name], []) is not None
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_call_only_ever_compiled_is_checked_when_it_is_traced(dynamic):
+    """Before: under torch.compile the check was skipped, so a top-k mod in a model that only
+    ever ran compiled was served by chunked (other attention than naive). The probe now runs
+    when Dynamo traces the call (at its caps where a size is traced as dynamic)."""
+    mods_module._POINTWISE.clear()
+    top4 = topk_score(4, -1e9)
+
+    def attend(q, k, v):
+        return softmax_attention(q, k, v, backend="chunked", score_mod=top4)
+
+    compiled = torch.compile(attend, fullgraph=True, dynamic=dynamic)
+    with pytest.raises(Exception, match=rf"score_mod top4 is not pointwise: .*{CONTRACT}"):
+        compiled(*qkv(n=300))
+    torch.compiler.reset()

@@ -122,16 +122,38 @@ def test_an_impure_mod_is_called_once_and_its_gradient_is_of_that_call():
         torch.testing.assert_close(got, want, **TIGHT)
 
 
-def test_an_undeclared_impure_mod_is_an_error_on_chunked_not_a_wrong_gradient():
-    """A random mask mod that does not declare pure = False: chunked's backward sees that the
-    weights it recomputes no longer sum to 1 and raises, instead of another draw's dq."""
+@pytest.mark.parametrize("backend", ["naive", "chunked", "auto"])
+def test_an_undeclared_impure_mod_is_refused_before_it_is_served(backend):
+    """A random mask mod that does not declare pure = False: the pointwise check calls it
+    twice on its probe and refuses it by name (before: chunked served its forward, and a
+    no-grad call, with no backward to check, gave another draw per tile)."""
     gen = torch.Generator().manual_seed(0)
 
     def random_mask(b, h, q_idx, kv_idx):
         return torch.rand(q_idx.shape[2], kv_idx.shape[3], generator=gen)[None, None] < 0.5
 
     q, k, v = qkv(40, dtype=torch.float32)
-    out = softmax_attention(q, k, v, mask_mod=random_mask, backend="chunked")
+    with pytest.raises(ValueError, match=r"mask_mod random_mask is impure without declaring it"
+                       r".*random_mask.pure = False"):  # fmt: skip
+        softmax_attention(q, k, v, mask_mod=random_mask, backend=backend)
+
+
+def test_a_mod_changed_between_forward_and_backward_is_an_error_on_chunked():
+    """A mod reading an object's attribute, changed after the forward: chunked's backward sees
+    that the weights it recomputes no longer sum to 1 and raises, instead of the changed mod's
+    dq."""
+
+    class Setting:
+        width = 20  # a partial tile: backward calls the mod again
+
+    setting = Setting()
+
+    def window(b, h, q_idx, kv_idx):
+        return (q_idx - kv_idx).abs() < setting.width
+
+    q, k, v = qkv(40, dtype=torch.float32)
+    out = softmax_attention(q, k, v, mask_mod=window, backend="chunked")
+    setting.width = 3
     with pytest.raises(RuntimeError, match=r"a score or mask mod gave other scores when called "
                        r"again in backward.*must declare it \(mod.pure = False\)"):  # fmt: skip
         out.sum().backward()

@@ -16,8 +16,9 @@ gets dmask_ij = ds_ij, summed over the dims it broadcasts (its gradient has its 
 Causality, top-left (j <= i) or bottom-right (j <= i + M - N), is applied per tile: tiles
 wholly above the diagonal are skipped, the diagonal's tiles build their own (bq, bk) mask, so
 neither alignment costs an N x M mask. Score and mask mods (mods.py) are evaluated per tile
-too, so each is first checked pointwise (mods.check_pointwise: a mod whose tiles disagree with
-its whole, top-k or one reading the index tensors' shapes, is refused, not served). A mask
+too, so each is first checked pointwise (mods.check_pointwise, in the softmax family's input
+check that every call passes: a mod whose tiles disagree with its whole, top-k or one reading
+the index tensors' shapes, or that is impure without declaring it, is refused, not served). A mask
 mod's block mask (blocks.py: derived from the mod once per mod and shape, cached) says which
 tiles it leaves empty, full or partial: empty tiles are never touched, full ones apply no
 mask mod, so a local mask or a combination of them (a sliding window of w keys,
@@ -28,7 +29,8 @@ bfloat16 forward and a float32 backward gave gradients of other weights than the
 rows summing to 1 +- 2e-3). As backward calls the mods again, chunked refuses a mod
 declaring pure = False where there is a backward, and a score mod capturing a tensor that
 requires grad (``impure_mod``, ``mod_grad``: naive serves them), and checks that each row's
-recomputed weights still sum to 1 (eager calls), so an undeclared impure mod is an error.
+recomputed weights still sum to 1 (eager calls), so an undeclared impure mod that the check's
+probe did not catch is an error too.
 Dropout masks are drawn per tile from a seed and redrawn in backward. Half-precision inputs
 are computed in float32.
 """
@@ -45,7 +47,6 @@ from attn_zoo.kernels.softmax.mods import (
     MaskMod,
     ScoreMod,
     apply_mask_mod,
-    check_pointwise,
     mod_indices,
     modded_scores,
 )
@@ -78,10 +79,8 @@ class Tiles:
         self.dropout_p, self.seed, self.block = dropout_p, seed, block
         self.n_key_blocks = -(-self.m // block)
         self.classes = None
-        b, heads = q.shape[0], q.shape[1] * q.shape[2]
-        check_pointwise("score_mod", self.score_mod, (b, heads, self.n, self.m), q.dtype, q.device)
-        check_pointwise("mask_mod", self.mask_mod, (b, heads, self.n, self.m), None, q.device)
         if self.mask_mod is not None:
+            b, heads = q.shape[0], q.shape[1] * q.shape[2]
             classes = block_mask(self.mask_mod, b, heads, self.n, self.m, block, q.device)
             self.classes = classes.tolist()
 

@@ -39,8 +39,9 @@ What a mod may declare, as attributes of the function:
                      pure = False (random, stateful) in a call with a backward makes an
                      ``impure_mod`` call, served only by backends calling it once per tile, in
                      the forward (naive; sdpa and xformers a mask mod, materialised once).
-                     chunked also checks in backward that the weights it recomputes still sum
-                     to 1: an undeclared impure mod is an error there, not a wrong gradient.
+                     An undeclared impure mod is an error, not a wrong answer: the pointwise
+                     check calls it twice on its probe and refuses other values; chunked also
+                     checks in backward that the weights it recomputes still sum to 1.
     parameters       tensors the mod reads that `captured_tensors` does not find (its closure,
                      default arguments, a partial's arguments, a callable instance's
                      attributes, the globals its code names; a callable whose code is not
@@ -74,6 +75,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
+from attn_zoo.kernels.dispatch import constant_when_compiled
 from attn_zoo.registry import Registry
 
 ScoreMod = Callable[..., torch.Tensor]
@@ -148,16 +150,15 @@ def apply_mask_mod(mask_mod: MaskMod, indices: tuple[torch.Tensor, ...]) -> torc
 
 
 def mask_from_mod(mask_mod: MaskMod, b: int, h: int, n: int, m: int, device) -> torch.Tensor:
-    """`mask_mod` materialised: boolean (B, H, N, M) (an expanded view), the mod checked
-    pointwise (`check_pointwise`)."""
-    check_pointwise("mask_mod", mask_mod, (b, h, n, m), None, device)
+    """`mask_mod` materialised: boolean (B, H, N, M) (an expanded view). Not checked pointwise
+    here: a call is, once, where its inputs are (family.check_inputs, naive's
+    attention_weights)."""
     return apply_mask_mod(mask_mod, mod_indices(b, h, (0, n), (0, m), device)).expand(b, h, n, m)
 
 
 def apply_score_mod(score_mod: ScoreMod | None, scores: torch.Tensor, indices) -> torch.Tensor:
     """`scores` (B, H, N, M), a whole call's, through `score_mod` (None: as they are), checked
-    pointwise (`check_pointwise`) and per result (`modded_scores`)."""
-    check_pointwise("score_mod", score_mod, scores.shape, scores.dtype, scores.device)
+    per result (`modded_scores`)."""
     return modded_scores(score_mod, scores, indices)
 
 
@@ -481,6 +482,8 @@ KEY_TILE = 256  # the widest key tile a backend gives a mod (chunked.py: BLOCK; 
 # key of the whole (a top-k mod with k up to KEY_TILE keeps other keys on a tile than on it)
 PROBE_KEYS = 2 * KEY_TILE + 1
 PROBE_BATCH = 2  # the most batch entries it evaluates it on (every head: a mod may check them)
+# The (queries, keys) it tries, in order, under torch.compile (where a call's sizes may be unknown)
+TRACED_PROBES = ((PROBE, PROBE_KEYS), (PROBE, PROBE), (8, 8))
 CACHE_SIZE = 64  # entries of the caches keyed by `mod_key` (here, blocks.py)
 POINTWISE = (
     "a mod's value at (b, h, i, j) must depend only on score[b, h, i, j], the indices b, h, i, "
@@ -501,23 +504,46 @@ def check_pointwise(
     `POINTWISE` unless the mod is pointwise: on a drawn (b, H, n, m) problem (`shape`: the
     call's (B, H, N, M), b = min(B, PROBE_BATCH), n = min(N, PROBE), m = min(M, PROBE_KEYS);
     scores of `dtype`, a score mod's), each tile of `probe_tiles` gives the values the whole
-    gives there (score mods to within 256 eps of `dtype`, infinities and NaN exactly). A pass
-    is cached (`CACHE_SIZE` entries) under the mod's `mod_key` and the probe's shape: once per
-    mod and shape (every N from PROBE and M from PROBE_KEYS on alike); a mod without a key
-    (reading an object's attribute, which may change) is probed at every call. Skipped for an
-    impure mod (its results vary by call; one not declaring it, whose whole differs when
-    called again, is left to chunked's backward check), under torch.compile (the eager call's
-    check stands) and where the whole call raises (not cached: the real call raises it,
-    checked)."""
-    b, h, n, m = shape
-    b, n, m = min(b, PROBE_BATCH), min(n, PROBE), min(m, PROBE_KEYS)
-    if mod is None or not is_pure(mod) or not n or not m or torch.compiler.is_compiling():
+    gives there (score mods to within 256 eps of `dtype`, infinities and NaN exactly), and the
+    whole gives the same values when called again (else the mod is impure without declaring
+    it: ValueError saying to declare ``pure = False``). A pass is cached (`CACHE_SIZE`
+    entries) under the mod's `mod_key` and the probe's shape: once per mod and shape (every N
+    from PROBE and M from PROBE_KEYS on alike); a mod without a key (reading an object's
+    attribute, which may change) is probed at every call. Skipped for a mod declaring itself
+    impure (its results vary by call) and where the whole call raises (not cached: the real
+    call raises it, checked). Under torch.compile the probe runs once, eagerly, when Dynamo
+    traces the call, on a (1, 1, PROBE, PROBE_KEYS) problem (the call's sizes may be traced as
+    dynamic, unknown then; the kernels tile queries and keys only), or smaller ones
+    (`TRACED_PROBES`) where the whole raises there. Not seen: a mod whose tiles differ from its
+    whole only beyond PROBE_KEYS keys (a top-k mod with k >= PROBE_KEYS)."""
+    if mod is None or not is_pure(mod):
         return
+    if torch.compiler.is_compiling():
+        _traced_probe(kind, mod, dtype, str(torch.device(device)))
+        return
+    b, h, n, m = shape
+    if n and m:
+        probe = (min(b, PROBE_BATCH), h, min(n, PROBE), min(m, PROBE_KEYS))
+        _probe(kind, mod, probe, dtype, device)
+
+
+@constant_when_compiled
+def _traced_probe(kind: str, mod: Callable, dtype: torch.dtype | None, device: str) -> bool:
+    """`_probe` on the first of `TRACED_PROBES` on which the mod's whole call does not raise,
+    called by Dynamo when it traces a call (its result a constant of the graph)."""
+    any(_probe(kind, mod, (1, 1, n, m), dtype, device) for n, m in TRACED_PROBES)
+    return True
+
+
+def _probe(kind: str, mod: Callable, probe: tuple[int, ...], dtype, device) -> bool:
+    """`check_pointwise` on the (b, H, n, m) problem `probe`: False where the mod's whole call
+    raised (nothing checked), else True."""
+    b, h, n, m = probe
     content = mod_key(mod, [])
     key = (kind, content, b, h, n, m, dtype, str(torch.device(device)))
     if content is not None and key in _POINTWISE:
         _POINTWISE.move_to_end(key)
-        return
+        return True
     if kind == "score_mod":  # drawn on the CPU: the same scores on every device
         scores = torch.randn(b, h, n, m, generator=torch.Generator().manual_seed(0), dtype=dtype)
 
@@ -534,9 +560,16 @@ def check_pointwise(
         try:
             whole, again = tile((0, n), (0, m)), tile((0, n), (0, m))
         except Exception:  # noqa: BLE001  (the real call raises it, checked, where it is made)
-            return
-        if _differences(again, whole):  # impure, undeclared: chunked's backward names it
-            return
+            return False
+        differs = _differences(again, whole)
+        if differs:
+            raise ValueError(
+                f"{kind} {mod_name(mod)} is impure without declaring it: called twice with the "
+                f"same arguments on a (B, H, N, M) = {(b, h, n, m)} problem it gave other values "
+                f"({differs}); a mod whose results vary by call (random, stateful) must declare "
+                f"it ({mod_name(mod)}.pure = False: mods.py), else the kernels calling it per "
+                f"tile and again in backward give other attention than one call would"
+            )
         for q, k in probe_tiles(n, m):
             where = f"queries {q[0]}..{q[1] - 1} and keys {k[0]}..{k[1] - 1}"
             try:
@@ -554,11 +587,11 @@ def check_pointwise(
                     f"= {(b, h, n, m)} problem it gave other values than on the whole there "
                     f"({differs}): {POINTWISE}"
                 )
-    if content is None:
-        return
-    _POINTWISE[key] = None
-    if len(_POINTWISE) > CACHE_SIZE:
-        _POINTWISE.popitem(last=False)
+    if content is not None:
+        _POINTWISE[key] = None
+        if len(_POINTWISE) > CACHE_SIZE:
+            _POINTWISE.popitem(last=False)
+    return True
 
 
 def probe_tiles(n: int, m: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
