@@ -78,7 +78,7 @@ def test_the_browser_check_catches_a_label_written_into_the_page_as_html(report,
     assert IMG not in seen.text
 
 
-WIDTH = 1280  # CSS pixels: a laptop's window
+WIDTH, HEIGHT = 1280, 800  # CSS pixels: a laptop's window
 MARKDOWN_SYNTAX = ("**", "\\_", "\\[", "](", "| --- |", "## ")  # shown only if left unrendered
 
 
@@ -141,7 +141,9 @@ def test_every_committed_report_rebuilt_opens_with_its_answer_first(committed, t
     note = ["--note", conclusion.read_text()] if conclusion.is_file() else []
     out = tmp_path / committed.name
     main(["report", str(committed / "cells.csv"), "--grid", str(grid), "--out", str(out), *note])
-    page = open_page(out / "index.html", width=WIDTH)
+    page = open_page(out / "index.html", width=WIDTH, height=HEIGHT)
     spec = load_grid(grid, check_device=False)
     question = spec.file.report.question or ("Does " if spec.selection.compare else "Which ")
     assert_leads_with_the_answer(page, question, verdicts=bool(spec.selection.compare))
+    [headline] = [i for i in page.images if not i["in_details"]]
+    assert headline["top"] < HEIGHT, f"the headline figure starts {headline['top']} px down"
