@@ -79,6 +79,14 @@ SPECS = {
             dict(d_model=16, n_heads_sa=2, n_heads_ra=2, **SYMBOLS),
             dict(d_model=12, n_heads_sa=1, n_heads_ra=2, ra_kwargs=dict(n_relations=3), **SYMBOLS),
             dict(d_model=16, n_heads_sa=2, n_heads_ra=2, share_attn_params=True, **SYMBOLS),
+            dict(  # the branches summed, each as wide as d_model
+                d_model=16,
+                n_heads_sa=2,
+                n_heads_ra=2,
+                combine="sum",
+                sa_kwargs=dict(n_kv_heads=1),
+                **SYMBOLS,
+            ),
         )
     ),
     "gla": Spec(

@@ -190,6 +190,46 @@ def test_bad_teachers_and_swaps_are_refused_before_training(
     assert not (tmp_path / "tiny.sqlite").exists()
 
 
+WINDOW = {"name": "sliding_window"}
+ADDED_HEADS = dict(  # dual attention: the teacher's 2 heads (1 kv) and 2 relational heads
+    n_heads_sa=2, n_heads_ra=2, combine="sum", sa_kwargs={"n_kv_heads": 1},
+    symbol_retrieval="symbolic_attention", symbol_retrieval_kwargs={"n_symbols": 4, "n_heads": 2},
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name, kwargs, starts_as_teacher",
+    [
+        ("standard", {**HEADS, "mask_mod": {**WINDOW, "window": 8}}, True),  # the whole input
+        ("standard", {**HEADS, "mask_mod": {**WINDOW, "window": 1}}, False),  # itself only
+        ("dual", ADDED_HEADS, True),
+    ],
+    ids=["window-8", "window-1", "dual-added-heads"],
+)
+def test_replacements_keeping_the_teachers_heads_are_swapped_in_with_its_projections(
+    teacher, name, kwargs, starts_as_teacher
+):
+    """Standard attention with a mask mod (more kwargs than the teacher's heads) is swapped in
+    with the teacher's projections, as dual attention with relational heads added is: right
+    after the swap, a window covering the copy task's 8 positions, and the added heads, give
+    the teacher's test loss (float32), a window of 1 does not; attention transfer trains them."""
+    from attn_zoo.interop.surgery import swapped_mechanisms
+
+    swapped = {"label": "swapped", "name": name, "kwargs": kwargs, "model": {"finetune": "none"}}
+    transferred = {**swapped, "label": "transferred",
+                   "model": {"transfer_steps": 4, "finetune": "none"}}  # fmt: skip
+    cells = load_grid(grid(teacher, [swapped, transferred], name="kept")).cells
+    model = build_cell_model(cells[0], cells[0].build_task())
+    assert len(swapped_mechanisms(model.hf)) == ARCHITECTURE["num_hidden_layers"]
+    right_after, after_transfer = (train_cell(cell) for cell in cells)
+    assert right_after.status == "done" and right_after.metrics["steps"] == 0
+    kept = right_after.metrics["test_recovered"] == pytest.approx(1.0, abs=1e-5)
+    assert kept == starts_as_teacher, right_after.metrics
+    assert after_transfer.status == "done"
+    assert [row[0] for row in after_transfer.curve] == [2, 4]  # the transfer's MSE
+    assert all(math.isfinite(row[1]) for row in after_transfer.curve)
+
+
 def test_a_cell_resumed_across_the_transfer_boundary_ends_as_an_uninterrupted_one(teacher):
     lora = {**LINEAR, "label": "lora", "model": {"transfer_steps": 3, "finetune": "lora",
                                                  "lora_rank": 2}}  # fmt: skip

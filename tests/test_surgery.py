@@ -130,6 +130,17 @@ STANDARD_CASES = sorted(  # llama on every backend by default, the other models 
 )
 
 
+def assert_original_logits(swapped, original, ids, left_padded) -> None:
+    """The logits of `swapped` are `original`'s to 1e-10 (float64), equal-length and
+    left-padded (at real tokens)."""
+    real = left_padded.bool()
+    with torch.no_grad():
+        for mask, rows in ((None, slice(None)), (left_padded, real)):
+            want = original(ids, attention_mask=mask).logits[rows]
+            got = swapped(ids, attention_mask=mask).logits[rows]
+            torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+
+
 @pytest.mark.parametrize(
     "model_type, backend",
     fast_first(STANDARD_CASES, len(SOFTMAX_CPU_FLOAT64) + len(MODELS) - 1),
@@ -142,16 +153,43 @@ def test_standard_gives_the_original_logits(model_type, backend, ids, left_padde
     original = tiny(model_type, torch.float64, "sdpa").eval()
     swapped = swap_attention(tiny(model_type, torch.float64), "standard", backend=backend)
     assert len(swapped_mechanisms(swapped)) == SIZES["num_hidden_layers"]
-    real = left_padded.bool()
-    with torch.no_grad():
-        for mask, rows in ((None, slice(None)), (left_padded, real)):
-            want = original(ids, attention_mask=mask).logits[rows]
-            got = swapped(ids, attention_mask=mask).logits[rows]
-            torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+    assert_original_logits(swapped, original, ids, left_padded)
     tokens, logits = greedy(swapped, ids, True, attention_mask=left_padded)
     want_tokens, want_logits = greedy(original, ids, True, attention_mask=left_padded)
     assert torch.equal(tokens, want_tokens)
     torch.testing.assert_close(logits, want_logits, atol=1e-10, rtol=0)
+
+
+ADDED_HEADS = dict(  # dual attention: the model's 4 heads (2 kv) and 4 relational heads beside
+    n_heads_sa=4, n_heads_ra=4, combine="sum", sa_kwargs=dict(n_kv_heads=2), **SYMBOLS
+)
+
+
+def test_dual_with_added_relational_heads_starts_as_the_original_and_they_learn(
+    ids, left_padded, tmp_path, caplog
+):
+    """float64: dual attention combined by sum has its self-attention branch copied (every
+    projection: none named) and its relational heads' output projection zeroed, so it gives
+    the original's logits (equal-length and left-padded) to 1e-10; a training step makes the
+    relational heads contribute (the logits move), and the trained model saves and loads."""
+    original = tiny("llama", torch.float64, "sdpa").eval()
+    with caplog.at_level(logging.WARNING, logger="attn_zoo"):
+        swapped = swap_attention(tiny("llama", torch.float64), "dual", **ADDED_HEADS)
+    assert "starts from none" not in caplog.text
+    assert_original_logits(swapped, original, ids, left_padded)
+    relational = [m.relational_attention for m in swapped_mechanisms(swapped).values()]
+    optimizer = torch.optim.SGD(swapped.parameters(), lr=0.1)
+    swapped.train()(ids, labels=ids).loss.backward()
+    assert all(ra.wo.weight.grad.abs().sum() > 0 for ra in relational)
+    optimizer.step()
+    assert all(ra.wo.weight.abs().sum() > 0 for ra in relational)
+    swapped.eval()
+    with torch.no_grad():
+        assert (swapped(ids).logits - original(ids).logits).abs().max() > 1e-4
+    swapped.save_pretrained(tmp_path)
+    again = load_swapped(tmp_path)  # the swap replayed (its zeroing too), then the weights
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, swapped(ids).logits, atol=0, rtol=0)
 
 
 def test_without_the_copied_weights_standard_differs(ids):
@@ -284,7 +322,7 @@ ALL = {"q_proj", "k_proj", "v_proj", "o_proj"}
 NOT_COPIED = {  # docs/surgery.md's table, for SIZES' grouped-query heads (4 heads, 2 kv heads)
     "gla": {"q_proj", "v_proj"},  # head_dim / 2 wide queries and keys, no grouped values
     "additive": {"k_proj", "v_proj"},  # no grouped keys and values
-    "dual": ALL,  # projections per branch
+    "dual": ALL,  # combine "concat": its branches' heads d_model // (n_sa + n_ra) wide
     "axial": ALL,  # projections per axis
 }
 

@@ -13,7 +13,9 @@ or qwen2: attn_zoo.interop.surgery.SUPPORTED) with its weights, or with fresh on
 the cell's seed where `from_scratch` is true (the folder then needs no weights), and swaps
 every decoder layer's attention for the cell's mechanism and its kwargs
 (attn_zoo.interop.surgery.swap_attention: the model's sizes fill d_model, n_heads, ...);
-mechanism "standard" is no swap: the teacher's own attention. The cell's size must be the
+mechanism "standard" with no kwargs but the teacher's heads is no swap: the teacher's own
+attention (`swaps`; standard with more, a sliding-window mask mod say, is swapped in with the
+teacher's projections). The cell's size must be the
 teacher's (d_model = hidden_size, n_layers = num_hidden_layers), its task a language model of
 the teacher's vocabulary; the other model options do not apply (the config sets them).
 
@@ -51,7 +53,8 @@ from attn_zoo.interop.surgery import RECORD, SUPPORTED, load_swapped, swap_atten
 
 TEACHER_OPTIONS = ("teacher", "from_scratch", "transfer_steps", "finetune", "lora_rank")
 FINETUNE = ("none", *distill.FINETUNE)  # after the transfer: next-token loss on what it trains
-NO_SWAP = "standard"  # the mechanism that keeps the teacher's own attention
+NO_SWAP = "standard"  # the mechanism that keeps the teacher's own attention (`swaps`)
+HEADS = {"n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads"}
 SIZE_KEYS = ("label", "d_model", "n_layers")
 
 
@@ -98,6 +101,12 @@ def stages_of(model: nn.Module, steps: int) -> tuple[Stage, ...]:
 def trained_names(model: nn.Module) -> frozenset[str]:
     """The names of `model`'s trainable parameters."""
     return frozenset(name for name, p in model.named_parameters() if p.requires_grad)
+
+
+def swaps(mechanism: str, kwargs: dict) -> bool:
+    """Whether a teacher's cell of `mechanism` with `kwargs` swaps the teacher's attention: all
+    but `NO_SWAP` with no kwargs besides the teacher's heads (`HEADS`)."""
+    return mechanism != NO_SWAP or bool(set(kwargs) - set(HEADS))
 
 
 def has_teacher(size: dict) -> bool:
@@ -181,9 +190,6 @@ def load_teacher(path: Path) -> nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).train()
 
 
-HEADS = {"n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads"}
-
-
 def _check_cell(size: dict, config, task, mechanism: str, kwargs: dict, steps: int) -> None:
     """ValueError naming the first setting of a teacher's cell that cannot apply."""
     for key, name in HEADS.items():
@@ -192,12 +198,6 @@ def _check_cell(size: dict, config, task, mechanism: str, kwargs: dict, steps: i
                 f"mechanism kwarg {key} = {kwargs[key]!r}: the teacher's {name} is "
                 f"{getattr(config, name)}, which a swapped layer's heads must be"
             )
-    if mechanism == NO_SWAP and set(kwargs) - set(HEADS):
-        raise ValueError(
-            f"mechanism {NO_SWAP!r} keeps the teacher's attention (no swap): kwargs "
-            f"{sorted(set(kwargs) - set(HEADS))} cannot apply (valid: {', '.join(HEADS)}, "
-            "the teacher's)"
-        )
     others = sorted(set(size) - set(TEACHER_OPTIONS) - set(SIZE_KEYS))
     if others:
         raise ValueError(
@@ -227,11 +227,12 @@ def _check_cell(size: dict, config, task, mechanism: str, kwargs: dict, steps: i
             f"model.lora_rank = {size['lora_rank']} sets the rank of finetune 'lora' adapters, "
             f"and model.finetune = {finetune!r}: set finetune = 'lora' or leave lora_rank out"
         )
-    if mechanism == NO_SWAP and (transfer or finetune not in ("none", "all")):
+    if not swaps(mechanism, kwargs) and (transfer or finetune not in ("none", "all")):
         raise ValueError(
-            f"mechanism {NO_SWAP!r} keeps the teacher's attention (no swap), so there is no "
-            f"swapped layer for model.transfer_steps = {transfer} and model.finetune = "
-            f"{finetune!r} to train; valid for it: transfer_steps 0, finetune 'none' or 'all'"
+            f"mechanism {NO_SWAP!r} with no kwargs but the teacher's heads keeps the teacher's "
+            f"attention (no swap), so there is no swapped layer for model.transfer_steps = "
+            f"{transfer} and model.finetune = {finetune!r} to train; valid for it: "
+            "transfer_steps 0, finetune 'none' or 'all'"
         )
 
 
@@ -254,11 +255,12 @@ def build_teacher_model(
         hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     else:
         hf = load_teacher(path)
-    if mechanism != NO_SWAP:
+    swapped = swaps(mechanism, kwargs)
+    if swapped:
         swap_attention(hf, mechanism, **kwargs)
     model, stages = CausalLM(hf.train()), []
     if finetune != "none":  # first: a "lora" stage adds the adapters the transfer then freezes
-        if mechanism != NO_SWAP:
+        if swapped:
             set_trainable(hf, finetune, lora_rank=size.get("lora_rank", 8))
         stages.append(Stage(finetune, steps, trained_names(model)))
     if transfer:

@@ -30,7 +30,10 @@ filled in from the model's config where it accepts them; the caller's kwargs win
   none (no projection of those names, or another shape: gla's half-width queries, additive's
   ungrouped keys and values) is named in a logged warning, and the mechanism's own starts as
   it defines it, as does everything else (feature maps, gates, relation projections, lambda,
-  a bias of a projection not copied).
+  a bias of a projection not copied). Dual attention with ``combine="sum"`` (its
+  self-attention branch as wide as the model, its relational heads' output added) starts its
+  self-attention branch so, and its relational branch's output projection at zero: relational
+  heads added to the model's own, the layer the model's at the start (`start_from_model`).
 - RoPE: the model's own tables (its rotary embedding's cos, sin at the model's position ids,
   rope scaling included) are applied to the mechanism's queries and keys as the model applies
   them (`ModelRotary`: rotate_half, in the activations' dtype), so `standard` in place of the
@@ -81,6 +84,7 @@ from attn_zoo.kernels.rotary import Rotary
 from attn_zoo.kernels.softmax.masks import causal_mask
 from attn_zoo.mechanisms.base import AttentionMechanism
 from attn_zoo.mechanisms.cache import LayerCache
+from attn_zoo.mechanisms.dual import DualAttention
 from attn_zoo.mechanisms.registry import MECHANISMS, build, mechanism_class
 
 log = logging.getLogger("attn_zoo")
@@ -381,6 +385,24 @@ def copy_projections(old: nn.Module, new: nn.Module) -> list[str]:
     return not_copied
 
 
+@torch.no_grad()
+def start_from_model(old: nn.Module, new: nn.Module) -> list[str]:
+    """Start `new` from the model's attention `old`: its projections (`copy_projections`);
+    dual attention combined by sum (attn_zoo/mechanisms/dual.py: out = SA(x) + RA(x, s)) has
+    its self-attention branch's copied and its relational branch's output projection (and
+    bias) zeroed, so RA(x, s) = 0: the relational heads are added to the model's heads
+    contributing nothing, and the layer gives the model's output where all four copied.
+    Returns what `copy_projections` returns (a dual's: "of its self-attention branch")."""
+    dual_sum = isinstance(new, DualAttention) and new.combine == "sum"
+    if not dual_sum or new.self_attention is None:
+        return copy_projections(old, new)
+    not_copied = copy_projections(old, new.self_attention)
+    if new.relational_attention is not None:
+        for param in new.relational_attention.wo.parameters():
+            param.zero_()
+    return [f"{why} (of its self-attention branch)" for why in not_copied]
+
+
 def own_config(model: nn.Module) -> object:
     """A copy of `model.config` put in place of the original on every module of `model` that
     holds it: the swap's record (`RECORD`) then reaches this model only, not another model
@@ -462,7 +484,7 @@ def swap_attention(
     cached = keeps_cache(first)
     padded_cache = cached and probe(first, config, takes_rope, padded_cache=True) is None
     for i, module in built.items():
-        not_copied = copy_projections(blocks[i].self_attn, module)
+        not_copied = start_from_model(blocks[i].self_attn, module)
         swap = SwappedAttention(module, i, takes_rope, padded_cache)
         blocks[i].self_attn = swap.train(blocks[i].self_attn.training)  # the layer's mode
     if not_copied:  # the same in every layer: one mechanism, one config

@@ -1,12 +1,19 @@
 """Dual attention (Altabaa & Lafferty, arXiv 2405.16727): standard self-attention heads and
-relational attention heads side by side, outputs concatenated:
+relational attention heads side by side, combined by `combine`:
 
-    out = concat(SelfAttention_{n_heads_sa}(x), RelationalAttention_{n_heads_ra}(x, s))
+    "concat": out = concat(SelfAttention_{n_heads_sa}(x), RelationalAttention_{n_heads_ra}(x, s))
+    "sum":    out = SelfAttention_{n_heads_sa}(x) + RelationalAttention_{n_heads_ra}(x, s)
 
-Each branch has head_dim = d_model // (n_heads_sa + n_heads_ra) and its own square output
-projection; there is no joint projection (as in `dual_attention.dual_attention.DualAttention`,
-whose kwargs and parameter names are kept). share_attn_params makes the self-attention's wq
-and wk the relational branch's wq_attn and wk_attn (n_heads_sa must equal n_heads_ra).
+"concat" (the default) is the reference's: each branch has head_dim = d_model // (n_heads_sa +
+n_heads_ra) and its own square output projection; there is no joint projection (as in
+`dual_attention.dual_attention.DualAttention`, whose kwargs and parameter names are kept).
+"sum": each branch is as wide as the model, its heads d_model // (its own head count) wide and
+its output projection (d_model, d_model): a joint output projection over the heads of both
+branches, concat(A_sa, A_ra) [Wo_sa; Wo_ra]. Its self-attention branch is then standard
+attention of n_heads_sa heads itself, to which relational heads are added (how
+attn_zoo/interop/surgery.py adds them to a model's attention). share_attn_params makes the
+self-attention's wq and wk the relational branch's wq_attn and wk_attn (n_heads_sa must equal
+n_heads_ra).
 
 Backends are the tier names naive, chunked and fused (and auto): each branch runs its own
 kernel family at that tier. Symbols go to the relational branch (see relational.py: absolute,
@@ -40,10 +47,13 @@ from attn_zoo.symbols import RelativeSymbols
 from attn_zoo.symbols.retrievers import cacheable, check_returns, retrieve
 
 BRANCH_FIXED = {"d_model", "n_heads", "total_n_heads", "dropout", "backend"}
+COMBINE = ("concat", "sum")
 
 
 @register_mechanism("dual")
 class DualAttention(AttentionMechanism):
+    combine = "concat"  # modules pickled before it existed: the reference's
+
     def __init__(
         self,
         d_model: int,
@@ -56,6 +66,7 @@ class DualAttention(AttentionMechanism):
         ra_type: str = "relational_attention",
         symbol_retrieval: str | None = None,
         symbol_retrieval_kwargs: dict | None = None,
+        combine: str = "concat",
         backend: str = "auto",
     ):
         check_int("n_heads_sa", n_heads_sa, low=0)
@@ -71,17 +82,27 @@ class DualAttention(AttentionMechanism):
             )
         if ra_type != "relational_attention":
             raise ValueError(f"ra_type={ra_type!r}: only 'relational_attention' is available")
+        if combine not in COMBINE:
+            raise ValueError(f"combine={combine!r}: valid are {COMBINE}")
         sa_kwargs, ra_kwargs = dict(sa_kwargs or {}), dict(ra_kwargs or {})
         MECHANISMS.check_kwargs("standard", sa_kwargs, BRANCH_FIXED, where="sa_kwargs")
         MECHANISMS.check_kwargs("relational", ra_kwargs, BRANCH_FIXED, where="ra_kwargs")
         super().__init__(backend)
+        self.combine = combine
+        common = dict(d_model=d_model, dropout=dropout, backend=backend)
+        # a branch's heads are d_model // total_n_heads wide: both branches' heads ("concat"),
+        # its own ("sum")
         total = n_heads_sa + n_heads_ra
-        common = dict(d_model=d_model, total_n_heads=total, dropout=dropout, backend=backend)
+        sa_total, ra_total = (total, total) if combine == "concat" else (n_heads_sa, n_heads_ra)
         self.self_attention = (
-            StandardAttention(n_heads=n_heads_sa, **common, **sa_kwargs) if n_heads_sa else None
+            StandardAttention(n_heads=n_heads_sa, total_n_heads=sa_total, **common, **sa_kwargs)
+            if n_heads_sa
+            else None
         )
         self.relational_attention = (
-            RelationalAttention(n_heads=n_heads_ra, **common, **ra_kwargs) if n_heads_ra else None
+            RelationalAttention(n_heads=n_heads_ra, total_n_heads=ra_total, **common, **ra_kwargs)
+            if n_heads_ra
+            else None
         )
         if share_attn_params:
             self.self_attention.wq = self.relational_attention.wq_attn
@@ -170,7 +191,7 @@ class DualAttention(AttentionMechanism):
             result = self.relational_attention(x, symbols, attn_mask, is_causal, rope, ra_cache)
             out, *ra_maps = result if isinstance(result, tuple) else (result,)
             outputs.append(out)
-        out = torch.cat(outputs, dim=-1)
+        out = torch.cat(outputs, dim=-1) if self.combine == "concat" else sum(outputs)
         return (out, sa_weights, ra_maps) if reference else out
 
     @staticmethod
