@@ -37,8 +37,8 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 install: $(VENV)/.installed
 
 # What the demo needs and no more: torch and the ablations extra (pandas, matplotlib, scipy,
-# pydantic, rich, jinja2, markdown-it-py, confusable-homoglyphs), not the test extra's triton,
-# Ray, MLflow, transformers and docs toolchain.
+# pydantic, rich, jinja2, markdown-it-py, confusable-homoglyphs, regex), not the test extra's
+# triton, Ray, MLflow, transformers and docs toolchain.
 $(VENV)/.installed-demo: $(BIN)/python pyproject.toml
 	$(call install_extra,ablations)
 	touch $@

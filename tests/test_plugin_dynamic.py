@@ -3,8 +3,10 @@ forward loads with ``importlib.import_module``, and a data file it reads, are in
 checkpoint like its own file; an edit of either after a kill trains the cell from step 0, an
 unchanged one resumes (ablations/grid/plugins.py, ablations/run/resume.py). And (hostile pass 6)
 the note of a checkpoint not resumed names exactly the files that changed, were added or are
-gone, a checkpoint holding a digest of each. Runs are real CLI processes (one thread worker: the
-decision to resume is the point), or the training function where only the note is."""
+gone, a checkpoint holding a digest of each. And (hostile pass 7, D8) a helper a forward imports
+from a namespace package (a folder without __init__.py) in another folder is digested, named by
+its module's own file. Runs are real CLI processes (one thread worker: the decision to resume is
+the point), or the training function where only the note is."""
 
 import hashlib
 import io
@@ -237,3 +239,65 @@ def test_a_checkpoint_from_before_per_file_digests_resumes_unchanged_and_refuses
     (note,) = resumed_notes(grid, lambda: helper.write_text("SCALE = 0.5\n"), old)
     assert "changed since it was written: {outside_mech.py: " in note
     assert "(the checkpoint predates per-file digests: which of the plugins' files" in note
+
+
+def namespace_helper(tmp_path: Path, monkeypatch, namespace: str) -> tuple[Path, Path]:
+    """Module `namespace`.bias (SCALE = 1.0) in tmp_path/shared/`namespace`, a namespace
+    package (no __init__.py) on sys.path, beside an unrelated module of it: the folder that
+    holds the grid (tmp_path/grid) and the helper."""
+    shared, folder = tmp_path / "shared", tmp_path / "grid"
+    (shared / namespace).mkdir(parents=True), folder.mkdir()
+    helper = shared / namespace / "bias.py"
+    helper.write_text("SCALE = 1.0\n")
+    (shared / namespace / "unrelated.py").write_text("UNUSED = 1\n")
+    monkeypatch.syspath_prepend(str(shared))
+    for module in (namespace, f"{namespace}.bias"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    return folder, helper
+
+
+@pytest.mark.parametrize(
+    "statement",
+    ["from {ns}.bias import SCALE", "import {ns}.bias", "from {ns} import bias, unknown"],
+)
+def test_a_helper_imported_lazily_from_a_namespace_package_is_digested(
+    tmp_path, monkeypatch, statement
+):
+    """The seventh pass: the namespace package had no file, so its module was never digested
+    and a checkpoint resumed across its edit. Only the module named is its code."""
+    folder, helper = namespace_helper(tmp_path, monkeypatch, "ns_lazy")
+    plugin = folder / "ns_lazy_mech.py"
+    plugin.write_text(f"def forward():\n    {statement.format(ns='ns_lazy')}\n")
+    (name,) = resolve([str(plugin)])
+    assert plugin_files(name) == [str(plugin.resolve()), str(helper.resolve())]
+
+
+def test_a_namespace_helpers_relative_imports_are_digested(tmp_path, monkeypatch):
+    folder, helper = namespace_helper(tmp_path, monkeypatch, "ns_relative")
+    helper.write_text("from .scale_of import SCALE\n")
+    (helper.parent / "scale_of.py").write_text("SCALE = 1.0\n")
+    plugin = folder / "ns_relative_mech.py"
+    plugin.write_text("def forward():\n    from ns_relative.bias import SCALE\n")
+    (name,) = resolve([str(plugin)])
+    assert plugin_files(name)[1:] == [
+        str(helper.resolve()),
+        str(helper.parent.resolve() / "scale_of.py"),
+    ]
+
+
+@pytest.mark.slow  # a CLI run and two trainings: 38 s on a loaded machine
+def test_an_edit_of_a_namespace_helper_imported_lazily_trains_from_step_0(tmp_path, monkeypatch):
+    """The seventh pass, end to end: after a kill at step 400 the helper was edited (SCALE 1.0
+    -> 3.0) and the cell resumed, its result neither the old code's nor the new's."""
+    folder, helper = namespace_helper(tmp_path, monkeypatch, "ns_edited")
+    head = "def scale():\n    from ns_edited.bias import SCALE\n\n    return SCALE\n"
+    mechanism = scaled_plugin(folder, "ns_edited_mech", "scale()", head)
+    grid = tiny_grid(folder, mechanisms=[mechanism], seeds=[0], training=TRAINING)
+    with_imports(grid, folder / "ns_edited_mech.py")
+    planted_checkpoint(grid)
+    helper.write_text("SCALE = 0.5  # edited after the kill\n")
+    monkeypatch.delitem(sys.modules, "ns_edited.bias")  # the reference trains on the edit
+    result = cli(grid, "--set", "resume.every_steps=10", path=helper.parent.parent, workers=1)
+    assert_trained_from_zero(grid, result, "the plugin files")
+    (note,) = [line for line in result.stdout.splitlines() if "checkpoint ignored" in line]
+    assert f"changed since it was written: {helper.resolve()} (" in note

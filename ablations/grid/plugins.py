@@ -20,9 +20,11 @@ to stderr, so that a command's stdout is what the command prints (`importing_plu
 resolved names (`GridSpec.imports`) travel with the cells to the executors' worker processes
 and Ray tasks, which import them before training; each cell records them with their files'
 SHA-256 (ablations.run.provenance), and its resume checkpoints each file of their code, a
-helper they import from another folder and every module loaded from the plugins' folders
-however it was imported included, with its own digest (`loaded_plugin_files`). A data
-file a plugin reads is its input too, but unseen unless its module declares it:
+helper they import from another folder (a namespace package's too) and every module loaded
+from the plugins' folders however it was imported included, with its own digest
+(`loaded_plugin_files`). A data file a plugin reads is its input too, but unseen unless its
+module declares it, as is a module it loads by path and keeps out of sys.modules
+(``importlib.util.spec_from_file_location`` and ``exec_module``: docs/extending.md):
 
     ATTN_ZOO_FILES = ["settings.json"]    # beside the module: digested with its code
 
@@ -33,9 +35,11 @@ by every registry (attn_zoo/registry.py).
 from __future__ import annotations
 
 import ast
+import contextlib
 import glob
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -205,7 +209,7 @@ def plugin_files(name: str) -> list[str]:
     files = {  # a package's every module, loaded or not: one imported lazily (in a forward,
         os.path.realpath(path)  # at the first evaluation) is its code as much as the others
         for folder in ([] if is_file(name) else folders)
-        for path in glob.glob(os.path.join(folder, "**", "*.py"), recursive=True)
+        for path in _python_files(folder)
     }
     for module in [*package, *_brought.get(name, [])]:
         file = getattr(sys.modules.get(module), "__file__", None)
@@ -224,8 +228,9 @@ def plugin_files(name: str) -> list[str]:
 def _named_imports(files: list[str], library: tuple[str, ...]) -> set[str]:
     """The files of the modules that the code of `files` names in an import statement
     anywhere (inside a function too: ``import helper`` in a forward runs only at the first
-    call, after the plugin was digested), found beside the importing file or on sys.path,
-    outside `library`, and of the modules those name in turn; a package's every module."""
+    call, after the plugin was digested), found beside the importing file or on sys.path
+    (``from .helper import f``: beside it), outside `library`, and of the modules those name in
+    turn (`_module_files`)."""
     found: set[str] = set()
     todo = list(files)
     while todo:
@@ -234,14 +239,25 @@ def _named_imports(files: list[str], library: tuple[str, ...]) -> set[str]:
             tree = ast.parse(Path(file).read_bytes())
         except (OSError, SyntaxError, ValueError):
             continue
-        names = set()
+        folder = Path(file).parent
+        # (module, the folder to find it in, and on sys.path?, the names imported from it)
+        named: set[tuple[str, Path, bool, tuple[str, ...]]] = set()
         for node in ast.walk(tree):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            members = tuple(alias.name for alias in node.names)
             if isinstance(node, ast.Import):
-                names |= {alias.name for alias in node.names}
+                named |= {(name, folder, True, ()) for name in members}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names.add(node.module)
-        for name in sorted(names):
-            for path in _module_files(name.split(".")[0], Path(file).parent):
+                named.add((node.module, folder, True, members))
+            elif isinstance(node, ast.ImportFrom) and node.level <= len(folder.parents) + 1:
+                base = folder.parents[node.level - 2] if node.level > 1 else folder
+                if node.module:  # `from .helper import f`
+                    named.add((node.module, base, False, members))
+                else:  # `from . import helper`
+                    named |= {(name, base, False, ()) for name in members}
+        for name, where, on_sys_path, members in sorted(named):
+            for path in _module_files(name, [str(where)], on_sys_path, library, members):
                 path = os.path.realpath(path)
                 if not path.startswith(library) and path not in found and path not in files:
                     found.add(path)
@@ -249,22 +265,46 @@ def _named_imports(files: list[str], library: tuple[str, ...]) -> set[str]:
     return found
 
 
-def _module_files(top: str, folder: Path) -> list[str]:
-    """The .py files of top-level module `top`: a module or package beside `folder`'s files,
-    else the one sys.path finds (not imported; none for a built-in or missing one)."""
-    beside = [folder / f"{top}.py", folder / top / "__init__.py"]
-    origin = next((str(path) for path in beside if path.is_file()), None)
-    if origin is None:
-        try:
-            spec = importlib.util.find_spec(top)
-        except (ImportError, ValueError):
+def _module_files(
+    name: str,
+    folders: list[str],
+    on_sys_path: bool,
+    library: tuple[str, ...],
+    members: Sequence[str] = (),
+) -> list[str]:
+    """The .py files of module `name` ("a.b.c"), found (not imported) in `folders`, else, for
+    `on_sys_path`, where sys.path finds it: the first regular package on its way, its every
+    module (``import a.b`` of a package a: all of a's code, as a's modules import each other),
+    else its own file. A namespace package (a folder without __init__.py, in one folder or
+    several) has no code: one on the way leads to the module named in it, one named, to its
+    modules named by `members` (``from ns import helper``: ns/helper.py). None for a built-in
+    or missing module (`from a import f` of a function f names a), nor for a package in
+    `library` (torch's 2,000 files are not listed)."""
+    for i, part in enumerate(name.split(".")):
+        spec = importlib.machinery.PathFinder.find_spec(part, folders)
+        if i == 0 and on_sys_path and (spec is None or spec.origin is None):  # none beside
+            with contextlib.suppress(ImportError, ValueError):  # ValueError: no __spec__
+                spec = importlib.util.find_spec(part) or spec
+        if spec is None:
             return []
-        origin = spec.origin if spec is not None and spec.has_location else None
-    if origin is None or not os.path.isfile(origin):
+        if spec.origin is not None or spec.submodule_search_locations is None:
+            break  # a module, a regular package, or one with no file (built-in)
+        folders = list(spec.submodule_search_locations)  # a namespace package's folders
+    else:  # `name` is a namespace package
+        return [
+            path for member in members for path in _module_files(member, folders, False, library)
+        ]
+    origin = os.path.realpath(spec.origin) if spec.has_location else None
+    if origin is None or not os.path.isfile(origin) or origin.startswith(library):
         return []
     if os.path.basename(origin) != "__init__.py":
         return [origin]
-    return glob.glob(os.path.join(os.path.dirname(origin), "**", "*.py"), recursive=True)
+    return _python_files(os.path.dirname(origin))
+
+
+def _python_files(folder: str) -> list[str]:
+    """The .py files in `folder` and below it."""
+    return glob.glob(os.path.join(folder, "**", "*.py"), recursive=True)
 
 
 def plugin_folders(names: Iterable[str]) -> list[str]:

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import math
 import re
-import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import regex
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -108,17 +108,21 @@ def resource(valid: str, ok: Callable[[float], bool]) -> object:
     )
 
 
+# The characters that render as nothing or as blank space: control and format characters (a
+# zero-width space U+200B), the Unicode property Default_Ignorable_Code_Point (the Hangul
+# fillers U+3164 and U+115F, the combining grapheme joiner U+034F, the variation selectors
+# U+FE0F and U+E0100), and two blank glyphs no property names, the Braille blank U+2800 and the
+# musical null notehead U+1D159
+INVISIBLE = regex.compile(r"[\p{Cc}\p{Cf}\p{Default_Ignorable_Code_Point}\u2800\U0001D159]")
 # A label names a row of the report: no whitespace around it and no invisible character in
-# it, which would read the same ("std", "std " and "std\u200b"); labels of one kind also differ
-# after Unicode NFKC normalisation and in their confusable skeletons, "relational" and one with
-# a Cyrillic "а" (ablations/grid/validate.py: check_entries)
+# it, which would read the same ("std", "std " and "std\u200b", "std\u3164"); labels of one
+# kind also differ after Unicode NFKC normalisation and in their confusable skeletons,
+# "relational" and one with a Cyrillic "а" (ablations/grid/validate.py: check_entries)
 Label = rule(
     StrictStr,
     "a non-empty str without leading or trailing whitespace or invisible (format or control) "
-    "characters",
-    lambda v: (
-        v != "" and v == v.strip() and not any(unicodedata.category(c) in ("Cf", "Cc") for c in v)
-    ),
+    "characters or blank ones (Default_Ignorable_Code_Point, U+2800)",
+    lambda v: v != "" and v == v.strip() and INVISIBLE.search(v) is None,
 )
 # A grid name names files (results/<name>.sqlite, reports/<name>/): no path, no hidden file
 Name = rule(

@@ -31,6 +31,7 @@ from ablations.grid.cell_model import build_cell_model
 from ablations.grid.devices import DEVICES, device_problem, precision_problem
 from ablations.grid.references import REFERENCES
 from ablations.grid.schema import (
+    INVISIBLE,
     SECTIONS,
     SEED_RANGE,
     GridFile,
@@ -68,8 +69,14 @@ def _fail(path, key, value, valid, what: str = "") -> SpecError:
             f"{differing_characters(alike[0], value)}."
         )
     return SpecError(
-        f"{path}: {key} = {value!r} is not valid{what}.{hint} Valid: {', '.join(valid)}"
+        f"{path}: {key} = {escaped(value)} is not valid{what}.{hint} Valid: {', '.join(valid)}"
     )
+
+
+def escaped(value: object) -> str:
+    """repr(`value`) with the characters that render as nothing or blank escaped too (repr
+    escapes the control and format ones, not U+3164 or U+2800: schema.INVISIBLE)."""
+    return INVISIBLE.sub(lambda char: ascii(char[0])[1:-1], repr(value))
 
 
 def check_keys(path, where, table: dict, valid, what: str = "") -> None:
@@ -142,7 +149,7 @@ def spec_error(
         return SpecError(f"{path}: {parent + ' is ' if parent else ''}missing {loc[-1]!r}")
     where, _, valid = _where(loc, root)
     where = key or where
-    shown = short_label(repr(value), VALUE_CHARS)  # a 100,000-character label: its start
+    shown = short_label(escaped(value), VALUE_CHARS)  # a 100,000-character label: its start
     if error["type"] in ("model_type", "dict_type"):
         return SpecError(f"{path}: {where} = {shown} must be a table, e.g. {{ key = value }}")
     if valid is not None and valid.choices:
@@ -301,10 +308,13 @@ def _prototype(char: str) -> str:
 
 
 def skeleton(label: str) -> str:
-    """The confusable skeleton of `label` (Unicode TR39, after NFKC): each character mapped to
-    its prototype (`_prototype`); two labels that read alike ("relational" and "relаtional"
-    with a Cyrillic а, "d32xl" and "d32x1") have one."""
-    return "".join(_prototype(c) for c in unicodedata.normalize("NFKC", label))
+    """The confusable skeleton of `label` (Unicode TR39, after NFKC): the characters that render
+    as nothing or blank dropped (schema.INVISIBLE: TR39 drops Default_Ignorable_Code_Point),
+    each other mapped to its prototype (`_prototype`); two labels that read alike
+    ("relational" and "relаtional" with a Cyrillic а, "d32xl" and "d32x1", "std" and
+    "std\\u3164") have one."""
+    visible = INVISIBLE.sub("", unicodedata.normalize("NFKC", label))
+    return "".join(_prototype(c) for c in visible)
 
 
 def differing_characters(a: str, b: str) -> str:
