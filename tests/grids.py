@@ -78,14 +78,28 @@ def tiny_grid(
 
 
 def _value(value: object) -> str:
-    """`value` as TOML: a table inline, strings as JSON writes them (valid TOML strings)."""
+    """`value` as TOML: a table inline, strings `_string`, numbers as JSON writes them."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict):
         return "{ " + ", ".join(f"{k} = {_value(v)}" for k, v in value.items()) + " }"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_value(v) for v in value) + "]"
-    return json.dumps(value)
+    return _string(value) if isinstance(value, str) else json.dumps(value)
+
+
+def _string(text: str) -> str:
+    """`text` as a TOML basic string: printable ASCII as is, every other character escaped
+    (\\uXXXX, or \\UXXXXXXXX beyond U+FFFF: JSON's surrogate pairs are not valid TOML)."""
+
+    def escape(c: str) -> str:
+        if c in '"\\':
+            return "\\" + c
+        if " " <= c <= "~":
+            return c
+        return f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
+
+    return '"' + "".join(escape(c) for c in text) + '"'
 
 
 def assert_refused(path: Path, fragments: list[str], overrides: list[str] | None = None) -> None:

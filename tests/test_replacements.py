@@ -29,6 +29,7 @@ from ablations.results.store import ResultsStore  # noqa: E402
 from ablations.run import export  # noqa: E402
 from ablations.run.export import export_cell  # noqa: E402
 from ablations.run.provenance import (  # noqa: E402
+    data_record,
     mixed_provenance,
     plugin_record,
     source_state,
@@ -298,7 +299,8 @@ def test_a_distilled_cell_exports_as_a_swapped_model_with_its_test_loss(teacher,
 
 def stored_teacher(folder: Path, status: str, weight: float | None = None) -> Path:
     """A grid of one from-scratch teacher cell whose store holds it as `status` with its kept
-    weights, each filled with `weight` (None: as built), without training it."""
+    weights, each filled with `weight` (None: as built), and the data files it read (its
+    teacher's config.json), without training it."""
     (folder / "arch").mkdir()
     (folder / "arch" / "config.json").write_text(json.dumps(ARCHITECTURE))
     mechanism = {"label": "llama", "name": "standard", "kwargs": HEADS}
@@ -306,14 +308,16 @@ def stored_teacher(folder: Path, status: str, weight: float | None = None) -> Pa
                      sizes=[{**SIZE, "teacher": "arch", "from_scratch": True}],
                      training=TRAINING, checkpoints=True)  # fmt: skip
     (cell,) = load_grid(path).cells
-    weights = build_cell_model(cell, cell.build_task()).state_dict()
+    task = cell.build_task()
+    weights = build_cell_model(cell, task).state_dict()
     if weight is not None:
         weights = {name: torch.full_like(tensor, weight) for name, tensor in weights.items()}
     data = io.BytesIO()
     torch.save(weights, data)
     with ResultsStore(folder / "stored.sqlite") as store:
         store.claim(cell.config())
-        store.finish(cell.key, status, metrics={}, curve=[], environment={},
+        store.finish(cell.key, status, metrics={}, curve=[],
+                     environment={"data": data_record(cell, task)},
                      files={store.checkpoint_path(cell.key): data.getvalue()})  # fmt: skip
     return path
 
@@ -355,3 +359,18 @@ def test_export_into_a_folder_holding_files_needs_force(tmp_path):
         export.main([str(path), str(out / "README.md")])
     assert export.main([str(path), str(out), "--force"]) == 0
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "force"])
+def test_export_refuses_a_cell_whose_teacher_config_changed_since_it_trained(tmp_path, force):
+    """The teacher's config.json edited after its cell trained (rope_theta 10000 -> 3): the
+    weights would be saved under a model they never were (hostile pass 7, D12). Refused naming
+    the file, with --force too (it is about OUT), and nothing written."""
+    path = stored_teacher(tmp_path, "done")
+    config = tmp_path / "arch" / "config.json"
+    config.write_text(json.dumps({**ARCHITECTURE, "rope_theta": 3.0}))
+    with pytest.raises(SystemExit) as exited:
+        export.main([str(path), str(tmp_path / "teacher"), *["--force"] * force])
+    assert f"changed: {config.resolve()}" in str(exited.value)
+    assert "trained on the data files {config.json: " in str(exited.value)
+    assert not (tmp_path / "teacher").exists()

@@ -46,7 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument(
         "--require-clean", action="store_true",
         help="refuse (naming the cells) unless every finished cell ran from one commit with "
-        "no uncommitted change to the code",
+        "no uncommitted change to the code, and the cells of each task read one version of "
+        "each data file",
     )  # fmt: skip
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="overrides of the grid spec given as source or as --grid "

@@ -90,10 +90,12 @@ from ablations.report.provenance import (
     carried_reruns,
     code_line,
     code_versions,
+    data_line,
     non_finite_metrics,
     provenance_record,
     reruns_fact,
     unclean_code,
+    unclean_data,
 )
 from ablations.report.sections import (
     headline_section,
@@ -201,10 +203,12 @@ def write_report(
     header); given as {key: config}, the grid's cells the store does not hold are counted and listed
     as not run, and no selection takes a setting that lacks one. `progress` (ablations.steps) counts
     the steps: the tables, each plot and attention map, and the pages. `require_clean` refuses
-    (ValueError) cells that did not all run from one clean commit
-    (ablations.report.provenance.unclean_code). `report`: the grid file's [report] (its
-    question and reference curves, files relative to `grid`; default: as the provenance.json
-    beside a cells.csv records them, ablations/report/headline.py). Returns `out_dir`.
+    (ValueError) cells that did not all run from one clean commit, or cells of one task that
+    read other versions of one data file (ablations.report.provenance.unclean_code,
+    unclean_data), naming them; without it the header names those data versions. `report`:
+    the grid file's [report] (its question and reference curves, files relative to `grid`;
+    default: as the provenance.json beside a cells.csv records them,
+    ablations/report/headline.py). Returns `out_dir`.
 
     The page leads with the answer: the question, the verdict table and the headline figure
     (with a [selection]), the note; then the details (every setting, the learning curves,
@@ -221,18 +225,23 @@ def write_report(
     To keep other files safe, `out_dir` must be missing, empty, or a previous report: a folder
     holding report.md and, for a report that recorded no files, only .md, .html, .csv, .png and
     .json files, all replaced (FileExistsError otherwise).
-    A cells.csv inside `out_dir` is read whole before the folder is replaced; its reproduce.csv
-    is read, and the folder replaced, under the lock `attn-zoo reproduce` merges its rows
-    under (ablations.run.reproduce.reruns_lock), so that no rerun it writes meanwhile is lost."""
+    A cells.csv inside `out_dir` is read whole before the folder is replaced. The report keeps
+    every row of the reproduce.csv in `out_dir` and of the one beside a cells.csv it is built
+    from (ablations.report.provenance.carried_reruns: a rebuild loses neither's reruns; a file
+    of that name that is not one is refused, ValueError, before anything is written); they are
+    read, and the folder replaced, under the lock `attn-zoo reproduce` merges its rows under
+    (ablations.run.reproduce.reruns_lock), so that no rerun it writes meanwhile is lost."""
     store = open_store(store)
     recorded = lead_record(store, report, grid)  # before anything is written: its files read,
     if require_clean:  # the cells checked
-        problem = unclean_code([row for row in store.rows() if keys is None or row["key"] in keys])
-        if problem is not None:
-            raise ValueError(f"--require-clean: {problem}")
+        rows = [row for row in store.rows() if keys is None or row["key"] in keys]
+        problems = list(filter(None, [unclean_code(rows), unclean_data(rows)]))
+        if problems:
+            raise ValueError(f"--require-clean: {'; '.join(problems)}")
     final = Path(out_dir).resolve()
     recover(final)
     check_replaceable(final)  # refused now, not after the plots; read again before the swap
+    carried_reruns(store, final)  # a reproduce.csv that is not one too; read again to merge
     final.parent.mkdir(parents=True, exist_ok=True)
     partial_dir = hidden_sibling(final, "partial")
     partial_dir.mkdir()
@@ -247,7 +256,7 @@ def write_report(
         with reruns_lock(final):  # no `attn-zoo reproduce` writes reproduce.csv until the swap
             reruns = carried_reruns(store, final)
             if reruns is not None:  # `attn-zoo reproduce`'s comparison is kept, and named
-                new_file(partial_dir, RERUNS).write_bytes(reruns)
+                reruns.to_csv(new_file(partial_dir, RERUNS), index=False)
                 page.facts.append(reruns_fact(reruns))  # in the header, under the code line
             write_pages(page, partial_dir)
             record_files(partial_dir)
@@ -350,6 +359,7 @@ def report_page(
     title = title or "Ablation report: " + (", ".join(sorted(grids)) or "empty store")
     page = Page(title, note=note or None, question=question_text(recorded, selection))
     page.facts.append(code_line(provenance["code"], recorded and recorded.unclean))
+    page.facts.extend(filter(None, [data_line(records)]))  # data files read in two versions
     about = _provenance_section(sorted(grids), cells, provenance)
     facts = about.parts[0].items
     if left_out:

@@ -1,13 +1,13 @@
 """What a report was built from (provenance.json and the page's header): the source, the
 grid file and its SHA-256, its overrides, the grids' axes, the environments the cells ran in,
-the date; and the done cells stored with non-finite metrics."""
+the code and the data files' versions they ran with, the date, the reruns of reproduce.csv
+kept; and the done cells stored with non-finite metrics."""
 
 from __future__ import annotations
 
-import io
 import math
 import re
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from ablations.results.axes import CellSource, GridAxes
 from ablations.results.cells_file import lacks_environment
 from ablations.results.store import FINISHED
 from ablations.run.provenance import file_sha256, short_record
+from ablations.run.reproduce import COLUMNS
 
 
 def _environments(store: CellSource) -> list[str]:
@@ -94,6 +95,61 @@ def unclean_code(rows: list[dict]) -> str | None:
     return f"the cells come from {counts}; not one clean commit ({'; '.join(named)})"
 
 
+def data_versions(rows: list[dict]) -> dict[tuple[str, str], dict[str, list[str]]]:
+    """Per (task, data file) the finished cells of `rows` read (their environment's "data":
+    {path: SHA-256}, ablations.run.provenance.data_record), the keys of the cells that read
+    each digest of it; a cell that recorded no data (a store written before it was) is not
+    counted, nor is a file a cell did not record (e.g. a teacher folder that gained a file)."""
+    versions: dict[tuple[str, str], dict[str, list[str]]] = defaultdict(dict)
+    for row in rows:
+        data = (row["environment"] or {}).get("data") if row["status"] in FINISHED else None
+        if isinstance(data, dict):
+            for path, digest in data.items():
+                readers = versions[(row["config"]["task"], path)]
+                readers.setdefault(str(digest), []).append(row["key"])
+    return versions
+
+
+def mixed_data(rows: list[dict], named: int = 5) -> list[str]:
+    """One text per data file that the finished cells of one task of `rows` read in more than
+    one version (`data_versions`: a data file or teacher edited while a grid ran, or runs at
+    once with other data), most read first: "task copy, /data/boards.npz: 2 at 1a2b3c4d5e6f
+    (k1, k2), 1 at 9f8e7d6c5b4a (k3)" (cells per digest), naming up to `named` cells of each
+    version (0: none); [] when there is none."""
+    mixed = []
+    for (task, path), readers in data_versions(rows).items():
+        if len(readers) < 2:
+            continue
+        counts = []
+        for digest, keys in sorted(readers.items(), key=lambda item: -len(item[1])):
+            more = ", ..." if len(keys) > named else ""
+            cells = f" ({', '.join(keys[:named])}{more})" if named else ""
+            counts.append(f"{len(keys)} at {digest[:12]}{cells}")
+        mixed.append(f"task {task}, {path}: {', '.join(counts)}")
+    return mixed
+
+
+def unclean_data(rows: list[dict]) -> str | None:
+    """Why the finished cells of `rows` do not rest on one version of each data file of their
+    task (`mixed_data`, naming the cells); None when they do."""
+    mixed = mixed_data(rows)
+    if not mixed:
+        return None
+    return f"cells of one task read other versions of a data file ({'; '.join(mixed)})"
+
+
+def data_line(rows: list[dict]) -> str | None:
+    """The header's line on the data files that the finished cells of one task of `rows` read
+    in more than one version, with how many cells read each (`mixed_data`); None when none."""
+    mixed = mixed_data(rows, named=0)
+    if not mixed:
+        return None
+    return (
+        "Data: cells of one task trained on other versions of a data file, so they are not "
+        "the same experiment (`attn-zoo report --require-clean` refuses them): " + "; ".join(mixed)
+    )
+
+
 def code_line(versions: dict[str, int], unclean: str | None) -> str:
     """The header's line on the code of the finished cells (`code_versions`): the one clean
     commit they all ran from, or how many commits and dirty trees they come from, with the
@@ -159,21 +215,47 @@ def provenance_record(
 
 
 RERUNS = "reproduce.csv"  # `attn-zoo reproduce`'s comparison (ablations/run/reproduce.py)
+NUMBERS = ("seed", "committed", "rerun", "difference", "committed_threads", "threads")  # its
+# columns of numbers: one row is one row whether "2250" or "2250.0" writes a value of it
 
 
-def carried_reruns(store: CellSource, folder: Path) -> bytes | None:
-    """The reproduce.csv a rebuilt report keeps: the one beside the cells.csv it is built from,
-    else the one in the report folder it replaces (None without either)."""
-    places = [store.path.with_name(RERUNS)] if store.path.suffix == ".csv" else []
-    for path in [*places, folder / RERUNS]:
-        if path.is_file():
-            return path.read_bytes()
-    return None
+def carried_reruns(store: CellSource, folder: Path) -> pd.DataFrame | None:
+    """The reproduce.csv rows a rebuilt report keeps: every row of the one in the report folder
+    it replaces (the rows it was built with, and those `attn-zoo reproduce` added there), then
+    every row of the one beside the cells.csv it is built from that the folder's lacks (reruns
+    added there since: a row of both is kept once, `NUMBERS` compared as numbers), every row as
+    its file writes it (texts); None without either file. Rows of one cell and thread count
+    that differ between the two files (reruns at other commits or on other machines) are all
+    kept: which is newer, neither file says. ValueError naming a file of that name that is not
+    a reproduce.csv."""
+    places = [folder / RERUNS]
+    if store.path.suffix == ".csv":
+        places.append(store.path.with_name(RERUNS))
+    frames = [_reruns(path) for path in places if path.is_file()]
+    if not frames:
+        return None
+    rows = pd.concat(frames, ignore_index=True)
+    numbers = {column: pd.to_numeric(rows[column], errors="coerce") for column in NUMBERS}
+    values = rows.assign(**{column: n.fillna(rows[column]) for column, n in numbers.items()})
+    repeated = values.duplicated() & (rows.index >= len(frames[0]))  # the first file whole
+    return rows[~repeated].reset_index(drop=True)
 
 
-def reruns_fact(reruns: bytes) -> str:
-    """One line of the report's provenance saying what reproduce.csv found."""
-    frame = pd.read_csv(io.BytesIO(reruns), dtype={"key": str}, keep_default_na=False)
+def _reruns(path: Path) -> pd.DataFrame:
+    """The rows of the reproduce.csv at `path`, every value a text as written; ValueError
+    where its columns are not a reproduce.csv's (ablations.run.reproduce.COLUMNS)."""
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    if list(frame.columns) != list(COLUMNS):
+        raise ValueError(
+            f"{path} is not a reproduce.csv (columns {', '.join(frame.columns)}; one has "
+            f"{', '.join(COLUMNS)}): a report keeps the reruns there, so move that file away"
+        )
+    return frame
+
+
+def reruns_fact(frame: pd.DataFrame) -> str:
+    """One line of the report's provenance saying what the rows of reproduce.csv
+    (`carried_reruns`) found."""
     compared = frame[frame.metric != ""]
     differences = pd.to_numeric(compared.difference, errors="coerce")
     commits = ", ".join(sorted(set(frame.rerun_commit)))
