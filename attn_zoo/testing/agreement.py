@@ -4,23 +4,24 @@ The reference runs in float64 on the very values the backend sees (the problem's
 backend's dtype, cast up for the reference); gradients are taken for one random cotangent.
 Each backend runs twice on new inputs laid out as the problem says (maybe not contiguous): once
 under torch.no_grad() with inputs not requiring grad (the inference path), once with autograd
-(output and gradients), and both outputs are compared. Each run must also keep the kernel
-contract: an output of the reference's shape in q's dtype on q's device, and every tensor the
-kernel was given (q, k, v, the mask, ...) unchanged after the call (same dtype, shape and
+(output and the gradients of the inputs requiring grad: all but those the problem holds ``frozen``,
+e.g. q alone, as with a frozen encoder's k and v), and both outputs are compared. Each run must also
+keep the kernel contract: an output of the reference's shape in q's dtype on q's device, and every
+tensor the kernel was given (q, k, v, the mask, ...) unchanged after the call (same dtype, shape and
 values; in-place damage to a caller's tensor is a failure, even where the result is right).
 Tolerances per dtype fit the measured error of correct kernels:
 
     float64  atol 1e-10 rtol 1e-8     float32   atol 1e-5 rtol 1e-4 (grads atol 5e-5)
     float16  atol 1e-2  rtol 5e-3     bfloat16  atol 5e-2 rtol 2e-2
 
-and a NaN or inf anywhere fails. A failure names the backend, the tensor, the worst element
+and a NaN or inf anywhere fails. Every call has dropout_p = 0: dropout is not checked
+(docs/testing_kit.md). A failure names the backend, the tensor, the worst element
 (index, got, want) and the problem, which Hypothesis then shrinks. Everything runs with the
 problem's torch thread count (its ``threads``, if it has one).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -75,29 +76,36 @@ def compare(name: str, got: torch.Tensor, want: torch.Tensor, atol: float, rtol:
     )
 
 
+def tolerance(key: str, dtype: torch.dtype) -> tuple[float, float]:
+    """(atol, rtol) of tensor `key` in `dtype`: an "output .." key takes the output
+    tolerance, any other the gradient one (see module)."""
+    return (OUTPUT_TOLERANCE if key.startswith("output") else GRAD_TOLERANCE)[dtype]
+
+
 def disagreements(
-    want: Mapping, got: Mapping, dtype: torch.dtype, floor: Mapping | None = None
+    want: Mapping, got: Mapping, dtype: torch.dtype, widen: Mapping[str, float] | None = None
 ) -> list[str]:
-    """One message per tensor of `got` outside the `dtype` tolerance of `want` (see module;
-    an "output .." key takes the output tolerance). `floor`: the same tensors by the naive
-    backend run in `dtype`; each tensor's atol then grows by twice that run's own worst error
-    on it (what `dtype` arithmetic costs on the problem, see `attn_zoo.testing.mechanisms`)."""
+    """One message per tensor of `got` outside the `dtype` tolerance of `want` (`tolerance`),
+    each tensor's atol grown by ``widen[key]`` (none if absent: the mechanism kit's bounded
+    floor, see `attn_zoo.testing.mechanisms`)."""
     messages = []
     for key, ref in want.items():
-        atol, rtol = (OUTPUT_TOLERANCE if key.startswith("output") else GRAD_TOLERANCE)[dtype]
-        spent = 0.0 if floor is None else compare(key, floor[key], ref, 0.0, 0.0).max_abs
-        atol += 2 * spent if math.isfinite(spent) else 0.0  # a naive run that overflowed: none
+        atol, rtol = tolerance(key, dtype)
+        atol += (widen or {}).get(key, 0.0)
         c = compare(key, got[key], ref, atol, rtol)
         if not c.ok:
             messages.append(c.message(atol, rtol))
     return messages
 
 
-def cast_inputs(inputs: Mapping, dtype: torch.dtype, grads: bool) -> dict:
+def cast_inputs(
+    inputs: Mapping, dtype: torch.dtype, grads: bool, frozen: Collection[str] = ()
+) -> dict:
     """The float tensors of `inputs` detached and cast to `dtype` (one already in `dtype` keeps
-    its memory layout), requiring grad if `grads` (a float mask is a constant: no gradient)."""
+    its memory layout), requiring grad if `grads`, but those named in `frozen` (a float mask is
+    a constant: no gradient)."""
     return {
-        k: v.detach().to(dtype).requires_grad_(grads and k != "attn_mask")
+        k: v.detach().to(dtype).requires_grad_(grads and k != "attn_mask" and k not in frozen)
         if torch.is_tensor(v) and v.is_floating_point()
         else v
         for k, v in inputs.items()
@@ -197,7 +205,9 @@ def assert_backends_agree(
 
     problem:  anything with ``.dtype`` and ``.inputs(dtype)`` -> the kernel's kwargs, new
               tensors each call (e.g. `attn_zoo.testing.AttentionProblem`); its ``threads``
-              (optional) sets torch's thread count for the whole check.
+              (optional) sets torch's thread count for the whole check, and its ``frozen``
+              (optional) names the inputs given without requires_grad (their gradients not
+              compared; the others' are, as a frozen encoder's k and v leave q's).
     backends: names to check (the family's, else ValueError); each must serve the problem
               (else UnsupportedCallError), but for a drawn score mod, which one that does not
               declare ``score_mod`` cannot run: reported skipped (a mask mod reaches it as a
@@ -209,8 +219,8 @@ def assert_backends_agree(
               the mask 4-D (boolean or additive float), causality top-left (a bottom-right
               call arrives as a mask, unless ``bottom_right`` is declared).
     grads:    also run with autograd and compare that output and the gradients of every tensor
-              input; the run without grad (torch.no_grad(), inputs not requiring grad) is
-              checked either way.
+              input not ``frozen``; the run without grad (torch.no_grad(), inputs not requiring
+              grad) is checked either way.
     kernel_features: the features the `kernels` declare (registered backends: their own),
               each one that a backend of the family declares (else ValueError); a problem
               with a score mod skips the kernels unless it holds ``score_mod``.
@@ -242,10 +252,13 @@ def _agree(
     dtype = problem.dtype
     on = torch.empty(0, device=device).device  # "cuda" -> cuda:0, as tensors report it
 
+    frozen = getattr(problem, "frozen", ())  # inputs that require no grad: none compared
+
     def fresh(requires_grad: bool) -> dict:
-        """New inputs of the problem in `dtype`, laid out as it says."""
+        """New inputs of the problem in `dtype`, laid out as it says, requiring grad if
+        `requires_grad` (but those `frozen`)."""
         drawn = problem.inputs(dtype, device) if device != "cpu" else problem.inputs(dtype)
-        return cast_inputs(drawn, dtype, requires_grad)
+        return cast_inputs(drawn, dtype, requires_grad, frozen)
 
     def checked(kernel: Callable, features: Collection[str], given: list | None = None):
         """`kernel` on the inputs as the family passes them to a backend with `features`;
@@ -264,7 +277,7 @@ def _agree(
 
     naive = fam.backends["naive"]
     reference = checked(naive.fn, naive.capabilities.features)
-    ref_inputs = cast_inputs(fresh(False), torch.float64, grads)
+    ref_inputs = cast_inputs(fresh(False), torch.float64, grads, frozen)
     seed = getattr(problem, "seed", 0)
     cotangent = cotangent_from(torch.Generator().manual_seed(seed), device) if grads else None
     want, _ = outputs_and_grads(reference, ref_inputs, cotangent)

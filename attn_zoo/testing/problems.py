@@ -226,13 +226,15 @@ def kernel_tensors(
     dtype: torch.dtype,
     device: str,
     layout: str = "contiguous",
+    frozen: Collection[str] = (),
 ) -> dict:
     """A problem's float64 `tensors` cast to `dtype` on `device`, laid out as `layout`
-    (`lay_out`), as leaves requiring grad; and its `mask` as ``attn_mask``: a float mask in
-    `dtype`, on `device`, laid out as `layout` for a call of `shape` (B, H, N, M)
-    (`lay_out_mask`), or None."""
+    (`lay_out`), as leaves requiring grad but those named in `frozen`; and its `mask` as
+    ``attn_mask``: a float mask in `dtype`, on `device`, laid out as `layout` for a call of
+    `shape` (B, H, N, M) (`lay_out_mask`), or None."""
     inputs = {
-        k: lay_out(t.to(dtype).to(device), layout).requires_grad_(True) for k, t in tensors.items()
+        k: lay_out(t.to(dtype).to(device), layout).requires_grad_(k not in frozen)
+        for k, t in tensors.items()
     }
     if mask is not None:
         mask = mask.to(device, dtype if mask.is_floating_point() else mask.dtype)
@@ -248,7 +250,8 @@ class AttentionProblem:
     alignment `is_causal` (False, True = "top_left", or "bottom_right"); `score_mod` and
     `mask_mod`: a mod of the kit (`SCORE_MODS`, `MASK_MODS`) by name, a function (mods.py's
     signatures), or None; `threads`: torch's thread count while the kit runs it (None: the
-    process's)."""
+    process's); `frozen`: the inputs among q, k, v given without requires_grad (k and v of a
+    frozen encoder; () = every one requires grad), whose gradients are then not compared."""
 
     batch: int = 1
     heads: int = 2
@@ -266,9 +269,11 @@ class AttentionProblem:
     score_mod: str | Callable | None = None
     mask_mod: str | Callable | None = None
     layout: str = "contiguous"
+    frozen: tuple[str, ...] = ()
 
     def __post_init__(self):
         check_fields(self, ("key_dim", "value_dim"))
+        check_names("frozen", self.frozen, ("q", "k", "v"))
         resolve_mod(self.score_mod, SCORE_MODS, self)
         resolve_mod(self.mask_mod, MASK_MODS, self)
 
@@ -276,8 +281,9 @@ class AttentionProblem:
         return make_mask(self.mask, self.batch, self.heads, self.q_len, self.k_len, gen)
 
     def inputs(self, dtype: torch.dtype | None = None, device: str = "cpu") -> dict:
-        """Kernel kwargs: q, k, v (new leaf tensors requiring grad, laid out as `layout`),
-        attn_mask, is_causal, scale, and score_mod and mask_mod where the problem has them."""
+        """Kernel kwargs: q, k, v (new leaf tensors, requiring grad but those `frozen`, laid
+        out as `layout`), attn_mask, is_causal, scale, and score_mod and mask_mod where the
+        problem has them."""
         gen = torch.Generator().manual_seed(self.seed)
         shapes = {
             "q": (self.batch, self.heads, self.q_len, self.key_dim),
@@ -289,7 +295,8 @@ class AttentionProblem:
         }
         shape = (self.batch, self.heads, self.q_len, self.k_len)
         dtype = self.dtype if dtype is None else dtype
-        inputs = kernel_tensors(tensors, self.attn_mask(gen), shape, dtype, device, self.layout)
+        mask = self.attn_mask(gen)
+        inputs = kernel_tensors(tensors, mask, shape, dtype, device, self.layout, self.frozen)
         inputs["is_causal"] = self.is_causal
         inputs["scale"] = self.scale
         for name, kit in (("score_mod", SCORE_MODS), ("mask_mod", MASK_MODS)):
@@ -298,13 +305,20 @@ class AttentionProblem:
         return inputs
 
 
+def relational_tensors(max_rel_pos: int | None) -> tuple[str, ...]:
+    """The tensor inputs of a `RelationalProblem`: q, k, qr, kr and v, or v_rel where it has a
+    `max_rel_pos`."""
+    return ("q", "k", "qr", "kr", "v" if max_rel_pos is None else "v_rel")
+
+
 @dataclass(frozen=True)
 class RelationalProblem:
     """Inputs of the relational kernel: attention q, k as in `AttentionProblem`, relations
     qr (batch, n_relations, q_len, rel_dim), kr (.., k_len, rel_dim), and symbol values v
     (batch, kv_heads, k_len, head_dim) or, if `max_rel_pos` is set, relative symbol values
-    v_rel (kv_heads, 2 max_rel_pos + 1, head_dim); `threads` and `layout` (of every tensor, the
-    mask included) as in `AttentionProblem`."""
+    v_rel (kv_heads, 2 max_rel_pos + 1, head_dim); `threads`, `layout` (of every tensor, the
+    mask included) and `frozen` (among those tensors, `relational_tensors`) as in
+    `AttentionProblem`."""
 
     batch: int = 1
     heads: int = 2
@@ -325,10 +339,12 @@ class RelationalProblem:
     seed: int = 0
     threads: int | None = None
     layout: str = "contiguous"
+    frozen: tuple[str, ...] = ()
 
     def __post_init__(self):
         check_fields(self, ("n_relations", "key_dim", "rel_dim", "head_dim"))
         check_int("max_rel_pos", self.max_rel_pos, low=0, optional=True)
+        check_names("frozen", self.frozen, relational_tensors(self.max_rel_pos))
 
     def inputs(self, dtype: torch.dtype | None = None, device: str = "cpu") -> dict:
         gen = torch.Generator().manual_seed(self.seed)
@@ -349,7 +365,7 @@ class RelationalProblem:
         shape = (b, self.heads, self.q_len, self.k_len)
         mask = make_mask(self.mask, *shape, gen)
         dtype = self.dtype if dtype is None else dtype
-        inputs = kernel_tensors(tensors, mask, shape, dtype, device, self.layout)
+        inputs = kernel_tensors(tensors, mask, shape, dtype, device, self.layout, self.frozen)
         inputs.update(
             is_causal=self.is_causal,
             scale=self.scale,

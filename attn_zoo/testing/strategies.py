@@ -9,7 +9,9 @@ costs B H N M: a batch of 3 comes with 1 or 2 heads, 4 or 6 heads with a batch o
 mean cost stays that of the former batches of 1 or 2); q, k, v and the mask contiguous or not
 (a problem's ``layout``: transposed views as models make them, or strided along the width, a
 mask's broadcast dimensions then expanded with stride 0); torch runs with 1 or 2 threads (a
-problem's ``threads``). Score and mask mods are drawn where asked for: the kit's
+problem's ``threads``); some inputs may require no grad (a problem's ``frozen``: any subset
+of q, k, v, shrinking to none, so a backward right only when every input needs a gradient is
+caught). Score and mask mods are drawn where asked for: the kit's
 (``score_mods=ALL_SCORE_MODS``, ``mask_mods=ALL_MASK_MODS``) and a user's functions.
 `mechanism_problems` draws calls of a whole mechanism the same way: lengths with 1, odd ones
 and block edges, masks of every `MECHANISM_MASKS` kind (rows that see no key among them).
@@ -18,6 +20,7 @@ and block edges, masks of every `MECHANISM_MASKS` kind (rows that see no key amo
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import combinations
 
 import torch
 from hypothesis import strategies as st
@@ -33,6 +36,7 @@ from attn_zoo.testing.problems import (
     MechanismProblem,
     RelationalProblem,
     check_names,
+    relational_tensors,
 )
 
 LENGTHS = (1, 2, 3, 7, 16, 31, 64, 100)
@@ -41,6 +45,12 @@ THREADS = (1, 2)
 ALL_SCORE_MODS = (None, *SCORE_MODS)  # no mod, or one of the kit's
 ALL_MASK_MODS = (None, *MASK_MODS)
 Mods = Sequence[str | Callable | None]
+
+
+def frozen_inputs(names: Sequence[str]) -> st.SearchStrategy[tuple[str, ...]]:
+    """Which of `names` (a problem's tensor inputs) require no grad: every subset alike (in
+    the order of `names`), shrinking to () (every input requires grad)."""
+    return st.sampled_from([c for r in range(len(names) + 1) for c in combinations(names, r)])
 
 
 def block_edges(block: int) -> tuple[int, ...]:
@@ -83,17 +93,20 @@ def attention_problems(
     score_mods: Mods = (None,),
     mask_mods: Mods = (None,),
     layouts: tuple[str, ...] = LAYOUTS,
+    freeze: Sequence[str] = ("q", "k", "v"),
 ) -> AttentionProblem:
     """Draw an `AttentionProblem`; narrow it with the arguments (e.g. ``masks=("none",)``;
     ``scales=st.none()`` keeps the default scale 1/sqrt(key_dim)); `max_batch_heads`: the
     largest batch x heads drawn (`batches`); `block_sizes`: the tile
     sizes of the kernels under test (their `block_edges` are drawn as lengths); `threads`:
     torch thread counts to run with; `layouts`: how q, k, v may lie in memory
-    (`problems.LAYOUTS`, e.g. ``("contiguous",)``); `score_mods`, `mask_mods`: the mods to
-    draw from (kit names, a user's functions, None for none; default none), e.g.
-    ``score_mods=(*ALL_SCORE_MODS, my_score_mod)``."""
+    (`problems.LAYOUTS`, e.g. ``("contiguous",)``); `freeze`: the inputs that may be drawn
+    ``frozen`` (no requires_grad; () for none: every gradient always compared); `score_mods`,
+    `mask_mods`: the mods to draw from (kit names, a user's functions, None for none; default
+    none), e.g. ``score_mods=(*ALL_SCORE_MODS, my_score_mod)``."""
     check_names("masks", masks, MASK_KINDS)
     check_names("layouts", layouts, LAYOUTS)
+    check_names("freeze", freeze, ("q", "k", "v"))
     kv_heads = draw(st.integers(1, max_kv_heads))
     heads = kv_heads * draw(st.integers(1, max_groups))
     q_len = draw(lengths(max_len, block_sizes))
@@ -115,6 +128,7 @@ def attention_problems(
         score_mod=draw(st.sampled_from(score_mods)),
         mask_mod=draw(st.sampled_from(mask_mods)),
         layout=draw(st.sampled_from(layouts)),
+        frozen=draw(frozen_inputs(freeze)),
     )
 
 
@@ -134,16 +148,19 @@ def relational_problems(
     block_sizes: Sequence[int] = (),
     threads: tuple[int | None, ...] = THREADS,
     layouts: tuple[str, ...] = LAYOUTS,
+    freeze: bool = True,
 ) -> RelationalProblem:
     """Draw a `RelationalProblem`; narrow it with the arguments (`scales` draws both the
     attention and the relation scale; None is the default 1/sqrt(width); `max_batch`,
-    `max_batch_heads`, `block_sizes`, `threads` and `layouts` as in `attention_problems`)."""
+    `max_batch_heads`, `block_sizes`, `threads` and `layouts` as in `attention_problems`;
+    `freeze`: whether some of the tensor inputs may be drawn ``frozen``)."""
     check_names("rel_activations", rel_activations, REL_ACTIVATIONS)
     check_names("masks", masks, MASK_KINDS)
     check_names("layouts", layouts, LAYOUTS)
     kv_heads = draw(st.integers(1, 2))
     heads = kv_heads * draw(st.integers(1, 2))
     q_len = draw(lengths(max_len, block_sizes))
+    max_rel_pos = draw(st.integers(0, 5)) if draw(st.sampled_from(relative)) else None
     return RelationalProblem(
         batch=draw(batches(max_batch, heads, max_batch_heads)),
         heads=heads,
@@ -154,7 +171,7 @@ def relational_problems(
         key_dim=draw(st.integers(1, max_width)),
         rel_dim=draw(st.integers(1, max_width)),
         head_dim=draw(st.integers(1, max_width)),
-        max_rel_pos=draw(st.integers(0, 5)) if draw(st.sampled_from(relative)) else None,
+        max_rel_pos=max_rel_pos,
         rel_activation=draw(st.sampled_from(rel_activations)),
         mask=draw(st.sampled_from(masks)),
         is_causal=draw(st.sampled_from(causal)),
@@ -164,6 +181,7 @@ def relational_problems(
         seed=draw(st.integers(0, 2**31 - 1)),
         threads=draw(st.sampled_from(threads)),
         layout=draw(st.sampled_from(layouts)),
+        frozen=draw(frozen_inputs(relational_tensors(max_rel_pos))) if freeze else (),
     )
 
 
