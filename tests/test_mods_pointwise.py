@@ -124,7 +124,7 @@ def test_every_library_mod_is_pointwise_and_chunked_serves_naives_attention(name
 
 def test_the_check_runs_once_per_mod_and_shape(monkeypatch):
     """Counted by the probe's tiles: a mod rebuilt for every call (as a mechanism's) has the
-    same key; longer sequences use the same probe (from 64 queries and 513 keys on); another
+    same key; longer sequences use the same probe (from 513 queries and keys on); another
     mod or batch is probed again; a mod without a key at every call."""
     probes = []
     tiles = mods_module.probe_tiles
@@ -137,9 +137,9 @@ def test_the_check_runs_once_per_mod_and_shape(monkeypatch):
     assert len(probes) == 1
     long = qkv(n=600)
     softmax_attention(*long, backend="chunked", mask_mod=window)
-    assert len(probes) == 2  # 80 and 600 keys: probes of 80 and 513 keys
+    assert len(probes) == 2  # 80 and 600 queries and keys: probes of 80 x 80 and 513 x 513
     softmax_attention(*qkv(n=700), backend="chunked", mask_mod=window)
-    assert len(probes) == 2  # 600 and 700 queries and keys: the same probe of 64 x 513
+    assert len(probes) == 2  # 600 and 700 queries and keys: the same probe of 513 x 513
     prefix = build_mod({"name": "prefix_lm", "prefix": 3})
     softmax_attention(*long, backend="chunked", mask_mod=prefix)
     assert len(probes) == 3
@@ -226,3 +226,142 @@ def test_a_call_only_ever_compiled_is_checked_when_it_is_traced(dynamic):
     with pytest.raises(Exception, match=rf"score_mod top4 is not pointwise: .*{CONTRACT}"):
         compiled(*qkv(n=300))
     torch.compiler.reset()
+
+
+def topk_by_shape(read: str, sizes: tuple[int, ...], topk: bool = True):
+    """A score mod dividing by a captured temperature per batch entry (`read` "batch"), query
+    ("query") or head ("head"), viewed by the call's sizes `sizes` (B, H, N): right on the
+    whole (and on chunked's tiles of N <= 256 queries), raising on any other shape; then
+    each query's top 32 keys kept (`topk`), else pointwise."""
+    batch, heads, n = sizes
+    view = {"batch": (batch, 1, 1, 1), "head": (1, heads, 1, 1), "query": (1, 1, n, 1)}[read]
+    temperature = 0.5 + torch.rand(view, generator=torch.Generator().manual_seed(1)).flatten()
+
+    def by_shape(score, b, h, q_idx, kv_idx):
+        s = score / temperature.view(view)
+        if not topk:
+            return s
+        kth = s.topk(32, dim=-1).values[..., -1:]
+        return torch.where(s >= kth, s, torch.full_like(s, float("-inf")))
+
+    by_shape.__name__ = f"{'top32' if topk else 'scaled'}_by_{read}"
+    return by_shape
+
+
+@pytest.mark.parametrize(("read", "batch", "n"), [("batch", 4, 8), ("query", 1, 100)])
+def test_a_mod_raising_on_the_probes_shape_is_probed_on_the_calls_own(read, batch, n):
+    """Before: the probe (min(B, 2) batch entries, at most 64 queries) made the whole call of
+    these raise, took it as the real call raising too and checked nothing: chunked and auto
+    served the top-32 mod 0.296 (per batch entry) and 0.388 (per query) off naive. The mod
+    reading B without the top-k passes (probed on the call's B), and chunked serves naive's
+    attention; reading N it is refused too (the kernels tile queries)."""
+    gen = torch.Generator().manual_seed(0)
+    sizes = (n, 600, 600)
+    q, k, v = (torch.randn(batch, 2, s, 16, generator=gen, dtype=torch.float64) for s in sizes)
+    for topk in (True, False):
+        mod = topk_by_shape(read, (batch, 2, n), topk)
+        if topk or read == "query":
+            for backend in ("chunked", "auto"):
+                with pytest.raises(ValueError, match=rf"score_mod {mod.__name__} is not pointwise"):
+                    softmax_attention(q, k, v, backend=backend, score_mod=mod)
+        else:
+            want = softmax_attention(q, k, v, backend="naive", score_mod=mod)
+            got = softmax_attention(q, k, v, backend="chunked", score_mod=mod)
+            torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+
+
+def compiled_chunked(mod):
+    """softmax_attention on chunked with `mod`, compiled (fullgraph, Dynamo only)."""
+    torch.compiler.reset()
+    return torch.compile(
+        lambda q, k, v: softmax_attention(q, k, v, backend="chunked", score_mod=mod),
+        backend="eager",
+        fullgraph=True,
+    )
+
+
+UNCHECKED = r"score_mod {} could not be checked pointwise when torch.compile traced the call"
+
+
+def test_a_compiled_call_whose_probes_all_raise_is_refused_without_an_eager_check():
+    """Before: traced, every probe (1 batch entry, 1 head) made a mod reading the head count by
+    shape raise, nothing was checked, and the compiled chunked call served a top-32 mod 0.318
+    off naive. Now a mod no probe could check when traced is refused, pointwise or not, unless
+    it passed an eager check before."""
+    mods_module._POINTWISE.clear()
+    q, k, v = qkv(n=40, heads=4)
+    for topk in (True, False):
+        mod = topk_by_shape("head", (1, 4, 40), topk)
+        with pytest.raises(Exception, match=UNCHECKED.format(mod.__name__)):
+            compiled_chunked(mod)(q, k, v)
+    torch.compiler.reset()
+
+
+@pytest.mark.slow  # two traces of the chunked kernel: about 10 s on the 2-core CPU
+def test_a_compiled_call_whose_probes_all_raise_is_served_after_an_eager_check():
+    """The pointwise mod reading the head count by shape, checked by an eager call, is served
+    compiled (naive's attention); the top-32 one is refused eagerly, and so still compiled."""
+    mods_module._POINTWISE.clear()
+    q, k, v = qkv(n=40, heads=4)
+    scaled, top32 = (topk_by_shape("head", (1, 4, 40), topk) for topk in (False, True))
+    want = softmax_attention(q, k, v, backend="naive", score_mod=scaled)  # checked eagerly
+    torch.testing.assert_close(compiled_chunked(scaled)(q, k, v), want, atol=1e-12, rtol=1e-10)
+    with pytest.raises(ValueError, match=r"score_mod top32_by_head is not pointwise"):
+        softmax_attention(q, k, v, backend="chunked", score_mod=top32)
+    with pytest.raises(Exception, match=UNCHECKED.format("top32_by_head")):
+        compiled_chunked(top32)(q, k, v)
+    torch.compiler.reset()
+
+
+def top64_queries(score, b, h, q_idx, kv_idx):
+    """Each key visible to its 64 highest-scoring queries only (a key-choice routing)."""
+    kth = score.topk(min(64, score.shape[-2]), dim=-2).values[..., -1:, :]
+    return torch.where(score >= kth, score, torch.full_like(score, -1e4))
+
+
+def test_a_reduction_over_queries_is_seen_as_one_over_keys():
+    """Before: the probe had at most 64 queries (cut every 21), chunked tiles them by 256: a
+    top-64 over the queries kept every query of the probe and passed; at 512 queries chunked
+    was 2.23 off naive."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, s, 16, generator=gen, dtype=torch.float64) for s in (512, 64, 64))
+    for backend in ("naive", "chunked"):
+        with pytest.raises(
+            ValueError, match=rf"score_mod top64_queries is not pointwise: .*{CONTRACT}"
+        ):
+            softmax_attention(q, k, v, backend=backend, score_mod=top64_queries)
+
+
+def near_max(score, b, h, q_idx, kv_idx):
+    """The keys more than 8 below the row's largest score dropped (a sparsification)."""
+    keep = score >= score.amax(dim=-1, keepdim=True) - 8.0
+    return torch.where(keep, score, torch.full_like(score, float("-inf")))
+
+
+def test_a_reduction_biting_only_on_wide_scores_is_refused():
+    """Before: the probe's scores were standard normal, so a tile's largest score was never 8
+    below its row's and near_max passed; on a long context with one strong match (4,096 keys)
+    chunked and auto, keeping the weak keys of the tiles without it, were 0.806 off naive."""
+    gen = torch.Generator().manual_seed(1)
+    q = torch.ones(1, 1, 4, 1, dtype=torch.float64)
+    k = 1 + 0.1 * torch.randn(1, 1, 4096, 1, generator=gen, dtype=torch.float64)
+    k[..., 0, :] = 10
+    v = torch.randn(1, 1, 4096, 4, generator=gen, dtype=torch.float64)
+    for backend in ("chunked", "auto"):
+        with pytest.raises(ValueError, match=rf"score_mod near_max is not pointwise: .*{CONTRACT}"):
+            softmax_attention(q, k, v, backend=backend, score_mod=near_max)
+
+
+def test_a_mod_raising_on_the_calls_whole_shape_is_refused_on_chunked_too():
+    """Before: a mod raising on the whole call (here: a table of one key tile's length added by
+    the shape it is given) was not checked, and chunked, calling it per 256-key tile, served it
+    while naive raised. Now every backend raises the whole call's error."""
+    table = torch.zeros(256)
+
+    def tile_bias(score, b, h, q_idx, kv_idx):
+        return score + table[: kv_idx.shape[-1]]
+
+    q, k, v = qkv(n=512)
+    for backend in ("naive", "chunked", "auto"):
+        with pytest.raises(RuntimeError, match="size of tensor"):
+            softmax_attention(q, k, v, backend=backend, score_mod=tile_bias)

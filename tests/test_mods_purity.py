@@ -99,6 +99,16 @@ class Noisy:
         return score + self.drawn[-1]
 
 
+def added(noise: torch.Tensor):
+    """A pure score mod adding `noise` (B, H, N, M) at each position (indexed, so pointwise:
+    a whole-shaped `score + noise` fails on a tile, and the pointwise check refuses it)."""
+
+    def add_noise(score, b, h, q_idx, kv_idx):
+        return score + noise[b, h, q_idx, kv_idx]
+
+    return add_noise
+
+
 def test_an_impure_mod_is_called_once_and_its_gradient_is_of_that_call():
     """chunked (auto's pick) called the mod again in each tile's backward: gradients of
     another draw (at N = 40, one tile, dq off by 2.0 where |dq| <= 0.8). Now naive serves it:
@@ -108,7 +118,7 @@ def test_an_impure_mod_is_called_once_and_its_gradient_is_of_that_call():
     got = grads("auto", noisy, [q, k, v])
     assert len(noisy.drawn) == 1
     drawn = noisy.drawn[0]
-    want = grads("naive", lambda score, *idx: score + drawn, [q, k, v])
+    want = grads("naive", added(drawn), [q, k, v])
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, **TIGHT)
     with pytest.raises(UnsupportedCallError, match="chunked: does not support impure_mod"):
@@ -118,7 +128,7 @@ def test_an_impure_mod_is_called_once_and_its_gradient_is_of_that_call():
         got = softmax_attention(q, k, v, score_mod=noisy, backend="chunked")
         assert len(noisy.drawn) == 4  # N = 300: 2 x 2 tiles of 256
         tiles = torch.cat([torch.cat(noisy.drawn[:2], -1), torch.cat(noisy.drawn[2:], -1)], -2)
-        want = softmax_attention(q, k, v, score_mod=lambda s, *idx: s + tiles, backend="naive")
+        want = softmax_attention(q, k, v, score_mod=added(tiles), backend="naive")
         torch.testing.assert_close(got, want, **TIGHT)
 
 

@@ -17,16 +17,16 @@ Causality, top-left (j <= i) or bottom-right (j <= i + M - N), is applied per ti
 wholly above the diagonal are skipped, the diagonal's tiles build their own (bq, bk) mask, so
 neither alignment costs an N x M mask. Score and mask mods (mods.py) are evaluated per tile
 too, so each is first checked pointwise (mods.check_pointwise, in the softmax family's input
-check that every call passes: a mod whose tiles disagree with its whole, top-k or one reading
-the index tensors' shapes, or that is impure without declaring it, is refused, not served). A mask
-mod's block mask (blocks.py: derived from the mod once per mod and shape, cached) says which
-tiles it leaves empty, full or partial: empty tiles are never touched, full ones apply no
-mask mod, so a local mask or a combination of them (a sliding window of w keys,
-documents, a prefix LM, with causality or not) costs O(N visible) time and memory. Backward
-takes the score mod's derivative tile by tile (autograd on the recomputed tile: ds_raw = ds
-d score_mod / d s). Both passes run outside autocast, in the inputs' dtype (under it, a
-bfloat16 forward and a float32 backward gave gradients of other weights than the forward's:
-rows summing to 1 +- 2e-3). As backward calls the mods again, chunked refuses a mod
+check that every call passes: a mod whose tiles disagree with its whole, a top-k over keys or
+queries or one reading the index tensors' shapes, or that is impure without declaring it, is
+refused, not served). A mask mod's block mask (blocks.py: derived from the mod once per mod
+and shape, cached) says which tiles it leaves empty, full or partial: empty tiles are never
+touched, full ones apply no mask mod, so a local mask or a combination of them (a sliding
+window of w keys, documents, a prefix LM, with causality or not) costs O(N visible) time and
+memory. Backward takes the score mod's derivative tile by tile (autograd on the recomputed
+tile: ds_raw = ds d score_mod / d s). Both passes run outside autocast, in the inputs' dtype
+(under it, a bfloat16 forward and a float32 backward gave gradients of other weights than
+the forward's: rows summing to 1 +- 2e-3). As backward calls the mods again, chunked refuses a mod
 declaring pure = False where there is a backward, and a score mod capturing a tensor that
 requires grad (``impure_mod``, ``mod_grad``: naive serves them), and checks that each row's
 recomputed weights still sum to 1 (eager calls), so an undeclared impure mod that the check's

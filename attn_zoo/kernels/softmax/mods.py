@@ -13,11 +13,12 @@ indices b, h, i, j and the tensors it reads, never on the shape of the tile it i
 calls it on the whole (N, M), chunked per tile, blocks.py per query tile) nor on the other
 scores there (top-k, a softmax over keys, "the last 32 keys" read from kv_idx.shape). Naive
 and chunked (and the materialised mask of the others) check it before serving a call,
-`check_pointwise`: the mod on a drawn problem of up to `PROBE` queries and `PROBE_KEYS` keys,
-whole and in tiles of other shapes (chunked's key tiles among them), must agree, else
-ValueError naming the mod and the difference; once per mod and shape (cached under `mod_key`;
-a mod without one is probed at every call). What a mod returns is checked where it is called, and
-anything else is refused (ValueError naming the mod, what it returned and what is valid):
+`check_pointwise`: the mod on a drawn problem of up to `PROBE` queries and keys (scores of
+several spreads), whole and in tiles of other shapes (chunked's tiles among them), must agree,
+else ValueError naming the mod and the difference; once per mod and shape (cached under
+`mod_key`; a mod without one is probed at every call). What a mod returns is checked where it
+is called, and anything else is refused (ValueError naming the mod, what it returned and what
+is valid):
 
     score_mod: a float tensor of its score's shape (B, H, N, M)
     mask_mod:  a boolean tensor (True = may attend; not attn_mask's additive 0 / -inf) of shape
@@ -476,14 +477,20 @@ def _names(code: types.CodeType) -> list[str]:
     return [*code.co_names, *(name for c in nested for name in _names(c))]
 
 
-PROBE = 64  # the most queries `check_pointwise` evaluates a mod on
-KEY_TILE = 256  # the widest key tile a backend gives a mod (chunked.py: BLOCK; flex: 128)
-# The most keys it evaluates a mod on: more than two key tiles, so that a tile never holds every
-# key of the whole (a top-k mod with k up to KEY_TILE keeps other keys on a tile than on it)
-PROBE_KEYS = 2 * KEY_TILE + 1
+TILE = 256  # the widest tile of queries or keys a backend gives a mod (chunked.py: BLOCK, by
+# which blocks.py tiles queries too; flex: 128)
+# The most queries and keys `check_pointwise` evaluates a mod on: more than two tiles, so that a
+# tile never holds every query or key of the whole (a top-k mod along either axis, with k up to
+# TILE, keeps others on a tile than on the whole)
+PROBE = 2 * TILE + 1
 PROBE_BATCH = 2  # the most batch entries it evaluates it on (every head: a mod may check them)
 # The (queries, keys) it tries, in order, under torch.compile (where a call's sizes may be unknown)
-TRACED_PROBES = ((PROBE, PROBE_KEYS), (PROBE, PROBE), (8, 8))
+TRACED_PROBES = ((PROBE, PROBE), (64, 64), (8, 8))
+# The spreads of the probe's score rows, in turn (standard normal times each; the last kind's
+# rows also hold one `DOMINANT` score): a reduction that bites only on scores spread wider than
+# N(0, 1) (keys more than 8 below the row's max) sees other maxima on a tile than on the whole
+SCORE_SCALES = (1.0, 3.0, 10.0, 30.0, 1.0)
+DOMINANT = 30.0  # one strong match among weak ones (a long context's)
 CACHE_SIZE = 64  # entries of the caches keyed by `mod_key` (here, blocks.py)
 POINTWISE = (
     "a mod's value at (b, h, i, j) must depend only on score[b, h, i, j], the indices b, h, i, "
@@ -502,20 +509,26 @@ def check_pointwise(
 ) -> None:
     """ValueError naming `mod` (`kind`: "score_mod" or "mask_mod"), the difference and
     `POINTWISE` unless the mod is pointwise: on a drawn (b, H, n, m) problem (`shape`: the
-    call's (B, H, N, M), b = min(B, PROBE_BATCH), n = min(N, PROBE), m = min(M, PROBE_KEYS);
-    scores of `dtype`, a score mod's), each tile of `probe_tiles` gives the values the whole
-    gives there (score mods to within 256 eps of `dtype`, infinities and NaN exactly), and the
-    whole gives the same values when called again (else the mod is impure without declaring
-    it: ValueError saying to declare ``pure = False``). A pass is cached (`CACHE_SIZE`
-    entries) under the mod's `mod_key` and the probe's shape: once per mod and shape (every N
-    from PROBE and M from PROBE_KEYS on alike); a mod without a key (reading an object's
-    attribute, which may change) is probed at every call. Skipped for a mod declaring itself
-    impure (its results vary by call) and where the whole call raises (not cached: the real
-    call raises it, checked). Under torch.compile the probe runs once, eagerly, when Dynamo
-    traces the call, on a (1, 1, PROBE, PROBE_KEYS) problem (the call's sizes may be traced as
-    dynamic, unknown then; the kernels tile queries and keys only), or smaller ones
-    (`TRACED_PROBES`) where the whole raises there. Not seen: a mod whose tiles differ from its
-    whole only beyond PROBE_KEYS keys (a top-k mod with k >= PROBE_KEYS)."""
+    call's (B, H, N, M), b = min(B, PROBE_BATCH), n = min(N, PROBE), m = min(M, PROBE);
+    scores of `dtype`, a score mod's, `probe_scores`), each tile of `probe_tiles` gives the
+    values the whole gives there (score mods to within 256 eps of `dtype`, infinities and NaN
+    exactly), and the whole gives the same values when called again (else the mod is impure
+    without declaring it: ValueError saying to declare ``pure = False``). Where the whole
+    raises on that problem (a mod reading B, N or M through a tensor's shape,
+    ``temps.view(B, 1, 1, 1)``), the probe runs on (B, H, n, m), then on the call's own
+    (B, H, N, M) (costly: every score of the call, as naive computes them); where that raises
+    too, its error is raised, on every backend (naive's call raises it; chunked's tiles might
+    not: a mod adding a captured 256-long table by the tile's shape). A pass is
+    cached (`CACHE_SIZE` entries) under the mod's `mod_key` and the probe's shape: once per
+    mod and shape (every N and M from PROBE on alike); a mod without a key (reading an
+    object's attribute, which may change) is probed at every call. Skipped for a mod declaring
+    itself impure (its results vary by call). Under torch.compile the probe runs once,
+    eagerly, when Dynamo traces the call, on a (1, 1, PROBE, PROBE) problem (the call's sizes
+    may be traced as dynamic, unknown then; the kernels tile queries and keys only), or smaller
+    ones (`TRACED_PROBES`) where the whole raises there; where it raises on every one, the
+    mod is accepted only if it passed an eager probe before (by `mod_key`), else ValueError
+    saying to call it once eagerly first. Not seen: a mod whose tiles differ from its whole
+    only beyond PROBE queries or keys (a top-k along either axis with k >= PROBE)."""
     if mod is None or not is_pure(mod):
         return
     if torch.compiler.is_compiling():
@@ -523,44 +536,81 @@ def check_pointwise(
         return
     b, h, n, m = shape
     if n and m:
-        probe = (min(b, PROBE_BATCH), h, min(n, PROBE), min(m, PROBE_KEYS))
-        _probe(kind, mod, probe, dtype, device)
+        capped = (min(n, PROBE), min(m, PROBE))
+        tries = dict.fromkeys([(min(b, PROBE_BATCH), h, *capped), (b, h, *capped), (b, h, n, m)])
+        for probe in tries:  # the first on which the whole does not raise is checked
+            raised = _probe(kind, mod, probe, dtype, device)
+            if raised is None:
+                return
+        raise raised  # on the call's own shape: naive's call would; chunked's tiles may not
 
 
 @constant_when_compiled
 def _traced_probe(kind: str, mod: Callable, dtype: torch.dtype | None, device: str) -> bool:
     """`_probe` on the first of `TRACED_PROBES` on which the mod's whole call does not raise,
-    called by Dynamo when it traces a call (its result a constant of the graph)."""
-    any(_probe(kind, mod, (1, 1, n, m), dtype, device) for n, m in TRACED_PROBES)
-    return True
+    called by Dynamo when it traces a call (its result a constant of the graph); where it
+    raises on every one, True only if the mod passed an eager probe before, else ValueError:
+    never served unchecked."""
+    raised = []
+    for n, m in TRACED_PROBES:
+        raised.append(_probe(kind, mod, (1, 1, n, m), dtype, device))
+        if raised[-1] is None:
+            return True
+    content = mod_key(mod, [])
+    if content is not None and any(key[:2] == (kind, content) for key in _POINTWISE):
+        return True
+    (n, m), first = TRACED_PROBES[0], raised[0]
+    raise ValueError(
+        f"{kind} {mod_name(mod)} could not be checked pointwise when torch.compile traced the "
+        f"call: its whole call raised on every probe (1 batch entry and 1 head, the call's "
+        f"sizes may be unknown then; queries x keys {TRACED_PROBES}; on {n} x {m}: "
+        f"{type(first).__name__}: {first}) and it has not passed an eager check; call it once "
+        f"eagerly first (e.g. one forward before torch.compile), where it is checked on the "
+        f"call's own sizes"
+    )
 
 
-def _probe(kind: str, mod: Callable, probe: tuple[int, ...], dtype, device) -> bool:
-    """`check_pointwise` on the (b, H, n, m) problem `probe`: False where the mod's whole call
-    raised (nothing checked), else True."""
+def probe_scores(b: int, h: int, n: int, m: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """The (b, h, n, m) scores `check_pointwise` gives a score mod, in `dtype` on `device` (an
+    expanded view: the same (n, m) in every batch entry and head; the kernels tile queries and
+    keys only): drawn on the CPU from a fixed seed (the same on every device), standard normal,
+    query row i times SCORE_SCALES[i % 5] (1, 3, 10, 30, 1), the last kind's rows with one
+    score DOMINANT at key 37 i mod m (spread over the keys)."""
+    scores = torch.randn(n, m, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    rows = torch.arange(n)
+    kind = rows % len(SCORE_SCALES)
+    scores *= torch.tensor(SCORE_SCALES, dtype=dtype)[kind].view(n, 1)
+    strong = rows[kind == len(SCORE_SCALES) - 1]
+    scores[strong, strong * 37 % m] = DOMINANT
+    return scores.to(device).expand(b, h, n, m)
+
+
+def _probe(kind: str, mod: Callable, probe: tuple[int, ...], dtype, device) -> Exception | None:
+    """`check_pointwise` on the (b, H, n, m) problem `probe`: what the mod's whole call raised
+    (nothing checked), else None."""
     b, h, n, m = probe
     content = mod_key(mod, [])
     key = (kind, content, b, h, n, m, dtype, str(torch.device(device)))
     if content is not None and key in _POINTWISE:
         _POINTWISE.move_to_end(key)
-        return True
-    if kind == "score_mod":  # drawn on the CPU: the same scores on every device
-        scores = torch.randn(b, h, n, m, generator=torch.Generator().manual_seed(0), dtype=dtype)
+        return None
+    if kind == "score_mod":
+        scores = probe_scores(b, h, n, m, dtype, device)
 
     def tile(q: tuple[int, int], k: tuple[int, int]) -> torch.Tensor:  # (B, H, bq, bk)
         indices = mod_indices(b, h, q, k, device)
         if kind == "mask_mod":
             result = apply_mask_mod(mod, indices)
         else:  # a copy: a mod may change its score in place
-            given = scores[..., q[0] : q[1], k[0] : k[1]].to(device, copy=True)
+            given = scores[..., q[0] : q[1], k[0] : k[1]].clone()
             result = modded_scores(mod, given, indices)
         return result.expand(b, h, q[1] - q[0], k[1] - k[0])
 
     with torch.no_grad():
         try:
             whole, again = tile((0, n), (0, m)), tile((0, n), (0, m))
-        except Exception:  # noqa: BLE001  (the real call raises it, checked, where it is made)
-            return False
+        except Exception as err:  # noqa: BLE001  (the real call raises it, checked, where made)
+            return err
         differs = _differences(again, whole)
         if differs:
             raise ValueError(
@@ -591,16 +641,16 @@ def _probe(kind: str, mod: Callable, probe: tuple[int, ...], dtype, device) -> b
         _POINTWISE[key] = None
         if len(_POINTWISE) > CACHE_SIZE:
             _POINTWISE.popitem(last=False)
-    return True
+    return None
 
 
 def probe_tiles(n: int, m: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """The (queries, keys) ranges `check_pointwise` compares with the whole [0, n) x [0, m):
-    the queries cut every n // 3, the keys where chunked cuts them (every `KEY_TILE`) or, for m up
-    to one tile, at 2 m // 3 (tiles of several shapes, none the whole's), and the last query
-    with the last key (1 x 1)."""
-    rows = _ranges(n, n // 3)
-    columns = _ranges(m, KEY_TILE if m > KEY_TILE else 2 * m // 3)
+    each axis cut where the kernels cut it (every `TILE`: chunked's tiles, blocks.py's query
+    tiles) or, up to one tile, the queries every n // 3 and the keys at 2 m // 3 (tiles of
+    several shapes, none the whole's), and the last query with the last key (1 x 1)."""
+    rows = _ranges(n, TILE if n > TILE else n // 3)
+    columns = _ranges(m, TILE if m > TILE else 2 * m // 3)
     return [*itertools.product(rows, columns), ((n - 1, n), (m - 1, m))]
 
 
@@ -615,6 +665,8 @@ def _differences(got: torch.Tensor, want: torch.Tensor) -> str | None:
     """How the tile's mod values `got` differ from the whole's `want` (boolean: exactly; float:
     beyond 256 eps of their dtype, relative and absolute, where both are finite; an infinity
     or NaN exactly: a masked score, -inf, is not within any tolerance of a kept one), or None."""
+    if torch.equal(got, want):  # the same bits (the usual case): one pass
+        return None
     if got.dtype == torch.bool:
         differ = got != want
         return f"{int(differ.sum())} of {differ.numel()} positions differ" if differ.any() else None
