@@ -37,6 +37,7 @@ from einops import einsum, rearrange
 from attn_zoo.kernels.dispatch import TIERS
 from attn_zoo.kernels.heads import repeat_kv
 from attn_zoo.kernels.rotary import Rotary
+from attn_zoo.kernels.softmax.family import check_mods
 from attn_zoo.kernels.softmax.naive import attention_weights
 from attn_zoo.mechanisms.base import AttentionMechanism, check_int
 from attn_zoo.mechanisms.cache import LayerCache
@@ -208,6 +209,7 @@ class DualAttention(AttentionMechanism):
         is_causal = sa.kernel_causality(is_causal)
         q, k = sa.queries_keys(x, x, rope)
         scale = sa.head_dim**-0.5
+        check_mods(q, k, sa.score_mod, sa.mask_mod)  # as the branch's family check does
         weights = attention_weights(q, k, attn_mask, is_causal, scale, sa.score_mod, sa.mask_mod)
         weights = weights.to(q.dtype)
         if self.training and sa.dropout > 0:

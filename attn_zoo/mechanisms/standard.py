@@ -32,6 +32,7 @@ from torch import nn
 
 from attn_zoo.kernels.rotary import Rotary
 from attn_zoo.kernels.softmax import softmax_attention
+from attn_zoo.kernels.softmax.family import check_mods
 from attn_zoo.kernels.softmax.mods import build_mod, mod_name, shift_queries
 from attn_zoo.kernels.softmax.naive import attention_weights
 from attn_zoo.mechanisms.base import AttentionMechanism, check_dropout, check_int
@@ -189,6 +190,7 @@ class StandardAttention(AttentionMechanism):
         is_causal = self.kernel_causality(is_causal)
         q, k = self.queries_keys(x, x if context is None else context, rope)
         scale = self.head_dim**-0.5
+        check_mods(q, k, self.score_mod, self.mask_mod)  # as the forward's family check does
         weights = attention_weights(
             q, k, attn_mask, is_causal, scale, self.score_mod, self.mask_mod
         )

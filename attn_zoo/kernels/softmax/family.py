@@ -104,14 +104,21 @@ def check_inputs(
     is_causal = normal_causality(is_causal, q.shape[2], k.shape[2])
     check_mod("score_mod", score_mod)
     check_mod("mask_mod", mask_mod)
-    shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])  # every backend's, flex's too
-    half = q.dtype in (torch.float16, torch.bfloat16)  # scores in float32 then (naive, chunked)
-    check_pointwise("score_mod", score_mod, shape, torch.float32 if half else q.dtype, q.device)
-    check_pointwise("mask_mod", mask_mod, shape, None, q.device)
+    check_mods(q, k, score_mod, mask_mod)
     return dict(
         q=q, k=k, v=v, attn_mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
         score_mod=score_mod, mask_mod=mask_mod,
     )  # fmt: skip
+
+
+def check_mods(q: torch.Tensor, k: torch.Tensor, score_mod=None, mask_mod=None) -> None:
+    """Both mods checked pointwise (mods.check_pointwise) for a call of queries q (B, H, N, d)
+    and keys k (B, Hkv, M, d): every backend's check, flex's too, and that of the mechanisms'
+    materialised maps (naive.attention_weights, which does not check)."""
+    shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    half = q.dtype in (torch.float16, torch.bfloat16)  # scores in float32 then (naive, chunked)
+    check_pointwise("score_mod", score_mod, shape, torch.float32 if half else q.dtype, q.device)
+    check_pointwise("mask_mod", mask_mod, shape, None, q.device)
 
 
 def describe_call(

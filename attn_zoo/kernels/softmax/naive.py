@@ -19,7 +19,6 @@ from attn_zoo.kernels.softmax.mods import (
     MaskMod,
     ScoreMod,
     apply_score_mod,
-    check_pointwise,
     mask_from_mod,
     mod_indices,
 )
@@ -63,8 +62,6 @@ def attention_weights(
     (b, h, n, _), m = q.shape, k.shape[2]
     attn_mask, is_causal = align_causal(attn_mask, is_causal, n, m, q.device)
     scores = einsum(q, k, "b h n d, b h m d -> b h n m") * scale
-    check_pointwise("score_mod", score_mod, scores.shape, scores.dtype, q.device)  # maps' too
-    check_pointwise("mask_mod", mask_mod, scores.shape, None, q.device)
     scores = apply_score_mod(score_mod, scores, mod_indices(b, h, (0, n), (0, m), q.device))
     mask = allowed_keys(attn_mask, is_causal, n, m, q.device)
     if mask_mod is not None:
