@@ -2,7 +2,9 @@
 refuse them: dual attention's need_weights path (attn_zoo/mechanisms/dual.py: it ignored the
 self-attention branch's mods and their causality, an output 0.37 off with a sliding window) and
 the example plugin (examples/sliding_window.py: it took score_mod and mask_mod and ignored
-them)."""
+them); and they check their call as the forward's kernel does (an integer 0/1 mask, as Hugging
+Face writes them, was taken as an additive one by the materialised paths: padded keys weighted,
+and dual's need_weights output 0.07 off the output of need_weights=False, which refuses it)."""
 
 import pytest
 import torch
@@ -65,3 +67,45 @@ def test_the_example_plugin_refuses_mods_it_would_ignore(argument, example_plugi
         az.build("sliding_window", d_model=16, n_heads=2, window=3, **{argument: spec})
     layer = az.build("sliding_window", d_model=16, n_heads=2, window=3, backend="naive")
     assert layer(torch.randn(1, 5, 16), is_causal=True).shape == (1, 5, 16)
+
+
+SYMBOL_KWARGS = dict(
+    symbol_retrieval="symbolic_attention", symbol_retrieval_kwargs=dict(n_symbols=4, n_heads=2)
+)
+
+
+def dual_weights(x, attn_mask):
+    layer = az.build("dual", d_model=16, n_heads_sa=2, n_heads_ra=0).eval()
+    layer.returns = "reference"
+    return layer(x, attn_mask=attn_mask, need_weights=True)
+
+
+def relational_reference_in_training(x, attn_mask):  # dropout: the output from the maps
+    layer = az.build("relational", d_model=16, n_heads=2, dropout=0.5, **SYMBOL_KWARGS)
+    layer.returns = "reference"
+    return layer(x, attn_mask=attn_mask)
+
+
+MATERIALISED = {
+    "standard maps": lambda x, m: az.build("standard", d_model=16, n_heads=2).attention_maps(
+        x, attn_mask=m
+    ),
+    "differential maps": lambda x, m: az.build(
+        "differential", d_model=16, n_heads=2
+    ).attention_maps(x, attn_mask=m),
+    "relational maps": lambda x, m: az.build(
+        "relational", d_model=16, n_heads=2, **SYMBOL_KWARGS
+    ).attention_maps(x, attn_mask=m),
+    "dual need_weights": dual_weights,
+    "relational reference in training": relational_reference_in_training,
+}
+
+
+@pytest.mark.parametrize("path", MATERIALISED)
+def test_materialised_paths_refuse_an_integer_mask_as_the_forward_does(path):
+    torch.manual_seed(0)
+    x = torch.randn(1, 4, 16)
+    keep = torch.tensor([0, 1, 1, 1]).view(1, 1, 1, 4)  # key 0 is padding, 1 = attend
+    MATERIALISED[path](x, keep.bool())  # a boolean mask is served
+    with pytest.raises(ValueError, match="attn_mask must be boolean .* got torch.int64"):
+        MATERIALISED[path](x, keep)

@@ -554,3 +554,65 @@ def test_a_swapped_layer_is_not_swapped_again():
     with pytest.raises(ValueError, match=r"layers \[1\] of the model are swapped already"):
         swap_attention(model, "linear", layers=[0, 1])
     assert not isinstance(model.model.layers[0].self_attn, SwappedAttention)  # nothing changed
+
+
+# --- the eighth hostile pass ------------------------------------------------------------------
+
+
+def test_load_swapped_reads_the_weights_save_pretrained_wrote_only(ids, tmp_path):
+    """A stale model_old.safetensors beside model.safetensors was merged in, by name order
+    over it (logits 1.28 off); a sharded save loads from its index; a folder without either is
+    refused by name."""
+    model = swap_attention(tiny("llama", torch.float64), "linear").eval()
+    model.save_pretrained(tmp_path / "old")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / "new")
+    (tmp_path / "old" / "model.safetensors").rename(tmp_path / "new" / "model_old.safetensors")
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert not (tmp_path / "sharded" / "model.safetensors").exists()
+    with torch.no_grad():
+        want = model(ids).logits
+        for folder in ("new", "sharded"):
+            got = load_swapped(tmp_path / folder)(ids).logits
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+    (tmp_path / "new" / "model.safetensors").unlink()  # only the stale copy left
+    with pytest.raises(ValueError, match=f"{tmp_path / 'new'}: neither model.safetensors"):
+        load_swapped(tmp_path / "new")
+
+
+def test_output_attentions_is_refused_by_the_swapped_layer(ids):
+    """transformers collects the weights of its own attention modules: with layer 0 swapped,
+    attentions[0] was layer 1's, silently. Refused (by argument or config) with what works."""
+    model = swap_attention(tiny("llama"), "standard", layers=[1]).eval()
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="layer 1: output_attentions=True.*record_attention"):
+            model(ids, output_attentions=True)
+        model.config.output_attentions = True
+        with pytest.raises(ValueError, match="layer 1: output_attentions=True"):
+            model(ids)
+        assert len(model(ids, output_attentions=False).logits) == len(ids)
+
+
+def test_a_dual_layer_whose_self_attention_keeps_no_cache_generates_uncached(ids):
+    """dual's supports_cache ignored its self-attention branch (prefix_lm: no cache), so
+    swap_attention left generate's cache on and generate failed at the prefill."""
+    prefix = {"mask_mod": {"name": "prefix_lm", "prefix": 2}}
+    layer = az.build("dual", d_model=64, n_heads_sa=4, n_heads_ra=0, sa_kwargs=prefix)
+    assert not layer.supports_cache
+    model = swap_attention(tiny("llama"), "dual", n_heads_sa=4, n_heads_ra=0, sa_kwargs=prefix)
+    assert not model.generation_config.use_cache
+    tokens = model.eval().generate(ids, max_new_tokens=NEW, do_sample=False)
+    assert torch.equal(tokens, greedy(model, ids, False)[0])
+
+
+def test_a_cache_the_original_model_filled_is_refused_by_name(ids):
+    """Its layers hold the model's keys and values, not our position markers: cache.update
+    crashed ("Sizes of tensors must match") before the message naming the case."""
+    model = tiny("llama", implementation="sdpa").eval()
+    with torch.no_grad():
+        cache = model(ids[:, :5], use_cache=True).past_key_values
+        swap_attention(model, "standard")
+        with pytest.raises(ValueError, match="layer 0: .* 5 positions.*filled before the swap"):
+            model(ids[:, 5:6], cache=cache, use_cache=True)

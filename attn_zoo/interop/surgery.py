@@ -40,7 +40,14 @@ filled in from the model's config where it accepts them; the caller's kwargs win
   original gives its logits. A mechanism takes them when its forward has a ``rope`` argument
   and a probe call with the model's head width succeeds; ``rope="auto"`` runs the others
   without rotary positions (logged: gla, linear and additive refuse RoPE; differential rotates
-  half-width heads), ``rope=True`` refuses them, ``rope=False`` never applies it.
+  half-width heads), ``rope=True`` refuses them, ``rope=False`` never applies it. A mechanism
+  reading absolute positions itself (its ``absolute_positions()``: a mod not declaring
+  `relative`, attn_zoo/kernels/softmax/mods.py; positional symbols) counts them 0..N-1 after
+  the cached ones: a call whose positions are others (position_ids, left padding) is refused
+  (`SwappedAttention.check_positions`).
+- Attention weights: transformers collects them from its own attention modules only, so a
+  swapped layer refuses ``output_attentions`` (by argument or config) rather than leave the
+  tuple misaligned; attn_zoo/maps.py records the swapped layers' maps.
 - Masks: the model's 4-D mask (boolean, or eager's additive 0 / min) must be causal and key
   padding only: it is passed as is_causal (bottom-right with cached positions) and a key
   padding mask (B, 1, 1, M), None without padding. Anything else (a sliding window that
@@ -52,17 +59,20 @@ filled in from the model's config where it accepts them; the caller's kwargs win
   marker (B, 1, M, 1) (the batch row of each position), so the model reads its length as
   usual and a beam search's reordering (or a batch selection) reaches the mechanism's state,
   re-indexed by the marker's rows. A mechanism without a cache (``supports_cache`` False, or
-  no ``cache`` argument: sigmoid with bias=None, axial, prefix_lm mask mods) may change
+  no ``cache`` argument: sigmoid with bias=None, axial, prefix_lm mask mods, dual attention
+  with such a branch) may change
   earlier positions' outputs as the sequence grows, so no layer can be decoded alone:
   `swap_attention` sets ``generation_config.use_cache = False`` and generate recomputes the
   whole context at every step (the uncached path); a cache passed anyway is refused at its
   second call. A mechanism whose cached call takes no padding mask (linear, additive: probed
   at the swap) runs a padded prompt uncached, and a later call on that cache is refused
-  likewise: generate a padded batch with use_cache=False.
+  likewise: generate a padded batch with use_cache=False. A cache filled before the swap is
+  refused the same way.
 - Saving: `swap_attention` records each swap (mechanism, layers, kwargs, backend, rope) in
   ``config.attn_zoo_surgery``, so ``save_pretrained`` writes it to config.json;
-  `load_swapped` builds the model from the config, replays the swaps and loads the
-  safetensors weights from the local folder. Kwargs must therefore be JSON values.
+  `load_swapped` builds the model from the config, replays the swaps and loads the weights
+  from the local folder as transformers reads them (model.safetensors, or the shards its
+  index names; other *.safetensors files are not read). Kwargs must therefore be JSON values.
 
 transformers and safetensors are imported only inside the functions.
 """
@@ -181,7 +191,10 @@ def layer_state(cache, layer_idx: int, x: torch.Tensor) -> tuple[LayerCache, int
     positions the cache had seen before x (B, n, D); x's positions are then counted on the
     cache's own layer (an int64 marker (B, 1, n, 1) holding each position's batch row) so that
     the model reads its length. A cache reordered since the last call (beam search, batch
-    selection) has the marker's rows reordered: the state is re-indexed by them."""
+    selection) has the marker's rows reordered: the state is re-indexed by them. A cache layer
+    filled by another attention (the model's own, before the swap) holds no state of ours: an
+    empty one is returned and the cache left as it is (the caller refuses it: its length is
+    not the positions seen, `SwappedAttention.lost_state`)."""
     from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
     if not isinstance(cache, DynamicCache):
@@ -193,7 +206,10 @@ def layer_state(cache, layer_idx: int, x: torch.Tensor) -> tuple[LayerCache, int
     state, seen = LayerCache(), 0
     if layer_idx < len(cache.layers) and cache.layers[layer_idx].get_seq_length() > 0:
         layer = cache.layers[layer_idx]
-        state, seen = getattr(layer, STATE, state), layer.get_seq_length()
+        seen = layer.get_seq_length()
+        if not hasattr(layer, STATE):
+            return state, seen
+        state = getattr(layer, STATE)
         rows = layer.keys[:, 0, -1, 0]
         if not torch.equal(rows, torch.arange(len(rows), device=rows.device)):
             select_rows(state, rows)
@@ -220,12 +236,15 @@ class SwappedAttention(nn.Module):
     """A zoo mechanism in place of a decoder layer's self_attn: transformers' call in, the
     mechanism's causal call inside (module docstring). `rope`: apply the model's rotary
     tables to the mechanism's queries and keys; `padded_cache`: its cached calls take a key
-    padding mask (else a padded prompt runs uncached and the cache is not continued)."""
+    padding mask (else a padded prompt runs uncached and the cache is not continued);
+    `config`: the model's (its ``output_attentions``)."""
 
-    def __init__(self, mechanism: nn.Module, layer_idx: int, rope: bool, padded_cache: bool):
+    def __init__(
+        self, mechanism: nn.Module, layer_idx: int, rope: bool, padded_cache: bool, config
+    ):
         super().__init__()
         self.mechanism, self.layer_idx = mechanism, layer_idx
-        self.rope, self.padded_cache = rope, padded_cache
+        self.rope, self.padded_cache, self.config = rope, padded_cache, config
 
     def forward(
         self,
@@ -233,13 +252,17 @@ class SwappedAttention(nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor],  # cos, sin (B, n, head_dim)
         attention_mask: torch.Tensor | None = None,  # (B, 1, n, M) bool or additive, or None
         cache=None,  # a transformers DynamicCache, or None (no cached decoding)
-        **kwargs,  # position_ids, use_cache, ...: read through position_embeddings and cache
+        position_ids: torch.Tensor | None = None,  # (B, n) or (1, n)
+        **kwargs,  # use_cache, output_attentions, ...: read through the cache and the config
     ) -> tuple[torch.Tensor, None]:  # (B, n, D), no attention weights
+        if kwargs.get("output_attentions", getattr(self.config, "output_attentions", False)):
+            raise ValueError(self.no_weights())
         x = hidden_states
         state, seen = (None, 0) if cache is None else layer_state(cache, self.layer_idx, x)
         if state is not None and state.length != seen:
             raise ValueError(self.lost_state(seen, state.length))
         keys = split_mask(attention_mask, x.shape[1], seen)
+        self.check_positions(position_ids, keys, seen, x.shape[1])
         cached = keeps_cache(self.mechanism) and (keys is None or self.padded_cache)
         if seen == 0 and not cached:
             state = None  # run uncached: the cache counts the positions, a next call is refused
@@ -253,16 +276,59 @@ class SwappedAttention(nn.Module):
     def lost_state(self, seen: int, kept: int) -> str:
         """Why the model's cache (`seen` positions) and the mechanism's state (`kept`) differ."""
         name = type(self.mechanism).__name__
-        why = (
-            "its cache takes no padding mask and the prompt was padded"
-            if keeps_cache(self.mechanism)
-            else "it keeps no cache (supports_cache is False: swap_attention made use_cache=False "
-            "generate's default)"
-        )
+        if not keeps_cache(self.mechanism):
+            why = (
+                "it keeps no cache (supports_cache is False: swap_attention made "
+                "use_cache=False generate's default), or "
+            )
+        elif not self.padded_cache:
+            why = "its cache takes no padding mask and the prompt was padded, or "
+        else:
+            why = ""
         return (
             f"layer {self.layer_idx}: the model's cache holds {seen} positions, {name}'s state "
-            f"{kept}: {why}, or the cache was filled before the swap or cropped (assisted "
-            "decoding). Generate with use_cache=False, or start a new cache"
+            f"{kept}: {why}the cache was filled before the swap (by the model's own attention) "
+            "or cropped (assisted decoding). Generate with use_cache=False, or start a new cache"
+        )
+
+    def no_weights(self) -> str:
+        """Why output_attentions is refused, and what gives the swapped layers' weights."""
+        return (
+            f"layer {self.layer_idx}: output_attentions=True, but the layer's attention is "
+            f"swapped ({type(self.mechanism).__name__}): transformers collects the weights of "
+            "its own attention modules only, so the tuple would leave this layer out and its "
+            "indices would no longer be the layers'. Pass output_attentions=False (and "
+            "config.output_attentions=False); for the swapped layers' maps use "
+            "attn_zoo.maps.record_attention_maps(model, ids, use_cache=False) (mechanisms "
+            "with attention_maps: standard, relational, dual, differential)"
+        )
+
+    def check_positions(
+        self, position_ids: torch.Tensor | None, keys: torch.Tensor | None, seen: int, n: int
+    ) -> None:
+        """ValueError if the mechanism reads absolute positions (its ``absolute_positions()``:
+        a prefix_lm mask mod, positional symbols; a mechanism declaring none reads none) and
+        the call's positions are not seen..seen + n - 1, the ones it counts: `position_ids`
+        (B, n) other ones, or `keys` (`split_mask`'s padding mask) with padding before a real
+        token (left padding: the padding counted as positions)."""
+        declared = getattr(self.mechanism, "absolute_positions", None)
+        what = declared() if callable(declared) else None
+        if what is None:
+            return
+        span = f"{seen}..{seen + n - 1}"
+        plain = None if position_ids is None else torch.arange(seen, seen + n).to(position_ids)
+        if plain is not None and not torch.equal(position_ids, plain.expand_as(position_ids)):
+            why = f"position_ids are not {span}"
+        elif keys is not None and (~keys[..., :-1] & keys[..., 1:]).any():
+            why = "the batch is left-padded: padding before real tokens"
+        else:
+            return
+        raise ValueError(
+            f"layer {self.layer_idx}: {type(self.mechanism).__name__}'s {what} reads absolute "
+            f"positions, which it counts as {span}, and this call's are others ({why}). Pad on "
+            "the right (a forward pass), run each sequence alone (generate), or use a mechanism "
+            "reading relative positions only (RoPE, a sliding_window, alibi or softcap mod, "
+            "position_relative or symbolic_attention symbols)"
         )
 
     def extra_repr(self) -> str:
@@ -485,7 +551,7 @@ def swap_attention(
     padded_cache = cached and probe(first, config, takes_rope, padded_cache=True) is None
     for i, module in built.items():
         not_copied = start_from_model(blocks[i].self_attn, module)
-        swap = SwappedAttention(module, i, takes_rope, padded_cache)
+        swap = SwappedAttention(module, i, takes_rope, padded_cache, config)
         blocks[i].self_attn = swap.train(blocks[i].self_attn.training)  # the layer's mode
     if not_copied:  # the same in every layer: one mechanism, one config
         log.warning(
@@ -509,12 +575,35 @@ def swapped_mechanisms(model: nn.Module) -> dict[int, AttentionMechanism]:
     }
 
 
+def saved_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The weights ``save_pretrained`` wrote in `folder`, as transformers reads them:
+    model.safetensors, else each tensor from the shard model.safetensors.index.json names
+    for it; any other *.safetensors (a stale copy) is not read. ValueError naming the folder
+    if it holds neither, or a shard the index names is missing."""
+    from safetensors.torch import load_file
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+
+    single, index = folder / SAFE_WEIGHTS_NAME, folder / SAFE_WEIGHTS_INDEX_NAME
+    if single.is_file():
+        return load_file(single)
+    if not index.is_file():
+        raise ValueError(
+            f"{folder}: neither {SAFE_WEIGHTS_NAME} nor {SAFE_WEIGHTS_INDEX_NAME} (the weights "
+            "save_pretrained writes, with its default safe_serialization)"
+        )
+    weight_map = json.loads(index.read_text())["weight_map"]  # tensor name -> shard file
+    missing = sorted({shard for shard in weight_map.values() if not (folder / shard).is_file()})
+    if missing:
+        raise ValueError(f"{index} names shards {missing} that {folder} does not hold")
+    shards = {shard: load_file(folder / shard) for shard in set(weight_map.values())}
+    return {name: shards[shard][name] for name, shard in weight_map.items()}
+
+
 def load_swapped(folder: str | Path, **from_config) -> nn.Module:
     """The swapped causal LM saved in `folder` by ``save_pretrained``: built from its
     config.json (`from_config`: more `AutoModelForCausalLM.from_config` arguments), its swaps
-    (``config.attn_zoo_surgery``) replayed, its safetensors weights loaded, in their dtype.
-    A mechanism from a plugin must be registered first (import the plugin)."""
-    from safetensors.torch import load_file
+    (``config.attn_zoo_surgery``) replayed, its weights loaded (`saved_weights`), in their
+    dtype. A mechanism from a plugin must be registered first (import the plugin)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = Path(folder)
@@ -525,10 +614,7 @@ def load_swapped(folder: str | Path, **from_config) -> nn.Module:
             f"{folder / 'config.json'} records no attention swap ({RECORD}): load it with "
             "AutoModelForCausalLM.from_pretrained"
         )
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{folder}: no *.safetensors weights (save with save_pretrained)")
-    state = {k: v for f in files for k, v in load_file(f).items()}
+    state = saved_weights(folder)
     dtype = next(v.dtype for v in state.values() if v.is_floating_point())
     setattr(config, RECORD, [])
     model = AutoModelForCausalLM.from_config(config, dtype=dtype, **from_config)

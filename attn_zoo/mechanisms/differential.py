@@ -39,6 +39,7 @@ from torch import nn
 
 from attn_zoo.kernels.rotary import Rotary
 from attn_zoo.kernels.softmax import softmax_attention
+from attn_zoo.kernels.softmax.family import check_inputs
 from attn_zoo.kernels.softmax.naive import attention_weights
 from attn_zoo.mechanisms.base import AttentionMechanism, check_int
 from attn_zoo.mechanisms.cache import LayerCache
@@ -113,7 +114,7 @@ class DifferentialAttention(AttentionMechanism):
         both = softmax_attention(
             q,
             k,
-            repeat(v, "b h m e -> b (h two) m e", two=2),  # the values of both halves
+            both_halves(v),
             attn_mask=split_heads(attn_mask),
             is_causal=is_causal,
             scale=self.head_dim**-0.5,
@@ -144,13 +145,22 @@ class DifferentialAttention(AttentionMechanism):
         cache: LayerCache | None = None,
     ) -> dict[str, torch.Tensor]:
         """The forward pass's differential maps, materialised: {"attention": (B, H, N, N),
-        softmax(Q1 K1^T / sqrt(d)) - lambda softmax(Q2 K2^T / sqrt(d)) per head}."""
+        softmax(Q1 K1^T / sqrt(d)) - lambda softmax(Q2 K2^T / sqrt(d)) per head}; the call
+        checked as the forward's kernel call is (the softmax family's check_inputs)."""
         if cache is not None:
             raise ValueError("attention maps are recorded from uncached calls only (cache=None)")
         q, k = self.queries_keys(x, rope)
-        maps = attention_weights(q, k, split_heads(attn_mask), is_causal, self.head_dim**-0.5)
+        v = both_halves(rearrange(self.wv(x), "b n (h e) -> b h n e", h=self.n_kv_heads))
+        call = check_inputs(q, k, v, split_heads(attn_mask), is_causal, self.head_dim**-0.5)
+        maps = attention_weights(q, k, call["attn_mask"], call["is_causal"], call["scale"])
         maps = rearrange(maps, "b (h two) n m -> b h two n m", two=2)
         return {"attention": maps[:, :, 0] - self.lambda_full().to(maps.dtype) * maps[:, :, 1]}
+
+
+def both_halves(v: torch.Tensor) -> torch.Tensor:
+    """Values (B, Hkv, M, 2d) as those of the 2 Hkv half-heads (B, 2 Hkv, M, 2d): head h's for
+    2h and 2h + 1, the two maps of each head averaging the same values."""
+    return repeat(v, "b h m e -> b (h two) m e", two=2)
 
 
 def split_heads(attn_mask: torch.Tensor | None) -> torch.Tensor | None:

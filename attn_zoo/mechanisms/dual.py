@@ -37,12 +37,14 @@ from einops import einsum, rearrange
 from attn_zoo.kernels.dispatch import TIERS
 from attn_zoo.kernels.heads import repeat_kv
 from attn_zoo.kernels.rotary import Rotary
-from attn_zoo.kernels.softmax.family import check_mods
-from attn_zoo.kernels.softmax.naive import attention_weights
 from attn_zoo.mechanisms.base import AttentionMechanism, check_int
 from attn_zoo.mechanisms.cache import LayerCache
 from attn_zoo.mechanisms.registry import MECHANISMS, register_mechanism
-from attn_zoo.mechanisms.relational import RelationalAttention, retriever_or_none
+from attn_zoo.mechanisms.relational import (
+    RelationalAttention,
+    retriever_or_none,
+    retriever_positions,
+)
 from attn_zoo.mechanisms.standard import StandardAttention
 from attn_zoo.symbols import RelativeSymbols
 from attn_zoo.symbols.retrievers import cacheable, check_returns, retrieve
@@ -117,9 +119,20 @@ class DualAttention(AttentionMechanism):
 
     @property
     def supports_cache(self) -> bool:
-        """Both branches cache; the mechanism's own retriever must serve cached calls."""
-        ra = self.relational_attention
-        return cacheable(self.symbol_retriever) and (ra is None or ra.supports_cache)
+        """Each branch caches where it can alone (not the self-attention branch under a mask
+        mod opening the causal mask, prefix_lm: standard.py); the mechanism's own retriever
+        must serve cached calls."""
+        branches = (self.self_attention, self.relational_attention)
+        each = all(branch is None or branch.supports_cache for branch in branches)
+        return each and cacheable(self.symbol_retriever)
+
+    def absolute_positions(self) -> str | None:
+        """What of the layer reads absolute positions (its branches' mods and retriever, its
+        own retriever: standard.py, relational.py), named; None if nothing does."""
+        branches = (self.self_attention, self.relational_attention)
+        parts = [branch.absolute_positions() for branch in branches if branch is not None]
+        parts.append(retriever_positions(self.symbol_retriever))
+        return " and ".join(part for part in parts if part) or None
 
     @property
     def returns(self) -> str:
@@ -204,16 +217,12 @@ class DualAttention(AttentionMechanism):
         """Self-attention output and its weights (B, H_sa, N, N) by the reference's manual
         path (need_weights=True): the weights materialised (after dropout, in training) and the
         output made from them, one set of queries and keys for both; the branch's score and
-        mask mods and its causality (`kernel_causality`) applied, as in its forward."""
+        mask mods and its causality applied and its call checked, as in its forward
+        (`StandardAttention.weights_and_values`)."""
         sa = self.self_attention
-        is_causal = sa.kernel_causality(is_causal)
-        q, k = sa.queries_keys(x, x, rope)
-        scale = sa.head_dim**-0.5
-        check_mods(q, k, sa.score_mod, sa.mask_mod)  # as the branch's family check does
-        weights = attention_weights(q, k, attn_mask, is_causal, scale, sa.score_mod, sa.mask_mod)
-        weights = weights.to(q.dtype)
+        weights, v = sa.weights_and_values(x, x, attn_mask, is_causal, rope)
+        weights = weights.to(v.dtype)
         if self.training and sa.dropout > 0:
             weights = F.dropout(weights, sa.dropout)
-        v = repeat_kv(rearrange(sa.wv(x), "b n (h d) -> b h n d", h=sa.n_kv_heads), sa.n_heads)
-        out = einsum(weights, v, "b h n m, b h m d -> b n h d")
+        out = einsum(weights, repeat_kv(v, sa.n_heads), "b h n m, b h m d -> b n h d")
         return sa.resid_dropout(sa.wo(rearrange(out, "b n h d -> b n (h d)"))), weights

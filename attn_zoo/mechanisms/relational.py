@@ -40,6 +40,7 @@ from torch import nn
 
 from attn_zoo.kernels.relational import relational_attention
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
+from attn_zoo.kernels.relational.family import check_inputs
 from attn_zoo.kernels.relational.naive import (
     aggregate,
     attention_tensor,
@@ -51,12 +52,26 @@ from attn_zoo.mechanisms.base import AttentionMechanism, check_dropout, check_in
 from attn_zoo.mechanisms.cache import LayerCache
 from attn_zoo.mechanisms.registry import register_mechanism
 from attn_zoo.mechanisms.standard import check_heads
-from attn_zoo.symbols import RelativeSymbols, build_symbol_retriever, list_symbol_retrievers
+from attn_zoo.symbols import (
+    PositionalSymbolRetriever,
+    RelativeSymbols,
+    build_symbol_retriever,
+    list_symbol_retrievers,
+)
 from attn_zoo.symbols.retrievers import cacheable, check_returns, retrieve
 
 
 def retriever_or_none(name: str | None, kwargs: dict | None, d_model: int) -> nn.Module | None:
     return None if name is None else build_symbol_retriever(name, d_model, **(kwargs or {}))
+
+
+def retriever_positions(retriever: nn.Module | None) -> str | None:
+    """What of `retriever` reads absolute positions, named: positional symbols E[i]
+    (attn_zoo/symbols/retrievers.py); None for the others (per-token symbols read none,
+    relative symbols j - i)."""
+    if isinstance(retriever, PositionalSymbolRetriever):
+        return "symbol retrieval positional_symbols (the symbol of absolute position i)"
+    return None
 
 
 @register_mechanism("relational")
@@ -131,6 +146,10 @@ class RelationalAttention(AttentionMechanism):
         """Cached decoding works (k, kr, symbol values cached) unless the mechanism's own
         retriever cannot serve it (see `attn_zoo.symbols.retrievers.cacheable`)."""
         return cacheable(self.symbol_retriever)
+
+    def absolute_positions(self) -> str | None:
+        """What of the layer reads absolute positions (`retriever_positions`), or None."""
+        return retriever_positions(self.symbol_retriever)
 
     @property
     def returns(self) -> str:
@@ -219,8 +238,7 @@ class RelationalAttention(AttentionMechanism):
         scale, rel_scale = self.head_dim**-0.5, self.rel_proj_dim**-0.5
         maps = None
         if with_maps:
-            attn = attention_tensor(q, k, attn_mask, is_causal, scale)
-            relations = relation_tensor(qr, kr, rel_scale, self.rel_activation)
+            attn, relations = self.materialised(q, k, qr, kr, values, attn_mask, is_causal)
             if dropout_p > 0:
                 attn = F.dropout(attn, dropout_p)
                 out = aggregate(attn, relations, **values).to(q.dtype)
@@ -292,7 +310,27 @@ class RelationalAttention(AttentionMechanism):
         if cache is not None:
             raise ValueError("attention maps are recorded from uncached calls only (cache=None)")
         q, k, qr, kr = self.projections(x, rope)
-        return {
-            "attention": attention_tensor(q, k, attn_mask, is_causal, self.head_dim**-0.5),
-            "relations": relation_tensor(qr, kr, self.rel_proj_dim**-0.5, self.rel_activation),
-        }
+        values = self.symbol_values(x, symbols)
+        attn, relations = self.materialised(q, k, qr, kr, values, attn_mask, is_causal)
+        return {"attention": attn, "relations": relations}
+
+    def materialised(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        qr: torch.Tensor,
+        kr: torch.Tensor,
+        values: dict,
+        attn_mask: torch.Tensor | None,
+        is_causal: bool | str,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention a (B, H, N, M) and relations r (B, R, N, M) of a call, materialised
+        (float32 or wider), the call checked as the forward's kernel call is (the relational
+        family's check_inputs: the mask's dtype and shape, the symbol values `values`)."""
+        call = check_inputs(
+            q, k, qr, kr, **values, attn_mask=attn_mask, is_causal=is_causal,
+            scale=self.head_dim**-0.5, rel_scale=self.rel_proj_dim**-0.5,
+            rel_activation=self.rel_activation,
+        )  # fmt: skip
+        attn = attention_tensor(q, k, call["attn_mask"], call["is_causal"], call["scale"])
+        return attn, relation_tensor(qr, kr, call["rel_scale"], self.rel_activation)

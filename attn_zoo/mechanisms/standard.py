@@ -32,7 +32,7 @@ from torch import nn
 
 from attn_zoo.kernels.rotary import Rotary
 from attn_zoo.kernels.softmax import softmax_attention
-from attn_zoo.kernels.softmax.family import check_mods
+from attn_zoo.kernels.softmax.family import check_inputs
 from attn_zoo.kernels.softmax.mods import build_mod, mod_name, shift_queries
 from attn_zoo.kernels.softmax.naive import attention_weights
 from attn_zoo.mechanisms.base import AttentionMechanism, check_dropout, check_int
@@ -162,6 +162,18 @@ class StandardAttention(AttentionMechanism):
             )
         return causal
 
+    def absolute_positions(self) -> str | None:
+        """The layer's mods that read absolute positions (not declaring `relative`:
+        attn_zoo/kernels/softmax/mods.py), named; None where its positions are read only as
+        i - j (RoPE, a sliding window, ALiBi) or not at all."""
+        mods = (("score_mod", self.score_mod), ("mask_mod", self.mask_mod))
+        absolute = [
+            f"{kind} {mod_name(mod)}"
+            for kind, mod in mods
+            if mod is not None and not getattr(mod, "relative", False)
+        ]
+        return " and ".join(absolute) or None
+
     def queries_keys(
         self, x: torch.Tensor, source: torch.Tensor, rope: Rotary | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,6 +183,29 @@ class StandardAttention(AttentionMechanism):
         if rope is not None:
             q, k = rope.apply(q), rope.apply(k)
         return q, k
+
+    def weights_and_values(
+        self,
+        x: torch.Tensor,
+        source: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        is_causal: bool | str,
+        rope: Rotary | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weights softmax(q k^T / sqrt(head_dim)) (B, H, N, M) materialised (float32 or
+        wider; score and mask mods applied) and the values v (B, Hkv, M, head_dim), queries from
+        x, keys and values from source; the call checked as the forward's kernel call is (the
+        softmax family's check_inputs: the mask's dtype and shape, the mods pointwise)."""
+        q, k = self.queries_keys(x, source, rope)
+        v = rearrange(self.wv(source), "b n (h d) -> b h n d", h=self.n_kv_heads)
+        call = check_inputs(
+            q, k, v, attn_mask, self.kernel_causality(is_causal), self.head_dim**-0.5,
+            score_mod=self.score_mod, mask_mod=self.mask_mod,
+        )  # fmt: skip
+        weights = attention_weights(
+            q, k, call["attn_mask"], call["is_causal"], call["scale"], self.score_mod, self.mask_mod
+        )
+        return weights, v
 
     @torch.no_grad()
     def attention_maps(
@@ -187,11 +222,5 @@ class StandardAttention(AttentionMechanism):
         {"attention": (B, H, N, M)}."""
         if cache is not None:
             raise ValueError("attention maps are recorded from uncached calls only (cache=None)")
-        is_causal = self.kernel_causality(is_causal)
-        q, k = self.queries_keys(x, x if context is None else context, rope)
-        scale = self.head_dim**-0.5
-        check_mods(q, k, self.score_mod, self.mask_mod)  # as the forward's family check does
-        weights = attention_weights(
-            q, k, attn_mask, is_causal, scale, self.score_mod, self.mask_mod
-        )
-        return {"attention": weights}
+        source = x if context is None else context
+        return {"attention": self.weights_and_values(x, source, attn_mask, is_causal, rope)[0]}

@@ -55,6 +55,12 @@ What a mod may declare, as attributes of the function:
                      (one-sided ALiBi).
     replaces_causal  (mask mods) the mask is a causal mask itself, opened somewhere
                      (prefix_lm): a mechanism's causal call applies it instead of is_causal.
+    relative         the mod reads its positions only as i - j (or none at all): shifting
+                     every position alike changes nothing (causal, sliding_window, alibi,
+                     softcap). Undeclared, a mod is taken as reading absolute positions
+                     (prefix_lm, document, a user's mod): a swapped Hugging Face layer
+                     (attn_zoo/interop/surgery.py) refuses it in a call whose positions are
+                     not 0..N-1, a left-padded batch.
 
 Named mods (`MODS`, for grid files and mechanism kwargs: ``mask_mod = { name =
 "sliding_window", window = 64 }``): causal, sliding_window, prefix_lm, document, alibi, softcap.
@@ -713,9 +719,9 @@ def build_mod(spec: object) -> Callable | None:
 def and_masks(*mods: MaskMod) -> MaskMod:
     """A mask mod allowing key j to query i where every one of `mods` does (a logical and;
     FlexAttention's and_masks): ``and_masks(document(lengths), causal())`` packs documents
-    into a causal LM. Pure if every mod is; a causal mask itself (`replaces_causal`) if any
-    mod is (``and_masks(prefix_lm(p), document(lengths))``: each document's prefix sees itself
-    both ways)."""
+    into a causal LM. Pure (`relative`) if every mod is; a causal mask itself
+    (`replaces_causal`) if any mod is (``and_masks(prefix_lm(p), document(lengths))``: each
+    document's prefix sees itself both ways)."""
     combined = _combined("and_masks", torch.logical_and, mods)
     combined.replaces_causal = any(getattr(mod, "replaces_causal", False) for mod in mods)
     return combined
@@ -724,7 +730,7 @@ def and_masks(*mods: MaskMod) -> MaskMod:
 def or_masks(*mods: MaskMod) -> MaskMod:
     """A mask mod allowing key j to query i where any of `mods` does (a logical or):
     ``or_masks(sliding_window(w), sink)``, sink(b, h, q_idx, kv_idx) = kv_idx < 4, a window
-    that also sees the first 4 keys. Pure if every mod is; a causal mask itself
+    that also sees the first 4 keys. Pure (`relative`) if every mod is; a causal mask itself
     (`replaces_causal`) if any mod is: a causal layer then applies the union as it is, not
     the union cut by causality."""
     combined = _combined("or_masks", torch.logical_or, mods)
@@ -733,15 +739,16 @@ def or_masks(*mods: MaskMod) -> MaskMod:
 
 
 def not_mask(mod: MaskMod) -> MaskMod:
-    """A mask mod allowing exactly the (query, key) pairs `mod` does not. Pure if `mod` is;
-    never a causal mask itself (the complement of prefix_lm is no causal mask), so a causal
-    layer cuts it by causality."""
+    """A mask mod allowing exactly the (query, key) pairs `mod` does not. Pure (`relative`) if
+    `mod` is; never a causal mask itself (the complement of prefix_lm is no causal mask), so a
+    causal layer cuts it by causality."""
     _check_mask_mods("not_mask", (mod,))
 
     def inverted_mask(b, h, q_idx, kv_idx):
         return ~checked_result("mask_mod", mod, mod(b, h, q_idx, kv_idx))
 
     inverted_mask.__name__, inverted_mask.pure = f"not_mask({mod_name(mod)})", is_pure(mod)
+    inverted_mask.relative = getattr(mod, "relative", False)
     return inverted_mask
 
 
@@ -755,6 +762,7 @@ def _combined(name: str, op: Callable, mods: tuple[MaskMod, ...]) -> MaskMod:
 
     combined_mask.__name__ = f"{name}({', '.join(mod_name(mod) for mod in mods)})"
     combined_mask.pure = all(is_pure(mod) for mod in mods)
+    combined_mask.relative = all(getattr(mod, "relative", False) for mod in mods)
     return combined_mask
 
 
@@ -810,6 +818,7 @@ def causal() -> MaskMod:
     def causal_mask(b, h, q_idx, kv_idx):
         return kv_idx <= q_idx
 
+    causal_mask.relative = True
     return causal_mask
 
 
@@ -824,6 +833,7 @@ def sliding_window(window: int, causal: bool = True) -> MaskMod:
         near = (q_idx - kv_idx).abs() < window
         return near & (kv_idx <= q_idx) if causal else near
 
+    sliding_window_mask.relative = True
     return sliding_window_mask
 
 
@@ -886,6 +896,7 @@ def alibi(n_heads: int, symmetric: bool = False) -> ScoreMod:
         distance = (q_idx - kv_idx).abs() if symmetric else q_idx - kv_idx
         return score - torch.exp2(exponent) * distance
 
+    alibi_bias.relative = True
     if not symmetric:
         alibi_bias.causal_only = (
             "ALiBi's bias -slope (i - j) grows with the key j past the query i, so without "
@@ -912,4 +923,5 @@ def softcap(cap: float) -> ScoreMod:
     def softcap_score(score, b, h, q_idx, kv_idx):
         return cap * torch.tanh(score / cap)
 
+    softcap_score.relative = True  # reads no position
     return softcap_score
