@@ -193,7 +193,14 @@ class ModelOptions(Table):
         | None
     ) = None
     finetune: choice(FINETUNE) | None = None  # default "all"
-    lora_rank: whole(1, "int >= 1 (the rank of finetune 'lora' adapters)") | None = None
+    lora_rank: (
+        whole(
+            1,
+            "int >= 1 (the rank of finetune 'lora' adapters), at most min(d_in, d_out) of "
+            "each projection they adapt",
+        )
+        | None
+    ) = None
 
 
 class SizeEntry(ModelOptions):

@@ -48,8 +48,9 @@ from torch.nn import functional as F
 
 from ablations.tasks import IGNORE_INDEX
 from attn_zoo.interop import distill
-from attn_zoo.interop.distill import set_trainable
+from attn_zoo.interop.distill import adapter_layers, set_trainable
 from attn_zoo.interop.surgery import RECORD, SUPPORTED, load_swapped, swap_attention
+from attn_zoo.models.common import some_keys
 
 TEACHER_OPTIONS = ("teacher", "from_scratch", "transfer_steps", "finetune", "lora_rank")
 FINETUNE = ("none", *distill.FINETUNE)  # after the transfer: next-token loss on what it trains
@@ -61,15 +62,16 @@ SIZE_KEYS = ("label", "d_model", "n_layers")
 class CausalLM(nn.Module):
     """A Hugging Face causal LM `hf` called as the zoo's language models are: x (B, N) token
     ids, targets (B, N) next tokens (`IGNORE_INDEX` where not scored) -> logits (B, N, V) and
-    the mean cross-entropy over the scored targets (None without targets). `stages`: how a
-    cell trains it (`Stage`s, in order)."""
+    the mean cross-entropy over the scored targets (None without targets), called uncached
+    (use_cache=False: training, evaluation and map recording give swapped layers no cache).
+    `stages`: how a cell trains it (`Stage`s, in order)."""
 
     def __init__(self, hf: nn.Module, stages: tuple[Stage, ...] = ()):
         super().__init__()
         self.hf, self.stages = hf, stages
 
     def forward(self, x: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        logits = self.hf(input_ids=x).logits
+        logits = self.hf(input_ids=x, use_cache=False).logits
         if targets is None:
             return logits, None
         loss = F.cross_entropy(
@@ -182,12 +184,25 @@ def teacher_config(path: Path, needs_weights: bool):
 
 def load_teacher(path: Path) -> nn.Module:
     """The causal LM saved in `path` (swapped already where its config records a swap), in
-    float32, training mode."""
+    float32, training mode. ValueError naming the folder and the weights where its weights
+    lack some of its model's or hold others (transformers would fill the missing ones with
+    fresh random values, each load with its own: load_swapped refuses them likewise)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if getattr(AutoConfig.from_pretrained(path), RECORD, None):
         return load_swapped(path).float().train()
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).train()
+    hf, loaded = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, output_loading_info=True
+    )
+    missing, unexpected = sorted(loaded["missing_keys"]), sorted(loaded["unexpected_keys"])
+    if missing or unexpected:
+        raise ValueError(
+            f"model.teacher: {path}: its weights do not fit the model of its config.json "
+            f"({len(missing)} missing: {some_keys(missing) or 'none'}; {len(unexpected)} not "
+            f"the model's: {some_keys(unexpected) or 'none'}): valid is a folder whose "
+            "*.safetensors hold every weight of its model and no other (save_pretrained)"
+        )
+    return hf.train()
 
 
 def _check_cell(size: dict, config, task, mechanism: str, kwargs: dict, steps: int) -> None:
@@ -261,7 +276,10 @@ def build_teacher_model(
     model, stages = CausalLM(hf.train()), []
     if finetune != "none":  # first: a "lora" stage adds the adapters the transfer then freezes
         if swapped:
-            set_trainable(hf, finetune, lora_rank=size.get("lora_rank", 8))
+            rank = size.get("lora_rank", 8)
+            set_trainable(hf, finetune, lora_rank=rank)
+            if finetune == "lora":
+                check_lora_rank(hf, rank)
         stages.append(Stage(finetune, steps, trained_names(model)))
     if transfer:
         set_trainable(hf, "transfer")
@@ -270,6 +288,19 @@ def build_teacher_model(
     if stages:
         train_only(model, stages[0])
     return model
+
+
+def check_lora_rank(hf: nn.Module, rank: int) -> None:
+    """ValueError unless `rank` is at most min(d_in, d_out) of each projection adapted in `hf`
+    (peft's LoRA layers): an adapter B A, A (rank, d_in), B (d_out, rank), has rank at most
+    min(rank, d_in, d_out), so a larger rank adds parameters and no rank."""
+    narrowest = min(min(layer.in_features, layer.out_features) for layer in adapter_layers(hf))
+    if rank > narrowest:
+        raise ValueError(
+            f"model.lora_rank = {rank} is above min(d_in, d_out) = {narrowest} of the "
+            "narrowest projection finetune 'lora' adapts (a larger rank adds parameters, no "
+            f"rank): valid is 1 to {narrowest}"
+        )
 
 
 def frozen_teacher(size: dict, folder: str) -> nn.Module | None:

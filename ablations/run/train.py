@@ -7,7 +7,8 @@ losses are plain cross-entropy), evaluation on the validation split every
 `eval_every` steps (and at the end), early stop once the validation metric reaches
 `early_stop_target`, or once it has not improved on its best for `patience` evaluations (the
 cell keeps its last weights), or as `pruned` where a search's pruner says so at an evaluation
-(`should_prune`, ablations.run.search: its metrics and curve so far, and `pruned_at`). The metric
+(`should_prune`, ablations.run.search: its metrics and curve so far, and `pruned_at`); a
+teacher's cell stops early or is pruned in its last stage only (below). The metric
 is accuracy: per example for classification (sequences or images), per scored position for
 language-model and seq2seq tasks, which also get `exact` (the share of examples with every
 scored position right). A finished cell is tested on every test split of its task ("test",
@@ -36,8 +37,11 @@ the cell's mechanism) trains in stages: steps 1 to `transfer_steps` on attention
 there is that mean squared error, its validation loss and metric the model's next-token ones),
 then up to `steps` on next-token loss, each stage with fresh AdamW moments and its own warmup
 and decay (`stage_lr_factor`); with finetune "none" it ends after the transfer (`steps` is
-then the transfer's; none at all: the swapped model is only evaluated, its curve empty). Such a
-cell also records `teacher_test_loss` and `test_recovered` (ablations.grid.teacher.recovered).
+then the transfer's; none at all: the swapped model is only evaluated, its curve empty). Early
+stop, patience and the pruner judge the evaluations of its last stage only, which trains the
+model the cell reports: the transfer's are in its curve, yet stop nothing, and patience counts
+from the last stage's first evaluation. Such a cell also records `teacher_test_loss` and
+`test_recovered` (ablations.grid.teacher.recovered).
 
 A cell can be interrupted and resumed (ablations.run.resume): given a resume checkpoint it trains on
 from that step and ends with exactly the metrics and curve of an uninterrupted run (its
@@ -271,6 +275,21 @@ def attention_record(model: nn.Module, task, test, example: int = MAPS_EXAMPLE) 
     return {"example": example, "labels": labels, "target": y[0].tolist(), "maps": maps}
 
 
+def stops_early(loop: LoopState, training: TrainingSettings) -> bool:
+    """Whether training stops after the evaluation just recorded in `loop` (its val_metric):
+    it reaches `training.early_stop_target` (0: never), or it is no better than `loop.best`
+    for the `training.patience`-th evaluation in a row (0: never); `loop.best` and
+    `loop.stale` (those evaluations) updated."""
+    target = training.early_stop_target
+    if target and loop.val_metric >= target:
+        return True
+    if loop.val_metric > loop.best:
+        loop.best, loop.stale = loop.val_metric, 0
+    else:
+        loop.stale += 1
+    return bool(training.patience) and loop.stale >= training.patience
+
+
 def check_torch_state(what: str) -> None:
     """RuntimeError where `what` changed torch's global state from its defaults (the cell would
     have trained, or would train, under another state than its config and store say)."""
@@ -294,8 +313,9 @@ def train_cell(
     should_prune=None,
 ) -> CellResult:
     """Train and evaluate `cell`; `on_progress(step, loss)` is called at each evaluation;
-    `should_prune(step, val_loss, val_metric)` at each evaluation after which the cell would
-    train on (not its last, nor one that stops it early): true ends it there as `pruned`;
+    `should_prune(step, val_loss, val_metric)` at each evaluation of its last stage (a
+    teacher's cell: not of its transfer) after which the cell would train on (not its last, nor
+    one that stops it early): true ends it there as `pruned`;
     `keep_state` returns the trained weights too, `keep_maps` the `attention_record` of the
     trained model (a cell that finished, not a diverged one; should recording fail, a record
     without maps whose "error" is the traceback). `device`: where to train (an executor's
@@ -377,17 +397,12 @@ def train_cell(
             loop.curve.append([step, loss.item(), loop.val_loss, loop.val_metric])
             if on_progress is not None:
                 on_progress(step, loss.item())
-            target = t.early_stop_target
-            if target and loop.val_metric >= target:
-                break
-            if loop.val_metric > loop.best:
-                loop.best, loop.stale = loop.val_metric, 0
-            else:
-                loop.stale += 1
-            if t.patience and loop.stale >= t.patience:
+            reported = stage.last_step == end  # the last stage trains the model reported
+            if reported and stops_early(loop, t):
                 break
             if (
-                should_prune is not None
+                reported
+                and should_prune is not None
                 and step < end
                 and should_prune(step, loop.val_loss, loop.val_metric)
             ):
