@@ -158,7 +158,11 @@ def test_replacements_run_from_the_command_line_with_two_workers_and_report(teac
         ({"teacher": "empty"}, TEACHER, ["empty holds no config.json"]),
         ({}, {**LINEAR, "name": "relational"}, ["cannot be a causal LM's self-attention"]),
         ({"d_model": 32}, TEACHER, ["d_model = 32, the teacher's hidden_size is 16"]),
-        ({}, {**TEACHER, "kwargs": {"n_heads": 4}}, ["n_heads = 4: the teacher's"]),
+        (
+            {},
+            {**TEACHER, "kwargs": {"n_heads": 4}},
+            ["n_heads = 4: a swapped standard layer", "has 2"],
+        ),
         ({}, {**LINEAR, "model": {"transfer_steps": 6}}, ["leaves no step"]),
         ({}, {**TEACHER, "model": {"transfer_steps": 3}}, ["keeps the teacher's attention"]),
         ({"teacher": None, "transfer_steps": 2}, TEACHER, ["set model.teacher"]),

@@ -616,3 +616,17 @@ def test_a_cache_the_original_model_filled_is_refused_by_name(ids):
         swap_attention(model, "standard")
         with pytest.raises(ValueError, match="layer 0: .* 5 positions.*filled before the swap"):
             model(ids[:, 5:6], cache=cache, use_cache=True)
+
+
+def test_differential_takes_half_the_models_heads_and_keeps_its_rotary_positions(caplog):
+    """A differential head's two maps are two of the model's heads (its
+    `model_heads_per_head`): swapped into 4 heads with 2 key/value heads it has 2 and 1, each
+    map as wide as the model's heads, so every projection is the model's and the model's RoPE
+    applies (with 4 heads its maps were half as wide: no RoPE, a warning)."""
+    model = tiny("llama", seed=2)
+    with caplog.at_level(logging.WARNING, logger="attn_zoo"):
+        swap_attention(model, "differential", layers=[0])
+    layer = model.model.layers[0].self_attn
+    assert isinstance(layer, SwappedAttention) and layer.rope, caplog.text
+    assert (layer.mechanism.n_heads, layer.mechanism.n_kv_heads) == (2, 1)
+    assert "without the model's rotary positions" not in caplog.text

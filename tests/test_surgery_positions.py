@@ -35,7 +35,7 @@ ABSOLUTE = {
     "positional symbols": (
         "relational",
         {"symbol_retrieval": "positional_symbols", "symbol_retrieval_kwargs": {"max_length": 64}},
-        "positional_symbols",
+        "PositionalSymbolRetriever",
     ),
     "dual's positional symbols": (
         "dual",
@@ -45,7 +45,7 @@ ABSOLUTE = {
             "symbol_retrieval": "positional_symbols",
             "symbol_retrieval_kwargs": {"max_length": 64},
         },
-        "positional_symbols",
+        "PositionalSymbolRetriever",
     ),  # fmt: skip
 }
 RELATIVE = {

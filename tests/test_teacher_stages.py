@@ -118,3 +118,36 @@ def test_a_lora_rank_above_the_adapted_projections_is_refused(teacher):
                      mechanisms=[linear({**lora, "lora_rank": 9})], training=TRAINING,
                      file="rank9.toml")  # fmt: skip
     assert_refused(path, ["model.lora_rank = 9 is above", "valid is 1 to 8"])
+
+
+@pytest.mark.parametrize(
+    ("size", "asked_at"),
+    [
+        ({"teacher": "t", "transfer_steps": 4, "finetune": "all"}, [5, 6, 7]),
+        ({"teacher": "t", "transfer_steps": 4, "finetune": "none"}, [2, 4, 5, 6, 7]),
+        ({"d_model": 16}, [2, 4, 5, 6, 7]),
+    ],
+)
+def test_a_stored_trial_is_replayed_to_the_pruner_where_its_cell_asked(size, asked_at):
+    """A search rebuilding its study from stored trials (ablations/run/search.py: _tell) asks
+    the pruner at the points of a curve where the cell itself asked: in its last stage only
+    (after the transfer where fine-tuning follows it), and not at a done cell's last point."""
+    from types import SimpleNamespace
+
+    from ablations.run.search import _tell
+
+    asked, step = [], [0]
+
+    class Trial:
+        def report(self, value, at):
+            step[0] = at
+
+        def should_prune(self):
+            asked.append(step[0])
+
+    spec = SimpleNamespace(search=SimpleNamespace(table=SimpleNamespace(metric="val_loss")))
+    study = SimpleNamespace(tell=lambda *args, **kwargs: None)
+    curve = [(s, 0.0, 1.0, 0.5) for s in (2, 4, 5, 6, 7, 8)]
+    row = {"status": "done", "curve": curve, "metrics": {"val_loss": 1.0}}
+    _tell(spec, study, Trial(), SimpleNamespace(size=size), row)
+    assert asked == asked_at

@@ -49,7 +49,13 @@ from torch.nn import functional as F
 from ablations.tasks import IGNORE_INDEX
 from attn_zoo.interop import distill
 from attn_zoo.interop.distill import adapter_layers, set_trainable
-from attn_zoo.interop.surgery import RECORD, SUPPORTED, load_swapped, swap_attention
+from attn_zoo.interop.surgery import (
+    RECORD,
+    SUPPORTED,
+    load_swapped,
+    mechanism_settings,
+    swap_attention,
+)
 from attn_zoo.models.common import some_keys
 
 TEACHER_OPTIONS = ("teacher", "from_scratch", "transfer_steps", "finetune", "lora_rank")
@@ -114,6 +120,14 @@ def swaps(mechanism: str, kwargs: dict) -> bool:
 def has_teacher(size: dict) -> bool:
     """Whether a cell's size (its model options) names a teacher."""
     return "teacher" in size
+
+
+def judged_from(size: dict) -> int:
+    """The first step whose evaluations judge a cell of model options `size` (early stop,
+    patience and a search's pruner act in the last stage only: ablations/run/train.py): the
+    step after the transfer where fine-tuning follows it, else 1."""
+    transfer = size.get("transfer_steps", 0) if has_teacher(size) else 0
+    return transfer + 1 if transfer and size.get("finetune", "all") != "none" else 1
 
 
 def teacher_folder(size: dict, folder: str) -> Path:
@@ -207,11 +221,14 @@ def load_teacher(path: Path) -> nn.Module:
 
 def _check_cell(size: dict, config, task, mechanism: str, kwargs: dict, steps: int) -> None:
     """ValueError naming the first setting of a teacher's cell that cannot apply."""
+    filled = mechanism_settings(mechanism, config, 0, {})
     for key, name in HEADS.items():
-        if key in kwargs and kwargs[key] != getattr(config, name):
+        if key in kwargs and key in filled and kwargs[key] != filled[key]:
             raise ValueError(
-                f"mechanism kwarg {key} = {kwargs[key]!r}: the teacher's {name} is "
-                f"{getattr(config, name)}, which a swapped layer's heads must be"
+                f"mechanism kwarg {key} = {kwargs[key]!r}: a swapped {mechanism} layer of this "
+                f"teacher has {filled[key]} (its {name} is {getattr(config, name)}), which its "
+                "projections and rotary tables fit (attn_zoo/interop/surgery.py: "
+                "mechanism_settings)"
             )
     others = sorted(set(size) - set(TEACHER_OPTIONS) - set(SIZE_KEYS))
     if others:

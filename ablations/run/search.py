@@ -53,6 +53,7 @@ from typing import TextIO
 from ablations.grid.cell import Cell
 from ablations.grid.search_space import Dimension, SearchGroup
 from ablations.grid.spec import GridSpec, SpecError, search_probe, trial_cell
+from ablations.grid.teacher import judged_from
 from ablations.results.store import FINISHED, ResultsStore, claim_is_stale
 from ablations.results.tracking import TrackingPlan, check_backends
 from ablations.run.cell_worker import Evaluation
@@ -166,18 +167,20 @@ def _value(spec: GridSpec, val_loss: float, val_metric: float) -> float:
     return val_metric if spec.search.table.metric == "val_acc" else val_loss
 
 
-def _tell(spec: GridSpec, study, trial, row: dict) -> None:
-    """Tell `study` that `trial` (asked at a stored trial's setting) ended as `row` did: each
-    point of its curve reported (the pruner asked at each point where the cell asked, so that
-    successive halving keeps its rungs), then completed with its metric, pruned, or failed
-    (not done, or a metric that is not finite)."""
+def _tell(spec: GridSpec, study, trial, cell: Cell, row: dict) -> None:
+    """Tell `study` that `trial` (asked at `cell`, a stored trial's setting) ended as `row`
+    did: each point of its curve reported (the pruner asked at each point where the cell
+    asked, so that successive halving keeps its rungs: not at its last, if done, nor before
+    its last stage, `judged_from`), then completed with its metric, pruned, or failed (not
+    done, or a metric that is not finite)."""
     import optuna
 
     curve = row.get("curve") or []
     asked = len(curve) - (row["status"] == "done")  # a done cell did not ask at its last
+    first = judged_from(cell.size)
     for i, (step, _, val_loss, val_metric) in enumerate(curve):
         trial.report(_value(spec, val_loss, val_metric), step)
-        if i < asked:
+        if i < asked and step >= first:
             trial.should_prune()
     value = _metric(spec, row)
     if row["status"] == "pruned":
@@ -212,7 +215,7 @@ def study_of(spec: GridSpec, group: SearchGroup, trials: list[tuple[Cell, dict]]
         direction=plan.direction, sampler=sampler, pruner=_pruner(spec, group)
     )
     for cell, row in finished:
-        _tell(spec, study, _asked_at(study, spec, cell), row)
+        _tell(spec, study, _asked_at(study, spec, cell), cell, row)
     return study
 
 
@@ -232,7 +235,7 @@ def next_trials(
         values = {d.key: _rounded(trial.params[d.key], d) for d in spec.search.space}
         cell = trial_cell(spec, group, values)
         if cell.key in taken or cell.key in new:  # tried: told again, so the sampler moves on
-            _tell(spec, study, trial, taken.get(cell.key, {"status": "running"}))
+            _tell(spec, study, trial, cell, taken.get(cell.key, {"status": "running"}))
             continue
         new[cell.key] = (cell, trial)  # left running in the study until the cell ends
     return list(new.values())

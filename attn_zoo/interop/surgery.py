@@ -20,7 +20,8 @@ transformers' call (hidden_states (B, N, D), position_embeddings (cos, sin) (B, 
 attention_mask, cache, ...) and calls the zoo mechanism ``mechanism(x, attn_mask, is_causal,
 rope, cache)``, returning (output, None) as the layer expects. The mechanism is built by name
 (`attn_zoo.build`) with d_model, n_heads, n_kv_heads, dropout and layer (1-based depth)
-filled in from the model's config where it accepts them; the caller's kwargs win.
+filled in from the model's config where it accepts them (heads divided by its
+`model_heads_per_head`: `mechanism_settings`); the caller's kwargs win.
 
 - Weights: a mechanism projection named wq / wq_attn, wk / wk_attn, wv, wo (an nn.Linear of
   the mechanism itself) starts as q_proj, k_proj, v_proj, o_proj where the weight shapes agree
@@ -39,12 +40,12 @@ filled in from the model's config where it accepts them; the caller's kwargs win
   them (`ModelRotary`: rotate_half, in the activations' dtype), so `standard` in place of the
   original gives its logits. A mechanism takes them when its forward has a ``rope`` argument
   and a probe call with the model's head width succeeds; ``rope="auto"`` runs the others
-  without rotary positions (logged: gla, linear and additive refuse RoPE; differential rotates
-  half-width heads), ``rope=True`` refuses them, ``rope=False`` never applies it. A mechanism
-  reading absolute positions itself (its ``absolute_positions()``: a mod not declaring
-  `relative`, attn_zoo/kernels/softmax/mods.py; positional symbols) counts them 0..N-1 after
-  the cached ones: a call whose positions are others (position_ids, left padding) is refused
-  (`SwappedAttention.check_positions`).
+  without rotary positions (logged: gla, linear and additive refuse RoPE; differential given
+  the model's head count rotates half-width maps), ``rope=True`` refuses them, ``rope=False``
+  never applies it. A mechanism reading absolute positions itself (its
+  ``absolute_positions()``: a mod not declaring `relative`, attn_zoo/kernels/softmax/mods.py;
+  positional symbols) counts them 0..N-1 after the cached ones: a call whose positions are
+  others (position_ids, left padding) is refused (`SwappedAttention.check_positions`).
 - Attention weights: transformers collects them from its own attention modules only, so a
   swapped layer refuses ``output_attentions`` (by argument or config) rather than leave the
   tuple misaligned; attn_zoo/maps.py records the swapped layers' maps.
@@ -380,12 +381,18 @@ def check_layers(layers: Iterable[int] | None, count: int) -> list[int]:
 def mechanism_settings(mechanism: str, config, layer_idx: int, kwargs: dict) -> dict:
     """Build kwargs: the model's d_model, n_heads, n_kv_heads, dropout and layer (1-based
     depth) where `mechanism` accepts them (d_model and n_heads where it takes **kwargs), then
-    the caller's `kwargs`."""
+    the caller's `kwargs`. Heads are the model's divided by the mechanism's
+    `model_heads_per_head` where both counts divide (differential: half, so each of its
+    heads is two of the model's, as wide as the model's, and takes its rotary tables)."""
     accepted = MECHANISMS.kwargs(mechanism)
+    per = getattr(mechanism_class(mechanism), "model_heads_per_head", 1)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    if heads % per == 0 and kv_heads % per == 0:
+        heads, kv_heads = heads // per, kv_heads // per
     model = {
         "d_model": config.hidden_size,
-        "n_heads": config.num_attention_heads,
-        "n_kv_heads": config.num_key_value_heads,
+        "n_heads": heads,
+        "n_kv_heads": kv_heads,
         "dropout": config.attention_dropout,
         "layer": layer_idx + 1,
     }

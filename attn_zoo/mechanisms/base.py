@@ -41,6 +41,10 @@ class AttentionMechanism(nn.Module):
     # True: serves causal calls only (a recurrence over positions), so a model may put it only
     # where its blocks are causal (a LanguageModel, a Seq2Seq's decoder)
     causal_only: ClassVar[bool] = False
+    # How many of a standard layer's heads one head of this mechanism stands for: attention
+    # surgery (attn_zoo/interop/surgery.py) gives it a model's heads and key/value heads divided
+    # by this, so its heads are as wide as the model's (differential: 2, one per softmax map)
+    model_heads_per_head: ClassVar[int] = 1
 
     def __init__(self, backend: str = "auto"):
         super().__init__()

@@ -58,6 +58,7 @@ class DifferentialAttention(AttentionMechanism):
 
     kernel_family = "softmax"
     supports_cache = True  # self-attention: k, v
+    model_heads_per_head = 2  # a head's two maps are two of a standard layer's heads
 
     def __init__(
         self,

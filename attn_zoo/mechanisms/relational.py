@@ -53,7 +53,6 @@ from attn_zoo.mechanisms.cache import LayerCache
 from attn_zoo.mechanisms.registry import register_mechanism
 from attn_zoo.mechanisms.standard import check_heads
 from attn_zoo.symbols import (
-    PositionalSymbolRetriever,
     RelativeSymbols,
     build_symbol_retriever,
     list_symbol_retrievers,
@@ -66,12 +65,13 @@ def retriever_or_none(name: str | None, kwargs: dict | None, d_model: int) -> nn
 
 
 def retriever_positions(retriever: nn.Module | None) -> str | None:
-    """What of `retriever` reads absolute positions, named: positional symbols E[i]
-    (attn_zoo/symbols/retrievers.py); None for the others (per-token symbols read none,
-    relative symbols j - i)."""
-    if isinstance(retriever, PositionalSymbolRetriever):
-        return "symbol retrieval positional_symbols (the symbol of absolute position i)"
-    return None
+    """What of `retriever` reads absolute positions, named, by its `absolute_positions`
+    declaration (attn_zoo/symbols/retrievers.py: positional symbols E[i] do; per-token and
+    relative symbols do not; a retriever that does not declare it counts as reading them);
+    None if it reads none."""
+    if retriever is None or not getattr(retriever, "absolute_positions", True):
+        return None
+    return f"symbol retriever {type(retriever).__name__} (it reads absolute positions)"
 
 
 @register_mechanism("relational")

@@ -45,6 +45,8 @@ class SymbolicAttention(nn.Module):
     training only (the reference applies it in eval too; this is a deliberate difference).
     """
 
+    absolute_positions = False  # per-token symbols: no position read
+
     def __init__(
         self,
         d_model: int,
@@ -89,6 +91,8 @@ class PositionalSymbolRetriever(nn.Module):
     `sinusoidal=True` initialises E with the sinusoidal encoding (still trainable); the
     reference stores the flag but ignores it.
     """
+
+    absolute_positions = True  # E[i]: the symbol of absolute position i
 
     def __init__(self, symbol_dim: int, max_length: int, sinusoidal: bool = False):
         super().__init__()
@@ -160,6 +164,8 @@ class PositionRelativeSymbolRetriever(nn.Module):
     ``returns = "reference"`` (set by `attn_zoo.interop.dual_attention.port`) it returns them
     expanded, (N, N, symbol_dim), as the `dual-attention` reference does.
     """
+
+    absolute_positions = False  # E[j - i]: relative positions only
 
     def __init__(self, symbol_dim: int, max_rel_pos: int):
         super().__init__()
