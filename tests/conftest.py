@@ -3,7 +3,16 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+# OpenMP's idle threads sleep rather than spin (read when torch loads OpenMP, below; the
+# processes the tests start inherit it): spinning, a test on 2 threads burnt a core waiting
+# whenever the other process on the machine held one (the tests that take 2 threads, in
+# tests/test_softmax_kernels.py, test_relational_kernels.py, test_testing_kit.py, test_mods.py,
+# test_additive_attention.py and test_linear_attention.py: 220 s of CPU spinning, 146 s
+# passive). The results are the same: only how an idle thread waits changes.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402  (after OMP_WAIT_POLICY)
 
 from attn_zoo.testing import load_profile
 

@@ -22,13 +22,15 @@ attention's backward for a reason outside attn_zoo: the meta kernel of aten.elu_
 other strides than the CPU kernel, and a traced view of it fails at run time; inductor and the
 decomposed graph are right.)
 
-A compile costs 2-12 s here, so the default run takes `auto` (what a grid runs) for the
-language model and every mechanism, and the other models on `auto` as OTHER_MODELS_AUTO says:
-the sequence classifier (the cheapest non-causal model), the vision classifier and seq2seq
-(encoder, decoder and cross-attention) with dual (softmax and relational at once). The rest of
-the grid (every named backend, the other models' other mechanisms), inductor itself on the
-standard and relational language models, and dynamic lengths are `@pytest.mark.slow`: about
-9.5 minutes more (`-m "not slow"` leaves them out).
+A compile costs 2-16 s here, so the default run takes `auto` (what a grid runs) as DEFAULT_AUTO
+says: every mechanism once and every model once, not their product (a mechanism's module is
+the same in every model; a model's embedding, head and masks the same with every mechanism):
+seq2seq (encoder, decoder and cross-attention) with standard attention, the sequence
+classifier with dual (softmax and relational at once, not causal), the vision classifier with
+axial, and the language model with the rest (gla is causal only). The rest of the grid (every
+named backend, every other (model, mechanism) pair), inductor itself on the standard and
+relational language models, and dynamic lengths are `@pytest.mark.slow`: about 10 minutes more
+(`-m "not slow"` leaves them out).
 """
 
 from __future__ import annotations
@@ -63,11 +65,13 @@ MECHANISMS = {  # name -> (attention kwargs, model kwargs, language model positi
 }
 CAUSAL_ONLY = {"gla"}  # refused in non-causal blocks: Seq2Seq gets a standard encoder for it
 NON_CAUSAL_MODELS = {"sequence_classifier", "vision_classifier"}
-OTHER_MODELS_AUTO = {  # model -> the mechanisms of its default cases (on `auto`)
+DEFAULT_AUTO = {  # model -> the mechanisms of its default cases (on `auto`)
+    "language_model": {"relational", "additive", "linear", "differential", "sigmoid",
+                       "softcapped", "gla"},
     "sequence_classifier": {"dual"},
-    "vision_classifier": {"dual"},
-    "seq2seq": {"dual"},
-}
+    "vision_classifier": {"axial"},
+    "seq2seq": {"standard"},
+}  # fmt: skip
 NOT_SEQUENCE = {"msa_row", "msa_column"}  # (B, rows, cols, D) inputs: no sequence model takes them
 KERNEL_FAMILIES = {"dual": ("softmax", "relational")}  # composite mechanisms: their branches
 MODELS = ("language_model", "sequence_classifier", "vision_classifier", "seq2seq")
@@ -183,8 +187,7 @@ NOT_TRACEABLE: dict[tuple[str, str, str], str] = {
 
 
 def grid():
-    """Every (model, mechanism, backend). Slow unless a language model case on `auto` or an
-    `auto` case of OTHER_MODELS_AUTO."""
+    """Every (model, mechanism, backend). Slow unless an `auto` case of DEFAULT_AUTO."""
     for model in MODELS:
         for mechanism in MECHANISMS:
             for backend in ["auto", *az.list_backends(mechanism)]:
@@ -199,9 +202,7 @@ def grid():
                             "refuses it (tests/test_models.py)"
                         )
                     )
-                elif backend != "auto" or (
-                    model != "language_model" and mechanism not in OTHER_MODELS_AUTO[model]
-                ):
+                elif backend != "auto" or mechanism not in DEFAULT_AUTO[model]:
                     marks.append(pytest.mark.slow)
                 if (model, mechanism, backend) in NOT_TRACEABLE:
                     reason = NOT_TRACEABLE[model, mechanism, backend]
@@ -211,6 +212,16 @@ def grid():
 
 def test_every_sequence_mechanism_is_in_the_grid():
     assert set(az.list_mechanisms()) == set(MECHANISMS) | NOT_SEQUENCE
+
+
+def test_the_default_cases_take_every_mechanism_once_and_every_model():
+    """DEFAULT_AUTO, the compiles of the default run: each mechanism in one model's cases (a
+    causal-only one in a causal model), and every model in the grid with one at least."""
+    assert sorted(m for mechanisms in DEFAULT_AUTO.values() for m in mechanisms) == sorted(
+        MECHANISMS
+    )
+    assert DEFAULT_AUTO.keys() == set(MODELS) and all(DEFAULT_AUTO.values())
+    assert not CAUSAL_ONLY & set().union(*(DEFAULT_AUTO[model] for model in NON_CAUSAL_MODELS))
 
 
 def test_flex_is_refused_on_cpu_so_the_grid_skips_it():
