@@ -45,6 +45,7 @@ def done(store: Path) -> list[str]:
                   if row["status"] == "done")  # fmt: skip
 
 
+@pytest.mark.slow  # the two-worker plugin path stays in the default suite: the script below
 def test_the_example_grid_runs_with_two_worker_processes(tmp_path):
     store = tmp_path / "sw.sqlite"
     grid = ROOT / "examples" / "sliding_window.toml"
@@ -85,7 +86,7 @@ def test_a_script_without_a_main_guard_runs_once_with_two_workers(tmp_path):
         print(run_grid(spec, workers=2))
     """)
     )
-    result = run(str(script))
+    result = run(str(script), cwd=tmp_path)  # from any folder: the grid's plugin still found
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "runs.txt").read_text() == "ran\n"  # workers never re-ran the script
     assert done(tmp_path / "s.sqlite") == ["standard", "window8"]

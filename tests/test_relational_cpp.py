@@ -307,7 +307,10 @@ def test_cpp_compiles_fullgraph_with_strided_inputs(is_causal):
         torch.testing.assert_close(t.grad, grad, atol=5e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("no_cpp", ["0", "1"])
+@pytest.mark.parametrize(
+    "no_cpp",
+    ["0", pytest.param("1", marks=pytest.mark.slow)],  # the fallback's reason, uncompiled:
+)  # test_without_the_extension_auto_falls_back_with_the_reason (default suite)
 def test_a_compiled_first_call_builds_or_falls_back(no_cpp):
     """The first call of a process is a compiled one: the availability check runs at trace time
     (building or loading the kernel, or finding why not), and `auto` traces the backend it
