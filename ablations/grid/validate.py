@@ -456,12 +456,17 @@ def check_grid_rules(path, grid: GridRules, valid: dict[str, list]) -> tuple[lis
 
 
 def check_selection(path, selection: Selection | None, swept: list[str], mechanisms: list) -> None:
+    """SpecError where `selection` names an axis not `swept`, a mechanism not of `mechanisms`,
+    a mechanism compared with itself, a pair twice (either way round) or a reported metric
+    twice: each comparison of each metric is one test of the report's Holm family, so a copy
+    would weaken every verdict (ablations.report.selection.verdicts)."""
     if selection is None:
         return
     for i, key in enumerate(selection.over):
         if key not in swept:
             raise _fail(path, f"selection.over[{i}]", key, swept or ["(no swept key)"])
     labels = [m.label for m in mechanisms]
+    pairs: dict[frozenset, int] = {}
     for i, pair in enumerate(selection.compare):
         for j, label in enumerate(pair):
             if label not in labels:
@@ -469,6 +474,21 @@ def check_selection(path, selection: Selection | None, swept: list[str], mechani
         if pair[0] == pair[1]:
             raise SpecError(
                 f"{path}: selection.compare[{i}] = {pair!r} compares a mechanism with itself"
+            )
+        first = pairs.setdefault(frozenset(pair), i)
+        if first != i:
+            raise SpecError(
+                f"{path}: selection.compare[{i}] = {pair!r} compares the pair of "
+                f"selection.compare[{first}] = {selection.compare[first]!r} again: valid is "
+                "each pair once, either way round (each is one test of the report's family)"
+            )
+    reported = selection.reported_metrics
+    for i, name in enumerate(reported):
+        if reported.index(name) != i:
+            raise SpecError(
+                f"{path}: selection.reported[{i}] = {name!r} repeats "
+                f"selection.reported[{reported.index(name)}]: valid is each metric once (each "
+                "is one test per comparison in the report's family)"
             )
     losses = [name for name in selection.reported_metrics if not higher_is_better(name)]
     for key in ("equivalence_margin", "effect_of_interest"):

@@ -103,7 +103,7 @@ from ablations.report.sections import (
     train_size_sections,
     unfinished_section,
 )
-from ablations.report.selection import axis_columns, differing_settings
+from ablations.report.selection import axis_columns, differing_settings, repeated_seed
 from ablations.report.selection_section import differing_note, selection_section
 from ablations.report.tables import (
     NO_CURVES,
@@ -126,8 +126,9 @@ INTRO = (
     "one seed). "
     "Steps to target: the first evaluated step whose validation accuracy reaches the "
     "target, mean over the seeds that reached it (reached/finished); samples = steps × "
-    "batch size. Bold: best in the task (highest accuracy; fewest steps and samples "
-    "among the rows where most seeds reached the target; fewest parameters; lowest "
+    "batch size. Bold: best in the task (of the rows whose every seed finished, the highest "
+    "accuracy and the fewest steps and samples among those where most seeds reached the "
+    "target; fewest parameters; lowest "
     "ms/step among the timings not marked contended: cells timed while more workers x "
     "threads than cores ran). Learning curves: mean line and min-max band over seeds (a seed that "
     "stopped early holds its last value). Data: summary.csv, cells.csv (every cell: "
@@ -341,6 +342,13 @@ def report_page(
         selection = recorded_selection(axes, grids)
     environments = [record.get("environment") for record in records]
     cells = tidy_cells(frame, swept, environments)
+    repeated = repeated_seed(cells)
+    if repeated:  # e.g. a grid and a renamed copy of it run into one store
+        raise ValueError(
+            f"two cells of one seed ({repeated}) among the cells of grid"
+            f"{'s' * (len(grids) > 1)} {', '.join(grids) or '-'}: each would count as a seed; "
+            "report one grid: `attn-zoo report GRID.toml`"
+        )
     cells = cells.assign(family=[task_family(config) for config in configs])
     summary = summary_table(cells, curves, target)
 

@@ -15,12 +15,14 @@ that any store can be read, one written before sweeps existed included:
   other setting excluded with why (`setting_problems`: "training.lr=1e+30: 1 of 3 seeds
   diverged", "training.lr=1e-07: 1 of 1 seeds pruned at step 40"); at the chosen setting, the
   `reported` metric: mean and 95% confidence interval over seeds (Student's t, n - 1 degrees
-  of freedom).
+  of freedom). A seed counts once: two cells of one setting and seed are refused
+  (`repeated_seed`).
 - `paired(cells, selected, a, b, reported, margin)`: mechanism a minus mechanism b, each at
   its own best setting, seed by seed over the seeds both finished: the mean difference, its 95%
   interval (a paired t interval), the two-sided paired t test's p-value and, with an
   equivalence `margin`, the two one-sided tests' (`t_test_p`, `tost_p`), per task, size and
-  other axes; no test where a cell of either mechanism there has not finished (`incomplete`).
+  other axes; no test where a cell of either mechanism there has not finished (`incomplete`),
+  nor where one has no eligible setting (a row all the same, with `why`).
 - `verdicts(pairs, margin)`: over the family of every paired difference a report shows, the
   Holm-adjusted p-values (`holm`) and each difference's verdict at family-wise level `ALPHA`:
   "a ahead", "b ahead" (the better one in the reported metric: higher accuracy, lower loss),
@@ -67,18 +69,28 @@ def interval(values: pd.Series, level: float = 0.95) -> tuple[float, float, floa
     return mean, mean - half, mean + half, n
 
 
+SAME = 1e-12  # values whose s is within SAME of their mean's magnitude (at least 1) are equal
+
+
+def no_spread(s: float, mean: float) -> bool:
+    """Whether values of standard deviation `s` and mean `mean` are all equal up to float
+    rounding: s <= SAME * max(1, |mean|). Differences of k/1000 accuracies, 0.041 on every
+    seed, have s 6e-17, not 0; rounding leaves about 1e-16 of the values, a spread over seeds
+    far more. False for NaN (n < 2)."""
+    return bool(s <= SAME * max(1.0, abs(mean)))
+
+
 def t_test_p(values: pd.Series) -> float:
     """The two-sided p-value of Student's one-sample t test of mean 0 (for paired differences:
     the paired t test): t = mean / (s / sqrt(n)), n - 1 degrees of freedom, the t of
     `interval`'s interval (p < 1 - level exactly where that interval excludes 0). Equal values
-    (s = 0): 0 for a nonzero mean, 1 for a zero one; NaN for n < 2."""
+    (`no_spread`): 0 for a nonzero mean, 1 for a zero one; NaN for n < 2."""
     mean, s, n = _t_parts(values)
     if n < 2:
         return math.nan
-    se = s / math.sqrt(n)
-    if se == 0:
+    if no_spread(s, mean):
         return 0.0 if mean != 0 else 1.0
-    return float(2 * stats.t.sf(abs(mean) / se, n - 1))
+    return float(2 * stats.t.sf(abs(mean) / (s / math.sqrt(n)), n - 1))
 
 
 def tost_p(values: pd.Series, margin: float) -> float:
@@ -86,13 +98,13 @@ def tost_p(values: pd.Series, margin: float) -> float:
     margin): the larger of the one-sided p-values against mean <= -margin (t = (mean + margin)
     / se) and against mean >= margin (t = (mean - margin) / se), n - 1 degrees of freedom;
     p < alpha exactly where the 1 - 2 alpha interval (90% for alpha 0.05) lies inside
-    (-margin, margin). Equal values (se = 0): 0 inside, 1 outside; NaN for n < 2."""
+    (-margin, margin). Equal values (`no_spread`): 0 inside, 1 outside; NaN for n < 2."""
     mean, s, n = _t_parts(values)
     if n < 2:
         return math.nan
-    se = s / math.sqrt(n)
-    if se == 0:
+    if no_spread(s, mean):
         return 0.0 if abs(mean) < margin else 1.0
+    se = s / math.sqrt(n)
     below = stats.t.sf((mean + margin) / se, n - 1)  # against mean <= -margin
     above = stats.t.cdf((mean - margin) / se, n - 1)  # against mean >= margin
     return float(max(below, above))
@@ -206,7 +218,11 @@ def select(
     diverged"; '' for none), the chosen setting's mean `metric` (`chosen_on`), the `reported`
     metric's mean, low, high and n, its cells' `seeds` and `rows` (index labels of `cells`),
     `edge` (`sweep_edge`: where the choice lies on the edge of the sweep) and `unfinished`
-    (the group's cells at any setting still running or not run: the choice may change)."""
+    (the group's cells at any setting still running or not run: the choice may change).
+    ValueError where `cells` holds two cells of one seed (`repeated_seed`)."""
+    repeated = repeated_seed(cells)
+    if repeated:
+        raise ValueError(f"select: two cells of one seed, {repeated}: a seed counts once")
     axes = axis_columns(cells)
     over = [key for key in over if key in axes]
     others = [key for key in axes if key not in over]
@@ -245,6 +261,26 @@ def select(
         )  # fmt: skip
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def repeated_seed(cells: pd.DataFrame) -> str:
+    """The first task, size, mechanism, setting (of every `axis_columns` column) and seed that
+    `cells` (one row per cell, as `select` takes them) holds more than one cell of, with those
+    cells' keys (index labels without a `key` column): "task t, size s, mechanism a,
+    training.lr=0.001, seed 0: cells 3f2a..., 9c1b..." (e.g. a grid's cells and those of a
+    renamed copy of it in one store: the grid name keys a cell, but is no setting); '' where
+    each seed has one cell."""
+    place = [*GROUP, *axis_columns(cells), "seed"]
+    twice = cells[cells.duplicated(place, keep=False)]
+    if twice.empty:
+        return ""
+    _, same = next(iter(twice.groupby(place, sort=False, dropna=False)))
+    first = same.iloc[0]
+    where = [f"{key} {first[key]}" for key in GROUP] + [setting_text(first, axis_columns(cells))]
+    names = same.key if "key" in same else same.index
+    return (
+        f"{', '.join(filter(None, where))}, seed {first.seed}: cells {', '.join(map(str, names))}"
+    )
 
 
 def sweep_edge(group: pd.DataFrame, chosen: pd.Series, over: list[str]) -> str:
@@ -297,7 +333,7 @@ ALPHA = 0.05  # the family-wise error rate of a report's verdicts
 POWER = 0.8  # the chance of detecting a difference the size of `detectable_effect`
 PAIRED_COLUMNS = [
     "task", "size", "others", "a", "b", "mean", "low", "high", "n", "sd", "p", "tost_p",
-    "reported", "incomplete",
+    "reported", "incomplete", "why",
 ]  # fmt: skip
 
 
@@ -340,17 +376,23 @@ def paired(
     NaN without), `reported` (the metric: which sign of the difference is better) and
     `incomplete`: where a cell of either mechanism there (at any setting) is still running or
     not run, e.g. "a: 2 cells running or not run", and then no p-value (no test: its best
-    setting may yet change); '' where both are complete. A complete mechanism without an
-    eligible setting there has no row (nothing to pair)."""
+    setting may yet change); '' where both are complete; `why` a row has no test (n < 2): ''
+    where it has one, "b: no eligible setting (training.lr=0.001: 3 of 3 seeds diverged;
+    ...)" (`select`'s `excluded`), "n < 2: no test", "no seed both finished". Where `selected`
+    has no row of a or b there, no row. ValueError where the cells of a mechanism's chosen
+    setting hold two cells of one seed (`repeated_seed`)."""
     rows = []
     for (task, size, others), group in selected.groupby(["task", "size", "others"], sort=False):
         by = {row.mechanism: row for row in group.itertuples()}
-        if a not in by or b not in by or not all(by[m].n or by[m].unfinished for m in (a, b)):
+        if a not in by or b not in by:
             continue
-        runs = {
-            m: cells.loc[list(by[m].rows if by[m].n else [])].set_index("seed")[reported]
-            for m in (a, b)
-        }
+        runs = {}
+        for m in (a, b):
+            chosen = cells.loc[list(by[m].rows if by[m].n else [])]
+            repeated = repeated_seed(chosen)
+            if repeated:
+                raise ValueError(f"paired: two cells of one seed, {repeated}: a seed counts once")
+            runs[m] = chosen.set_index("seed")[reported]
         both = runs[a].index.intersection(runs[b].index)
         differences = runs[a][both] - runs[b][both]
         mean, low, high, n = interval(differences)
@@ -358,12 +400,15 @@ def paired(
             f"{m}: {by[m].unfinished} cells running or not run" for m in (a, b) if by[m].unfinished
         )
         tested = not incomplete and margin is not None
+        why = [f"{m}: no eligible setting ({by[m].excluded})" for m in (a, b) if not by[m].n]
+        if not why and n < 2:
+            why = ["n < 2: no test" if n else "no seed both finished"]
         rows.append({
             "task": task, "size": size, "others": others, "a": a, "b": b, "mean": mean,
             "low": low, "high": high, "n": n, "sd": _t_parts(differences)[1],
             "p": math.nan if incomplete else t_test_p(differences),
             "tost_p": tost_p(differences, margin) if tested else math.nan,
-            "reported": reported, "incomplete": incomplete,
+            "reported": reported, "incomplete": incomplete, "why": "; ".join(why),
         })  # fmt: skip
     return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
 
@@ -382,20 +427,26 @@ def verdicts(
     m), else "underpowered (detectable ±d > ±e of interest)" where the `effect` of interest e
     is below the detectable one d, else "no clear difference (detectable ±d)": no evidence of
     no difference; "incomplete (...)" where the row is `incomplete`; "-" where n < 2 (no
-    test); where every seed gives the same difference (sd 0: a ceiling, a discrete metric),
-    "identical on every seed" or "<a> ahead on every seed by the same d", never a p-value's
-    verdict or a detectable ±0."""
+    test); where every seed gives the same difference (`no_spread`, up to float rounding: a
+    ceiling, a discrete metric), "identical on every seed" or "<a> ahead on every seed by the
+    same d" and a detectable effect of 0, never a p-value's verdict or a detectable ±0."""
     p_holm, tost_holm = holm(pairs.p), holm(pairs.tost_p)
     level = ALPHA / max(int(pairs.p.notna().sum()), 1)
-    detectable = [detectable_effect(row.sd, row.n, level) for row in pairs.itertuples()]
+    flat = [no_spread(row.sd, row.mean) for row in pairs.itertuples()]
+    detectable = [
+        0.0 if same else detectable_effect(row.sd, row.n, level)
+        for row, same in zip(pairs.itertuples(), flat, strict=True)
+    ]
     words = []
-    for row, p, tost, d in zip(pairs.itertuples(), p_holm, tost_holm, detectable, strict=True):
+    for row, p, tost, d, same in zip(
+        pairs.itertuples(), p_holm, tost_holm, detectable, flat, strict=True
+    ):
         equivalent = margin is not None and tost < ALPHA  # False for NaN: no test
         if row.incomplete:
             words.append(f"incomplete ({row.incomplete}): no verdict yet")
         elif pd.isna(p):
             words.append("-")
-        elif row.sd == 0:  # every seed the same difference: a t test has no spread to use
+        elif same:  # every seed the same difference: a t test has no spread to use
             a_better = row.mean > 0 if higher_is_better(row.reported) else row.mean < 0
             within = f", equivalent within ±{margin:g}" if equivalent else ""
             words.append(

@@ -172,10 +172,8 @@ def selection_section(cells: pd.DataFrame, selection: Selection, folder: Path) -
             if margin is not None:
                 table[f"{prefix}TOST p Holm"] = pair.tost_p_holm.map(_p_text)
             table[f"{prefix}verdict"] = pair.verdict
-        if (head.n < 2).any():  # a '-' says why
-            table["why"] = [
-                "" if n >= 2 else "n < 2: no test" if n else "no seed both finished" for n in head.n
-            ]
+        if head.why.astype(bool).any():  # a '-' says why
+            table["why"] = head.why
         verdict_parts.append(Table(table))
     rows = {i for found in first.get("rows", pd.Series(dtype=object)).dropna() for i in found}
     section = Section("Selection: each mechanism at its best setting", parts, details=True)

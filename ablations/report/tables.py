@@ -194,13 +194,20 @@ def summary_table(
 
 def _best(table: pd.DataFrame) -> pd.DataFrame:
     """A mask of `table`'s (summary rows') cells holding a best value: per metric column, the
-    highest accuracy; fewest steps and samples among the rows where the most seeds reached the
-    target; fewest parameters, and ms among the rows not timed contended; no other column."""
+    highest accuracy and fewest steps and samples among the rows whose every cell finished
+    (done: as ablations.report.selection.select counts a setting eligible; a mechanism's one
+    surviving seed of three is no best), the steps and samples among those where the most seeds
+    reached the target; fewest parameters, and ms among the rows not timed contended; no other
+    column."""
     best = pd.DataFrame(False, index=table.index, columns=table.columns)
-    for column, higher in (("test_acc_mean", True), ("params", False), ("step_ms", False)):
-        values = table[column].where(~table.contended) if column == "step_ms" else table[column]
+    finished = table.seeds == table.cells
+    for column, higher, among in (
+        ("test_acc_mean", True, finished), ("params", False, None),
+        ("step_ms", False, ~table.contended),
+    ):  # fmt: skip
+        values = table[column] if among is None else table[column].where(among)
         best[column] = values == (values.max() if higher else values.min())
-    share = table.reached / table.seeds
+    share = (table.reached / table.seeds).where(finished)
     most = (share == share.max()) & (share > 0)
     for column in ("steps_to_target", "samples_to_target"):
         values = table[column].where(most)
