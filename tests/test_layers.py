@@ -1,6 +1,7 @@
 """The layer contract: kernels <- mechanisms <- models <- applications, one way only, and the
 library importable with torch and einops alone."""
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from installed import link_dependencies
 
 ROOT = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_linter = pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter not installed")
 
 
@@ -80,12 +82,16 @@ def test_import_attn_zoo_needs_only_torch_and_einops(tmp_path):
     """In a process that sees only the packages torch and einops need (no pandas, matplotlib,
     hypothesis, ray, transformers, ..., no applications), the library imports (without
     torch._dynamo: `constant_when_compiled`), builds every sequence mechanism into a language
-    model, trains a step and records maps. Without the C++ kernel (ATTN_ZOO_NO_CPP=1): it
+    model, trains a step and records maps. Triton is visible too where installed (torch's CUDA
+    wheels need it) and none of this imports it: only a launch of the Triton kernels does
+    (attn_zoo/kernels/relational/triton.py). Without the C++ kernel (ATTN_ZOO_NO_CPP=1): it
     would build for this folder's torch, a minute here; tests/test_packaging.py (slow) builds
     it in a fresh venv."""
-    farm = only_the_library_needs(tmp_path)
-    script = textwrap.dedent(
-        """
+    farm = link_dependencies(only_the_library_needs(tmp_path), ["triton"])
+    script = (
+        textwrap.dedent(
+            """
+        import importlib.util
         import sys
 
         sys.path.insert(0, FARM)
@@ -115,6 +121,10 @@ def test_import_attn_zoo_needs_only_torch_and_einops(tmp_path):
             loss.backward()
             if name in ("standard", "relational", "dual", "differential", "softcapped"):
                 assert record_attention_maps(lm, idx)
+        if "triton" in sys.modules:  # 0.3 s of CPU in every process
+            raise SystemExit("importing attn_zoo or a CPU step imported triton")
+        if HAS_TRITON and importlib.util.find_spec("triton") is None:
+            raise SystemExit("triton is not visible: the check above proves nothing")
         for name in ("pandas", "matplotlib", "hypothesis", "ablations"):
             try:
                 __import__(name)
@@ -124,7 +134,10 @@ def test_import_attn_zoo_needs_only_torch_and_einops(tmp_path):
                 raise SystemExit(f"{name} was importable: the folder is not isolated")
         print("ok")
         """
-    ).replace("FARM", repr(str(farm)))
+        )
+        .replace("FARM", repr(str(farm)))
+        .replace("HAS_TRITON", repr(HAS_TRITON))
+    )
     result = subprocess.run(  # -I -S: no site-packages, no environment, no current folder
         [sys.executable, "-I", "-S", "-c", script],
         capture_output=True, text=True, cwd=tmp_path, timeout=300,
