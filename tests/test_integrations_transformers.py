@@ -6,6 +6,7 @@ flex does not serve CPU calls (FlexAttention's CPU path is wrong at some shapes,
 logits at 40 tokens): on CPU its implementation is checked to refuse with the reason."""
 
 import copy
+import re
 import subprocess
 import sys
 import textwrap
@@ -310,6 +311,22 @@ def test_attention_function_layout_gqa_and_alignment():
     by_float, _ = fn(Module(), q, k, v, additive[None, None], scaling=0.5)
     by_bool, _ = fn(Module(), q, k, v, allowed[None, None], scaling=0.5)
     torch.testing.assert_close(by_float, by_bool, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("extra", [3, -2])
+def test_a_mask_over_other_positions_than_the_keys_is_refused_by_name(extra):
+    """A mask 3 keys longer than the 9 keys given was cut to its first 9 columns: with the
+    keys the last 9 positions, padding at positions 0-2 masked 3 real keys (0.51 off);
+    transformers' eager and sdpa refuse it. Shorter is refused too; 1 broadcasts."""
+    q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 9, 8)
+    fn = AttentionInterface._global_mapping["attn_zoo_naive"]
+    mask = torch.ones(1, 1, 1, 9 + extra, dtype=torch.bool)
+    mask[..., :3] = False
+    shape = re.escape(str(tuple(mask.shape)))
+    with pytest.raises(ValueError, match=rf"^attention_mask {shape}: .* the 9 keys given"):
+        fn(Module(), q, k, k, mask)
+    out, _ = fn(Module(), q, k, k, torch.ones(1, 1, 1, 1, dtype=torch.bool))
+    torch.testing.assert_close(out, fn(Module(), q, k, k, None)[0])
 
 
 @pytest.mark.parametrize("kwarg", ["softcap", "s_aux", "position_bias"])

@@ -285,6 +285,28 @@ def test_vision_and_config_errors():
         )
 
 
+@pytest.mark.parametrize(
+    "image_shape, patch_size, match",
+    [
+        ((0, 8, 8), 4, r"image_shape\[0\]=0: must be an integer >= 1"),  # the same logits
+        ((3, 8, 8), True, r"patch_size=True: must be an integer >= 1"),  # taken as 1
+        ((3, 8, 8), -2, r"patch_size=-2: must be an integer >= 1"),  # a reshape error
+        ((3, 8, 8), 0, r"patch_size=0: must be an integer >= 1"),  # ZeroDivisionError
+        ((3, 8, 8), (2, 0), r"patch_size\[1\]=0: must be an integer >= 1"),
+        ((3, 8.0, 8), 4, r"image_shape\[1\]=8.0: must be an integer >= 1"),
+        ((8, 8), 4, r"image_shape=\(8, 8\): must be \(channels, height, width\)"),
+        ((3, 8, 8), (2, 2, 2), r"patch_size=\(2, 2, 2\): must be one int or \(height, width\)"),
+    ],
+)
+def test_a_vision_classifier_refuses_a_bad_image_or_patch_size_by_name(
+    image_shape, patch_size, match
+):
+    """Each was accepted (0 channels: every image gave the same logits; True as 1) or failed
+    deep in the first forward or the patch arithmetic."""
+    with pytest.raises(ValueError, match=f"^{match}"):
+        VisionClassifier(image_shape, patch_size, 3, D, 1, attention_kwargs=dict(n_heads=2))
+
+
 @pytest.mark.parametrize("norm_first", [True, False])
 @pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm", "none"])
 @pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu"])

@@ -5,10 +5,11 @@ attribute or classmethod, a global module's attribute; and, by calling the mod
 (`reads_learnable`), a tensor deep in a global, in a deque, or a class attribute read through
 an instance. Each was missed: `auto` picked chunked and the tensor got no gradient (naive gives
 it one). Now each makes a ``mod_grad`` call, served by naive: gradients against the float64
-naive path, atol 1e-12, rtol 1e-10."""
+naive path, atol 1e-12, rtol 1e-10. A captured float is keyed by its bits (`mod_key`)."""
 
 import collections
 import functools
+import math
 import types
 
 import pytest
@@ -16,7 +17,7 @@ import torch
 
 from attn_zoo.kernels.dispatch import explain
 from attn_zoo.kernels.softmax import describe_call, softmax_attention
-from attn_zoo.kernels.softmax.mods import captured_tensors
+from attn_zoo.kernels.softmax.mods import captured_tensors, mod_key
 
 TIGHT = dict(atol=1e-12, rtol=1e-10)
 H = 2
@@ -245,3 +246,28 @@ def test_a_callable_whose_code_cannot_be_read_is_taken_as_capturing_a_learnable_
     assert "mod_grad" in describe_call(q, k, v, score_mod=mod).features
     mod.parameters = []  # it declares what it reads: trusted
     assert "mod_grad" not in describe_call(q, k, v, score_mod=mod).features
+
+
+def captured_sign(sign: float):
+    """A mask mod whose window is 200 ahead for sign 0.0 and 200 behind for -0.0."""
+
+    def shifted_window(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + math.copysign(200, sign)
+
+    return shifted_window
+
+
+def test_a_captured_float_is_keyed_by_its_bits():
+    """0.0 and -0.0 compare equal: keyed by value, the two mods shared a key and chunked
+    reused the first one's block mask for the second (1.79 off naive); a NaN never equalled
+    another NaN, so a mod capturing one had a key only its own NaN object matched."""
+    assert mod_key(captured_sign(0.0), []) != mod_key(captured_sign(-0.0), [])
+    assert mod_key(captured_sign(math.nan), []) == mod_key(captured_sign(float("nan")), [])
+    assert mod_key(captured_sign(math.nan), []) != mod_key(captured_sign(-math.nan), [])
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 512, 8, generator=gen, dtype=torch.float64) for _ in "qkv")
+    for sign in (0.0, -0.0):
+        mod = captured_sign(sign)
+        got = softmax_attention(q, k, v, mask_mod=mod, backend="chunked")
+        want = softmax_attention(q, k, v, mask_mod=mod, backend="naive")
+        torch.testing.assert_close(got, want, **TIGHT)

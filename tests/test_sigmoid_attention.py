@@ -2,6 +2,7 @@
 reference (masks, causality, odd lengths, length 1, many tiles, gradients), O(N) memory, the
 mechanism against a transcription of the paper's equations, its bias and its cache."""
 
+import copy
 import dataclasses
 import functools
 import math
@@ -183,3 +184,32 @@ def test_only_a_fixed_bias_takes_a_cache():
     with pytest.raises(ValueError, match=r"bias=None .* takes no cache.*fixed bias"):
         paper(torch.randn(1, 3, 8), is_causal=True, cache=LayerCache())
     assert az.build("sigmoid", d_model=8, n_heads=2, bias=-math.log(20)).supports_cache
+
+
+@pytest.mark.parametrize("backend", ["naive", "chunked"])
+@pytest.mark.parametrize("additive", [False, True])
+def test_the_papers_bias_counts_the_keys_a_key_mask_keeps(backend, additive):
+    """b = -log(n) with n the real keys of each batch entry (a key mask (B, 1, 1, M), boolean
+    or 0 / -inf): a sequence of 8 padded by 5 on the right or on the left, causal or not,
+    gives its outputs alone, float64 to 1e-12 (the padding counted, it was 13 keys); a mask
+    per query keeps n = M, the call's keys: the outputs of the layer with bias -log 13."""
+    torch.manual_seed(0)
+    layer = az.build("sigmoid", d_model=12, n_heads=3, backend=backend).double()
+    x = torch.randn(1, 8, 12, dtype=torch.float64)
+    pad = torch.randn(1, 5, 12, dtype=torch.float64)
+    batch = torch.cat([torch.cat([x, pad], 1), torch.cat([pad, x], 1)])  # right, left padded
+    real = torch.tensor([[True] * 8 + [False] * 5, [False] * 5 + [True] * 8])
+    mask = real.view(2, 1, 1, 13)
+    if additive:
+        mask = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, -math.inf)
+    with torch.no_grad():
+        for causal in (False, True):
+            alone = layer(x, is_causal=causal)[0]
+            padded = layer(batch, attn_mask=mask, is_causal=causal)[real.view(2, 13)]
+            torch.testing.assert_close(padded, alone.repeat(2, 1), atol=1e-12, rtol=0)
+        per_query = mask.expand(2, 1, 13, 13)
+        fixed = copy.deepcopy(layer)
+        fixed.bias = -math.log(13)
+        torch.testing.assert_close(
+            layer(batch, attn_mask=per_query), fixed(batch, attn_mask=per_query)
+        )

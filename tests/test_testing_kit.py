@@ -24,6 +24,7 @@ from attn_zoo.testing import (
     attention_problems,
     block_edges,
     lengths,
+    mechanism_problems,
     relational_problems,
     torch_threads,
 )
@@ -115,7 +116,8 @@ def test_problems_are_valid_and_reproducible(problem):
     a, b = problem.inputs(), problem.inputs()
     contiguous = dataclasses.replace(problem, layout="contiguous").inputs()
     for name in ("q", "k", "v"):
-        assert torch.equal(a[name], b[name]) and a[name].data_ptr() != b[name].data_ptr()
+        fresh = a[name].data_ptr() != b[name].data_ptr() or a[name].numel() == 0  # 0: no memory
+        assert torch.equal(a[name], b[name]) and fresh
         assert torch.equal(a[name], contiguous[name]) and a[name].is_leaf
         assert LAID_OUT[problem.layout](a[name])
     if problem.mask != "none":
@@ -171,6 +173,35 @@ def test_strategies_reach_block_edges_and_both_thread_counts():
         assert reaches(problems(block_sizes=(256,)), lambda p: p.k_len == 257)
         for threads in (1, 2):
             assert reaches(problems(), lambda p, t=threads: p.threads == t)
+
+
+def crashes_on_an_empty_sequence(q, k, v, attn_mask=None, is_causal=False, scale=None,
+                                 dropout_p=0.0):  # fmt: skip
+    if 0 in (q.shape[2], k.shape[2]):
+        raise RuntimeError("this kernel crashes on an empty sequence")
+    return naive(q, k, v, attn_mask, is_causal, scale, dropout_p)
+
+
+def test_strategies_draw_empty_sequences():
+    """AttentionProblem takes q_len and k_len 0 (no queries, no keys), but no strategy drew
+    them (nor a mechanism problem's length 0)."""
+    for problems in (attention_problems, relational_problems):
+        assert reaches(problems(), lambda p: p.q_len == 0)
+        assert reaches(problems(), lambda p: p.k_len == 0)
+    assert reaches(mechanism_problems(), lambda p: p.length == 0)
+    assert not reaches(relational_problems(min_len=1), lambda p: 0 in (p.q_len, p.k_len))
+
+
+def test_a_kernel_crashing_on_an_empty_sequence_fails_a_given_test():
+    """It passed a @given(attention_problems()) test: no empty sequence was drawn."""
+
+    @settings(database=None, derandomize=True, max_examples=50)
+    @given(attention_problems(max_len=20))
+    def check(problem):
+        assert_backends_agree(problem, backends=[], kernels={"mine": crashes_on_an_empty_sequence})
+
+    with pytest.raises(RuntimeError, match="crashes on an empty sequence"):
+        check()
 
 
 def test_the_kit_runs_every_kernel_with_the_problems_thread_count():

@@ -20,7 +20,11 @@ recompile limit then falls back to uncompiled FlexAttention).
 How a call maps onto ours (`attention_forward`):
 - grouped-query heads: key / value reach our kernels with their own Hkv heads (no repeat);
 - the mask is the boolean one of our mask function (True = may attend) or a 4-D additive float
-  mask a caller built (0 / a very negative value); both are our kernels' mask conventions;
+  mask a caller built (0 / a very negative value); both are our kernels' mask conventions. Its
+  key length must be the keys' (M, or 1 to broadcast): a longer mask (one sized for a longer
+  cache) is refused, as transformers' eager and sdpa refuse it (5.24; cutting it to its first
+  M columns, as its flex_attention does, masks the wrong keys when the keys given are the
+  last M positions);
 - no mask on a causal call: top-left causality when the query and key lengths agree, else
   bottom-right (``j <= i + M - N``: cached decoding, the new queries are the last positions).
   Our mask function (`build_mask`, transformers' `sdpa_mask` otherwise) only omits the mask
@@ -97,8 +101,13 @@ def attention_forward(
         is_causal = getattr(module, "is_causal", True)
     causal: bool | str = False
     if attention_mask is not None:
-        if attention_mask.shape[-1] > m:  # a caller's 4-D mask sized for a longer cache
-            attention_mask = attention_mask[..., :m]
+        if attention_mask.shape[-1] not in (1, m):
+            raise ValueError(
+                f"attention_mask {tuple(attention_mask.shape)}: its last dim must be the "
+                f"{m} keys given (key {tuple(key.shape)}), or 1; a mask over more positions "
+                "does not say which of them the keys are (transformers' eager and sdpa refuse "
+                "it too)"
+            )
         if attention_mask.is_floating_point() and attention_mask.dtype != query.dtype:
             attention_mask = attention_mask.to(query.dtype)
     elif is_causal:

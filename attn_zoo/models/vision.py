@@ -15,9 +15,31 @@ import torch.nn.functional as F
 from einops.layers.torch import Rearrange
 from torch import nn
 
+from attn_zoo.mechanisms.base import check_int
 from attn_zoo.models.block import BlockConfig
 from attn_zoo.models.common import make_blocks, run_blocks, symbol_retrievers
 from attn_zoo.models.norms import create_norm
+
+
+def check_patches(image_shape: object, patch_size: object) -> tuple[int, int]:
+    """The patch (height, width): ValueError naming the argument and its value unless
+    image_shape is (channels, height, width) and patch_size one int or (height, width), each
+    an integer >= 1 (a bool is none), the patches tiling the image."""
+    if not isinstance(image_shape, tuple | list) or len(image_shape) != 3:
+        raise ValueError(f"image_shape={image_shape!r}: must be (channels, height, width)")
+    for i, size in enumerate(image_shape):
+        check_int(f"image_shape[{i}]", size)
+    if not isinstance(patch_size, tuple | list):
+        check_int("patch_size", patch_size)
+        patch_size = (patch_size, patch_size)
+    if len(patch_size) != 2:
+        raise ValueError(f"patch_size={patch_size!r}: must be one int or (height, width)")
+    for i, size in enumerate(patch_size):
+        check_int(f"patch_size[{i}]", size)
+    (_, height, width), (ph, pw) = image_shape, patch_size
+    if height % ph or width % pw:
+        raise ValueError(f"image {height}x{width} is not divisible into {ph}x{pw} patches")
+    return ph, pw
 
 
 class VisionClassifier(nn.Module):
@@ -33,9 +55,10 @@ class VisionClassifier(nn.Module):
         config: BlockConfig | None = None,
         **block_settings,
     ):
-        """image_shape (channels, height, width); patch_size (height, width) or one int;
-        block_settings: `BlockConfig` fields (activation defaults to gelu here), or a whole
-        `config`; the blocks are never causal."""
+        """image_shape (channels, height, width); patch_size (height, width) or one int; all
+        integers >= 1 (`check_patches`); block_settings: `BlockConfig` fields (activation
+        defaults to gelu here), or a whole `config`; the blocks are never causal."""
+        ph, pw = check_patches(image_shape, patch_size)
         super().__init__()
         if d_model is not None:
             block_settings["d_model"] = d_model
@@ -45,9 +68,6 @@ class VisionClassifier(nn.Module):
         self.config = c
         d_model = c.d_model
         channels, height, width = image_shape
-        ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else patch_size
-        if height % ph or width % pw:
-            raise ValueError(f"image {height}x{width} is not divisible into {ph}x{pw} patches")
         if pool not in ("cls", "mean"):
             raise ValueError(f"pool={pool!r}: valid are 'cls', 'mean'")
         self.image_shape, self.pool = tuple(image_shape), pool

@@ -1,6 +1,7 @@
 """Hypothesis strategies for attention problems.
 
-Lengths include 1 and non-powers of two, and, given a kernel's block sizes, the lengths around
+Lengths include 0 (no queries, or no keys: as often as each other edge length), 1 and
+non-powers of two, and, given a kernel's block sizes, the lengths around
 each block b (`block_edges`: b - 1, b, b + 1, 2b + 1); masks are boolean or additive float and
 include rows that see no key; causal alignment top-left or bottom-right; kv heads divide the
 query heads (grouped-query attention); value width may differ from key width; batches of 1 to 3
@@ -13,8 +14,8 @@ problem's ``threads``); some inputs may require no grad (a problem's ``frozen``:
 of q, k, v, shrinking to none, so a backward right only when every input needs a gradient is
 caught). Score and mask mods are drawn where asked for: the kit's
 (``score_mods=ALL_SCORE_MODS``, ``mask_mods=ALL_MASK_MODS``) and a user's functions.
-`mechanism_problems` draws calls of a whole mechanism the same way: lengths with 1, odd ones
-and block edges, masks of every `MECHANISM_MASKS` kind (rows that see no key among them).
+`mechanism_problems` draws calls of a whole mechanism the same way: lengths with 0, 1, odd
+ones and block edges, masks of every `MECHANISM_MASKS` kind (rows that see no key among them).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 from hypothesis import strategies as st
 
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
+from attn_zoo.mechanisms.base import check_int
 from attn_zoo.testing.problems import (
     LAYOUTS,
     MASK_KINDS,
@@ -39,7 +41,7 @@ from attn_zoo.testing.problems import (
     relational_tensors,
 )
 
-LENGTHS = (1, 2, 3, 7, 16, 31, 64, 100)
+LENGTHS = (0, 1, 2, 3, 7, 16, 31, 64, 100)  # the edge lengths, 0 (an empty sequence) first
 SCALES = st.one_of(st.none(), st.floats(0.05, 2.0))
 THREADS = (1, 2)
 ALL_SCORE_MODS = (None, *SCORE_MODS)  # no mod, or one of the kit's
@@ -64,13 +66,18 @@ def batches(max_batch: int, heads: int, max_batch_heads: int) -> st.SearchStrate
     return st.integers(1, max(1, min(max_batch, max_batch_heads // heads)))
 
 
-def lengths(max_len: int = 100, block_sizes: Sequence[int] = ()) -> st.SearchStrategy[int]:
-    """Sequence lengths: edge values first (those of LENGTHS up to `max_len`, and the
-    `block_edges` of every block size, even above `max_len`), then any integer up to
-    `max_len`."""
-    edges = [n for n in LENGTHS if n <= max_len]
+def lengths(
+    max_len: int = 100, block_sizes: Sequence[int] = (), min_len: int = 0
+) -> st.SearchStrategy[int]:
+    """Sequence lengths: edge values first (those of LENGTHS from `min_len` to `max_len`, 0
+    among them by default, and the `block_edges` of every block size, even above `max_len`),
+    then any integer from max(1, `min_len`) to `max_len`. ``min_len=1`` draws no empty
+    sequence (for a kernel declaring it serves none: the relational ``cpp`` backend)."""
+    check_int("min_len", min_len, low=0)
+    check_int("max_len", max_len, low=max(1, min_len))
+    edges = [n for n in LENGTHS if min_len <= n <= max_len]
     edges += sorted({n for b in block_sizes for n in block_edges(b)} - set(edges))
-    return st.one_of(st.sampled_from(edges), st.integers(1, max_len))
+    return st.one_of(st.sampled_from(edges), st.integers(max(1, min_len), max_len))
 
 
 @st.composite
@@ -94,6 +101,7 @@ def attention_problems(
     mask_mods: Mods = (None,),
     layouts: tuple[str, ...] = LAYOUTS,
     freeze: Sequence[str] = ("q", "k", "v"),
+    min_len: int = 0,
 ) -> AttentionProblem:
     """Draw an `AttentionProblem`; narrow it with the arguments (e.g. ``masks=("none",)``;
     ``scales=st.none()`` keeps the default scale 1/sqrt(key_dim)); `max_batch_heads`: the
@@ -103,20 +111,21 @@ def attention_problems(
     (`problems.LAYOUTS`, e.g. ``("contiguous",)``); `freeze`: the inputs that may be drawn
     ``frozen`` (no requires_grad; () for none: every gradient always compared); `score_mods`,
     `mask_mods`: the mods to draw from (kit names, a user's functions, None for none; default
-    none), e.g. ``score_mods=(*ALL_SCORE_MODS, my_score_mod)``."""
+    none), e.g. ``score_mods=(*ALL_SCORE_MODS, my_score_mod)``; `min_len`: the shortest
+    q_len and k_len drawn (0 by default: no queries, no keys; `lengths`)."""
     check_names("masks", masks, MASK_KINDS)
     check_names("layouts", layouts, LAYOUTS)
     check_names("freeze", freeze, ("q", "k", "v"))
     kv_heads = draw(st.integers(1, max_kv_heads))
     heads = kv_heads * draw(st.integers(1, max_groups))
-    q_len = draw(lengths(max_len, block_sizes))
+    q_len = draw(lengths(max_len, block_sizes, min_len))
     key_dim = draw(st.integers(1, max_width))
     return AttentionProblem(
         batch=draw(batches(max_batch, heads, max_batch_heads)),
         heads=heads,
         kv_heads=kv_heads,
         q_len=q_len,
-        k_len=q_len if same_lengths else draw(lengths(max_len, block_sizes)),
+        k_len=q_len if same_lengths else draw(lengths(max_len, block_sizes, min_len)),
         key_dim=key_dim,
         value_dim=key_dim if same_widths else draw(st.integers(1, max_width)),
         mask=draw(st.sampled_from(masks)),
@@ -149,17 +158,19 @@ def relational_problems(
     threads: tuple[int | None, ...] = THREADS,
     layouts: tuple[str, ...] = LAYOUTS,
     freeze: bool = True,
+    min_len: int = 0,
 ) -> RelationalProblem:
     """Draw a `RelationalProblem`; narrow it with the arguments (`scales` draws both the
     attention and the relation scale; None is the default 1/sqrt(width); `max_batch`,
     `max_batch_heads`, `block_sizes`, `threads` and `layouts` as in `attention_problems`;
-    `freeze`: whether some of the tensor inputs may be drawn ``frozen``)."""
+    `freeze`: whether some of the tensor inputs may be drawn ``frozen``; `min_len` as in
+    `attention_problems`)."""
     check_names("rel_activations", rel_activations, REL_ACTIVATIONS)
     check_names("masks", masks, MASK_KINDS)
     check_names("layouts", layouts, LAYOUTS)
     kv_heads = draw(st.integers(1, 2))
     heads = kv_heads * draw(st.integers(1, 2))
-    q_len = draw(lengths(max_len, block_sizes))
+    q_len = draw(lengths(max_len, block_sizes, min_len))
     max_rel_pos = draw(st.integers(0, 5)) if draw(st.sampled_from(relative)) else None
     return RelationalProblem(
         batch=draw(batches(max_batch, heads, max_batch_heads)),
@@ -167,7 +178,7 @@ def relational_problems(
         kv_heads=kv_heads,
         n_relations=draw(st.integers(1, 3)),
         q_len=q_len,
-        k_len=draw(st.one_of(st.just(q_len), lengths(max_len, block_sizes))),
+        k_len=draw(st.one_of(st.just(q_len), lengths(max_len, block_sizes, min_len))),
         key_dim=draw(st.integers(1, max_width)),
         rel_dim=draw(st.integers(1, max_width)),
         head_dim=draw(st.integers(1, max_width)),

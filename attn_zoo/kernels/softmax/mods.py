@@ -73,6 +73,7 @@ import inspect
 import itertools
 import os
 import site
+import struct
 import sys
 import sysconfig
 import types
@@ -396,9 +397,10 @@ class _Unkeyable(Exception):
 def mod_key(mod: object, tensors: list[torch.Tensor]) -> tuple | None:
     """A hashable key equal for two mods only if they compute the same values: a function's
     code with the keys of what it reads (closure, defaults, attributes, the globals its code
-    names), a partial's function and arguments, values by value (containers item by item),
-    a tensor of at most `KEY_ELEMENTS` elements by its dtype, shape and bytes (appended to
-    `tensors`; a larger one cannot be keyed), the functions, classes and modules of
+    names), a partial's function and arguments, values by value (containers item by item;
+    floats and complex numbers by their bits: 0.0 and -0.0 differ, a NaN equals a NaN of the
+    same bits), a tensor of at most `KEY_ELEMENTS` elements by its dtype, shape and bytes
+    (appended to `tensors`; a larger one cannot be keyed), the functions, classes and modules of
     `STABLE_MODULES` by name; None if anything else is read (a callable instance, an object,
     a bound method, a module of another library), or it is deeper than `KEY_DEPTH`."""
     try:
@@ -410,6 +412,8 @@ def mod_key(mod: object, tensors: list[torch.Tensor]) -> tuple | None:
 def _key(value: object, tensors: list[torch.Tensor], path: set[int], depth: int) -> object:
     """`value`'s key; `path`: the ids of the containers and functions it was reached through
     (a cycle back to one cannot be keyed)."""
+    if isinstance(value, float | complex):  # by bits: by value 0.0 == -0.0, nan != nan
+        return (type(value).__name__, struct.pack("<dd", value.real, value.imag))
     if isinstance(value, _KEY_SCALARS):
         return (type(value).__name__, value)
     if isinstance(value, torch.Tensor):  # by content: `t.data = ...`, a NumPy array sharing
