@@ -141,6 +141,8 @@ class MSARowAttention(MSAAttention):
             out = rearrange(out, "(b r) h c d -> b r c (h d)", b=b)
             return self.project_out(out, attn_mask)
 
+        if n_rows == 0:  # no row to tie (R d would be 0 wide): the empty output, (B, 0, C, D)
+            return self.project_out(rearrange(v, "b h r c d -> b r c (h d)"), attn_mask)
         # tied: padded tokens drop out of the row sum; R counts each MSA's real rows
         key_mask, real_rows = None, torch.full((b,), n_rows, dtype=q.dtype, device=q.device)
         if attn_mask is not None:
