@@ -284,6 +284,9 @@ def test_a_set_no_sweep_reaches_applies(tmp_path):
          ["sweep.model.attention_residual", "= 0", "a bool (false: attention's output"]),
         ("[model]\nactivation = 'gelux'\n", ["model.activation = 'gelux'", "'gelu'", "swiglu"]),
         ("[selection]\nover = ['training.lr']\n", ["selection.over[0] = 'training.lr'"]),
+        ("[sweep]\ntraining.lr = [1e-3, 1e-2]\n"
+         "[selection]\nover = ['training.lr', 'training.lr']\n",
+         ["selection.over[1] = 'training.lr' repeats selection.over[0]"]),
         ("[sweep]\ntraining.lr = [1e-3]\n[selection]\ncompare = [['rel', 'sdt']]\n",
          ["selection.compare[0][1] = 'sdt'", "Did you mean 'std'"]),
         ("[selection]\ncompare = [['rel', 'rel']]\n", ["compares a mechanism with itself"]),

@@ -456,15 +456,20 @@ def check_grid_rules(path, grid: GridRules, valid: dict[str, list]) -> tuple[lis
 
 
 def check_selection(path, selection: Selection | None, swept: list[str], mechanisms: list) -> None:
-    """SpecError where `selection` names an axis not `swept`, a mechanism not of `mechanisms`,
-    a mechanism compared with itself, a pair twice (either way round) or a reported metric
-    twice: each comparison of each metric is one test of the report's Holm family, so a copy
-    would weaken every verdict (ablations.report.selection.verdicts)."""
+    """SpecError where `selection` names an axis not `swept` or one twice, a mechanism not of
+    `mechanisms`, a mechanism compared with itself, a pair twice (either way round) or a
+    reported metric twice: each comparison of each metric is one test of the report's Holm
+    family, so a copy would weaken every verdict (ablations.report.selection.verdicts)."""
     if selection is None:
         return
     for i, key in enumerate(selection.over):
         if key not in swept:
             raise _fail(path, f"selection.over[{i}]", key, swept or ["(no swept key)"])
+        if selection.over.index(key) != i:
+            raise SpecError(
+                f"{path}: selection.over[{i}] = {key!r} repeats "
+                f"selection.over[{selection.over.index(key)}]: valid is each swept key once"
+            )
     labels = [m.label for m in mechanisms]
     pairs: dict[frozenset, int] = {}
     for i, pair in enumerate(selection.compare):
