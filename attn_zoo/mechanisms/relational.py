@@ -52,11 +52,7 @@ from attn_zoo.mechanisms.base import AttentionMechanism, check_dropout, check_in
 from attn_zoo.mechanisms.cache import LayerCache
 from attn_zoo.mechanisms.registry import register_mechanism
 from attn_zoo.mechanisms.standard import check_heads
-from attn_zoo.symbols import (
-    RelativeSymbols,
-    build_symbol_retriever,
-    list_symbol_retrievers,
-)
+from attn_zoo.symbols import RelativeSymbols, build_symbol_retriever, list_symbol_retrievers
 from attn_zoo.symbols.retrievers import cacheable, check_returns, retrieve
 
 
