@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 from grids import assert_refused, tiny_grid
-from test_report_safety import add_done, config
+from test_report_safety import add_done, config, section
 
 from ablations.cli import main
 from ablations.grid.schema import Selection
@@ -160,3 +160,52 @@ def test_the_summary_bolds_no_best_of_a_row_whose_seeds_did_not_all_finish():
     table = task_table(summary_table(cells, None))
     bold = dict(zip(table.data.mechanism, table.bold["test acc [95% CI]"], strict=True))
     assert bold == {"steady": True, "fragile": False}
+
+
+# 6: the training-set size table's best among mechanisms whose every seed finished ------------
+
+
+def test_the_training_set_size_table_bolds_no_survivor_and_counts_the_cells_not_done(tmp_path):
+    """At n_train 128 'fragile' diverged on 2 of 3 seeds, its survivor 0.99: the table showed
+    it bold as '0.990 (n=1)' over 'steady' 0.95 on 3 of 3, with nothing saying two seeds were
+    lost (the table was built from the finished cells only)."""
+    store = ResultsStore(tmp_path / "sizes.sqlite")
+    for n_train in (64, 128):
+        for mechanism in ("steady", "fragile"):
+            for seed in range(3):
+                cell = config(mechanism=mechanism, seed=seed)
+                cell["task_kwargs"] = cell["task_kwargs"] | {"n_train": n_train}
+                if mechanism == "fragile" and n_train == 128 and seed > 0:
+                    store.finish(store.claim(cell), "diverged", {"diverged_at": 5}, [], {})
+                else:
+                    accuracy = 0.99 if mechanism == "fragile" else 0.95 + 0.001 * seed
+                    add_done(store, cell, accuracy if n_train == 128 else 0.8)
+    markdown = (write_report(store, tmp_path / "out") / "report.md").read_text()
+    text = section(markdown, "## Training-set size: same_pair")
+    row = next(line for line in text.splitlines() if line.startswith("| 128 |"))
+    steady, fragile = (cell.strip() for cell in row.split("|")[3:5])
+    assert fragile == "0.990 (n=1 of 3)" and not fragile.startswith("**")
+    assert steady.startswith("**0.951 \\[") and steady.endswith("(n=3)**")
+    assert "among those whose every seed finished" in text
+
+
+# 7: a tie between settings is told, and an interior tie is no sweep's edge ------------------
+
+
+def test_a_tie_between_learning_rates_is_told_and_raises_no_edge_flag():
+    """Every seed reached accuracy 1.0 at lr 0.001 and 0.003: the first tried (0.001, the
+    lowest) was chosen as if it were best and flagged "the lowest tried" (widen the sweep),
+    though 0.003, inside the sweep, is as good."""
+    cells = pd.concat(
+        [cells_of({"a": [acc] * 3}, **{LR: lr}) for lr, acc in
+         (("0.001", 1.0), ("0.003", 1.0), ("0.01", 0.9))],
+        ignore_index=True,
+    )  # fmt: skip
+    [row] = select(cells, [LR], "val_acc", "test_acc").to_dict("records")
+    assert row["best"] == f"{LR}=0.001" and row["tied"] == f"{LR}=0.003" and row["edge"] == ""
+    lowest_only = cells[cells[LR] != "0.003"]  # a tie at the edges only stays flagged
+    edge_tie = pd.concat([lowest_only, cells_of({"a": [1.0] * 3}, **{LR: "0.03"})])
+    [row] = select(edge_tie, [LR], "val_acc", "test_acc").to_dict("records")
+    assert row["tied"] == f"{LR}=0.03" and row["edge"] == f"{LR}=0.001 the lowest tried"
+    [row] = select(cells[cells[LR] != "0.003"], [LR], "val_acc", "test_acc").to_dict("records")
+    assert row["tied"] == "" and row["edge"] == f"{LR}=0.001 the lowest tried"

@@ -122,12 +122,25 @@ def has_teacher(size: dict) -> bool:
     return "teacher" in size
 
 
+def stage_steps(size: dict, steps: int) -> list[tuple[str, int]]:
+    """The stages a cell of model options `size` trains in for `steps` steps, in order, as
+    (name, last step): ("transfer", model.transfer_steps) where it is set, then the finetune
+    stage to `steps` unless model.finetune is "none"; ("all", steps) without a teacher. The one
+    place stage boundaries are derived (`build_teacher_model`, `judged_from`, and
+    ablations/grid/validate.py's warmup check read them)."""
+    if not has_teacher(size):
+        return [("all", steps)]
+    transfer, finetune = size.get("transfer_steps", 0), size.get("finetune", "all")
+    stages = [("transfer", transfer)] if transfer else []
+    return stages + ([(finetune, steps)] if finetune != "none" else [])
+
+
 def judged_from(size: dict) -> int:
     """The first step whose evaluations judge a cell of model options `size` (early stop,
     patience and a search's pruner act in the last stage only: ablations/run/train.py): the
-    step after the transfer where fine-tuning follows it, else 1."""
-    transfer = size.get("transfer_steps", 0) if has_teacher(size) else 0
-    return transfer + 1 if transfer and size.get("finetune", "all") != "none" else 1
+    step after the stage before the last (the transfer, where fine-tuning follows it), else 1."""
+    stages = stage_steps(size, 0)
+    return stages[-2][1] + 1 if len(stages) > 1 else 1
 
 
 def teacher_folder(size: dict, folder: str) -> Path:
@@ -290,20 +303,20 @@ def build_teacher_model(
     swapped = swaps(mechanism, kwargs)
     if swapped:
         swap_attention(hf, mechanism, **kwargs)
-    model, stages = CausalLM(hf.train()), []
+    model, trains = CausalLM(hf.train()), {}
     if finetune != "none":  # first: a "lora" stage adds the adapters the transfer then freezes
         if swapped:
             rank = size.get("lora_rank", 8)
             set_trainable(hf, finetune, lora_rank=rank)
             if finetune == "lora":
                 check_lora_rank(hf, rank)
-        stages.append(Stage(finetune, steps, trained_names(model)))
+        trains[finetune] = trained_names(model)
     if transfer:
         set_trainable(hf, "transfer")
-        stages.insert(0, Stage("transfer", transfer, trained_names(model)))
-    model.stages = tuple(stages)
-    if stages:
-        train_only(model, stages[0])
+        trains["transfer"] = trained_names(model)
+    model.stages = tuple(Stage(name, last, trains[name]) for name, last in stage_steps(size, steps))
+    if model.stages:
+        train_only(model, model.stages[0])
     return model
 
 

@@ -46,7 +46,7 @@ from ablations.grid.schema import (
     Valid,
     higher_is_better,
 )
-from ablations.grid.teacher import has_teacher
+from ablations.grid.teacher import has_teacher, stage_steps
 from ablations.labels import short_label
 from ablations.tasks import build_task, task_arguments
 from ablations.tasks.registry import locate_files
@@ -339,20 +339,22 @@ def check_length(path, where: str, training: TrainingSettings) -> None:
 
 def _stages(cell: Cell) -> list[tuple[int, str]]:
     """The steps of each stage `cell` trains in, each warming up anew (ablations/run/train.py:
-    stage_lr_factor; a teacher's cell: attention transfer, then finetuning), and what sets
-    them; stages of no step left out (ablations/grid/teacher.py refuses those)."""
+    stage_lr_factor; a teacher's cell: attention transfer, then finetuning:
+    ablations/grid/teacher.py's stage_steps), and what sets them."""
     training = cell.training
     steps = f"training.steps = {training.steps}"
     if training.epochs is not None:
         per_epoch = training.steps // training.epochs
         steps = f"training.epochs = {training.epochs} ({per_epoch} steps an epoch)"
-    if not has_teacher(cell.size):
-        return [(training.steps, steps)]
-    transfer, finetune = cell.size.get("transfer_steps", 0), cell.size.get("finetune", "all")
-    stages = [(transfer, f"model.transfer_steps = {transfer} (attention transfer)")]
-    if finetune != "none":
-        rest = f"{steps} less model.transfer_steps = {transfer}" if transfer else steps
-        stages.append((training.steps - transfer, f"{rest} (finetune {finetune!r})"))
+    stages, first = [], 1
+    for name, last in stage_steps(cell.size, training.steps):
+        if name == "transfer":
+            what = f"model.transfer_steps = {last} (attention transfer)"
+        else:
+            what = f"{steps} less model.transfer_steps = {first - 1}" if first > 1 else steps
+            what += f" (finetune {name!r})" if has_teacher(cell.size) else ""
+        stages.append((last - first + 1, what))
+        first = last + 1
     return [(length, what) for length, what in stages if length >= 1]
 
 

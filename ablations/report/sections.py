@@ -142,25 +142,42 @@ def train_size_sections(
         over = selected_axes(cells, selection)
         others = [c for c in others if c not in over]
         described = f"Each mechanism at its selected setting (see Selection): {metric}"
-    varying = varying_per_task(done, others)
-    done = done.assign(
-        others=[setting_text(row, varying[row.task]) for _, row in done.iterrows()] or ""
-    )
+    varying = varying_per_task(done if selection is not None else cells, others)
+
+    def with_others(frame: pd.DataFrame) -> pd.DataFrame:
+        texts = [setting_text(row, varying.get(row.task, [])) for _, row in frame.iterrows()]
+        return frame.assign(others=texts or "")
+
+    done = with_others(done)
+    planned = None  # with a selection, the selected settings are those every seed finished
+    if selection is None:  # every cell of the grid, finished or not: a shortfall is shown
+        planned = with_others(cells).groupby(["family", "others", "n_train", "size", "mechanism"],
+                                             sort=False).size()  # fmt: skip
     sections, plots = [], []
     with_n = done.dropna(subset=["n_train"])
     for (family, other), group in with_n.groupby(["family", "others"], sort=False):
         if group.n_train.nunique() < 2:
             continue
         heading = f"{family}; {other}" if other else family
-        table = train_size_table(group, metric)
+        table = train_size_table(
+            group, metric, None if planned is None else planned.loc[(family, other)]
+        )
         dash = (table.data == "-").to_numpy().any()
+        short = table.data.map(lambda text: " of " in str(text)).to_numpy().any()
         lead = Paragraph(
             f"{described}, mean [95% CI] (seeds), error bars the same interval; bold: "
-            "the best mechanism per row."
+            "the best mechanism per row"
+            + (" among those whose every seed finished." if short else ".")
             + (
                 " -: no cell of that mechanism finished at that n_train (not run, or "
                 "see Cells not in the tables)."
                 if dash
+                else ""
+            )
+            + (
+                " 'n=1 of 3': one of the three cells finished (the others: see Cells not in "
+                "the tables); its mean is of the survivors."
+                if short
                 else ""
             )
         )

@@ -217,8 +217,10 @@ def select(
     `excluded` (why the others are not eligible, e.g. "training.lr=1e+30: 1 of 3 seeds
     diverged"; '' for none), the chosen setting's mean `metric` (`chosen_on`), the `reported`
     metric's mean, low, high and n, its cells' `seeds` and `rows` (index labels of `cells`),
-    `edge` (`sweep_edge`: where the choice lies on the edge of the sweep) and `unfinished`
-    (the group's cells at any setting still running or not run: the choice may change).
+    `edge` (`sweep_edge`: where the choice lies on the edge of the sweep; '' where a setting
+    tied with it does not), `tied` (the other eligible settings with the same mean `metric`,
+    '; '-joined: the choice among them is the first tried, no better) and `unfinished` (the
+    group's cells at any setting still running or not run: the choice may change).
     ValueError where `cells` holds two cells of one seed (`repeated_seed`)."""
     repeated = repeated_seed(cells)
     if repeated:
@@ -230,7 +232,7 @@ def select(
     rows = []
     shown = varying_per_task(cells, others)
     for labels, group in cells.groupby(GROUP + others, sort=False, dropna=False):
-        best, best_score, eligible, excluded = None, -math.inf, 0, []
+        best, best_score, scored, excluded = None, -math.inf, [], []
         per_setting = group.groupby(over, sort=False) if over else [((), group)]
         seeds = set(group.seed)
         tried = 0
@@ -241,26 +243,35 @@ def select(
                 name = setting_text(runs.iloc[0], over)
                 excluded.append(f"{name}: {problems}" if name else problems)
                 continue
-            eligible += 1
             score = sign * runs[metric].mean()
+            scored.append((score, runs))
             if score > best_score:
                 best, best_score = runs, score
+        eligible = len(scored)
+        ties = [runs for score, runs in scored if runs is not best and _tie(score, best_score)]
         row = dict(zip(GROUP + others, labels, strict=True))
         row["others"] = setting_text(pd.Series(row), shown[row["task"]])
         row.update(candidates=eligible, settings=tried, excluded="; ".join(excluded),
                    unfinished=int(group.status.isin(NOT_FINISHED).sum()))  # fmt: skip
         if best is None:
             missing = dict.fromkeys(("chosen_on", "mean", "low", "high"), math.nan)
-            rows.append(row | missing | {"best": "-", "n": 0, "edge": ""})
+            rows.append(row | missing | {"best": "-", "n": 0, "edge": "", "tied": ""})
             continue
         mean, low, high, n = interval(best[reported])
+        inside = [runs for runs in ties if not sweep_edge(group, runs.iloc[0], over)]
         row.update(
             best=setting_text(best.iloc[0], over), chosen_on=sign * best_score, mean=mean,
             low=low, high=high, n=n, seeds=tuple(best.seed), rows=tuple(best.index),
-            edge=sweep_edge(group, best.iloc[0], over),
+            edge="" if inside else sweep_edge(group, best.iloc[0], over),
+            tied="; ".join(setting_text(runs.iloc[0], over) for runs in ties),
         )  # fmt: skip
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _tie(score: float, best: float) -> bool:
+    """Whether two settings' mean scores are equal up to float rounding (SAME)."""
+    return abs(score - best) <= SAME * max(1.0, abs(best))
 
 
 def repeated_seed(cells: pd.DataFrame) -> str:

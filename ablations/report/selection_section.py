@@ -104,7 +104,10 @@ def selection_section(cells: pd.DataFrame, selection: Selection, folder: Path) -
             "size": first["size"].astype(str),
             "mechanism": first.mechanism.astype(str),
             **({"other axes": first.others} if first.others.astype(bool).any() else {}),
-            "best setting": first.best.astype(str),
+            "best setting": [
+                f"{best} (tied: {tied})" if tied else str(best)
+                for best, tied in zip(first.best, first.tied, strict=True)
+            ],
             f"{metric} (mean)": first.chosen_on.map(lambda v: "-" if pd.isna(v) else f"{v:.3f}"),
         })  # fmt: skip
         bold = {}
@@ -132,6 +135,12 @@ def selection_section(cells: pd.DataFrame, selection: Selection, folder: Path) -
                 "At the sweep's edge: a chosen setting that is the highest or lowest value of "
                 "its axis tried; the best setting may lie beyond it, so its mean is a bound, "
                 "not the mechanism's best (widen the sweep to bracket it)."
+            ))  # fmt: skip
+        if first.tied.astype(bool).any():  # the choice among equals is the first tried
+            parts.append(Paragraph(
+                "Tied: other settings with the same mean; the first tried is shown, and it "
+                "is no better than they are (no sweep's edge is flagged where a tied setting "
+                "lies inside the sweep)."
             ))  # fmt: skip
         marks = pd.DataFrame(False, index=data.index, columns=data.columns)
         for column, best in bold.items():

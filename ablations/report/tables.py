@@ -316,13 +316,23 @@ def cell_detail(cell: pd.Series) -> str:
     return "unfinished: still running, or its run was interrupted"
 
 
-def train_size_table(done: pd.DataFrame, metric: str = "test_acc") -> Table:
+def train_size_table(
+    done: pd.DataFrame, metric: str = "test_acc", planned: pd.Series | None = None
+) -> Table:
     """Rows n_train (and size), columns mechanism: `metric` as mean [95% CI] (n seeds), '-'
-    where a mechanism has no cell; bold: the best mean of the row."""
-    stats = done.groupby(["n_train", "size", "mechanism"], sort=False)[metric].apply(
+    where a mechanism has no cell; `planned`: the cells each (n_train, size, mechanism) has in
+    all (None: every one is in `done`), a shortfall shown as '(n=1 of 3)'; bold: the best mean
+    of the row among the mechanisms whose every planned cell finished (a mechanism's one
+    surviving seed of three is no best)."""
+    keys = ["n_train", "size", "mechanism"]
+    stats = done.groupby(keys, sort=False)[metric].apply(
         lambda values: pd.Series(interval(values), index=["mean", "low", "high", "n"])
     ).unstack()  # fmt: skip
-    texts = [interval_text(m, lo, hi, int(n)) for m, lo, hi, n in stats.to_numpy()]
+    planned = stats["n"] if planned is None else planned.reindex(stats.index)
+    texts = [
+        interval_text(m, lo, hi) + (f" (n={n:.0f})" if n >= p else f" (n={n:.0f} of {p:.0f})")
+        for (m, lo, hi, n), p in zip(stats.to_numpy(), planned, strict=True)
+    ]
     mechanisms = list(dict.fromkeys(done.mechanism))
 
     def by_mechanism(values: pd.Series, missing: object) -> pd.DataFrame:
@@ -330,7 +340,8 @@ def train_size_table(done: pd.DataFrame, metric: str = "test_acc") -> Table:
         return wide.fillna(missing).set_axis([str(m) for m in mechanisms], axis=1)
 
     sign = 1 if higher_is_better(metric) else -1
-    means = by_mechanism(sign * stats["mean"].astype(float), float("nan"))
+    complete = stats["n"] >= planned
+    means = by_mechanism((sign * stats["mean"].astype(float)).where(complete), float("nan"))
     bold = means.eq(means.max(axis=1), axis=0)
     n_train, size = (means.index.get_level_values(level) for level in (0, 1))
     rows = pd.DataFrame(
