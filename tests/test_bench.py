@@ -63,36 +63,42 @@ def test_window_suite_times_the_window_as_a_mod_and_as_a_dense_mask():
 
 def test_masks_suite_times_each_mask_as_a_mod_and_as_a_dense_mask_with_its_ratios():
     table = bench_masks(lengths=[24, 48], window=4, repeats=1, heads=2, head_dim=4, memory=False)
-    assert set(table.backend) == {f"{m}:{b}" for m in MASKS for b in ("chunked", "sdpa")}
+    hows = ("sdpa", "chunked", "dense")
+    assert set(table.backend) == {f"{m}:{how}" for m in MASKS for how in hows}
     assert table.note.fillna("").eq("").all()  # every workload ran
-    sdpa = table[table.backend.str.endswith(":sdpa")]
-    assert (sdpa.time_vs_dense == 1).all() and (sdpa.fwd_vs_dense == 1).all()
+    dense = table[table.backend.str.endswith(":dense")]
+    assert (dense.time_vs_dense == 1).all() and (dense.fwd_vs_dense == 1).all()
     rows = table.set_index(["backend", "N"])
     times = rows.fwd_bwd_ms
-    assert rows.time_vs_dense["window:chunked", 48] == (
-        times["window:chunked", 48] / times["window:sdpa", 48]
-    )
+    for how in ("sdpa", "chunked"):
+        assert rows.time_vs_dense[f"window:{how}", 48] == (
+            times[f"window:{how}", 48] / times["window:dense", 48]
+        )
     assert rows.growth["window:chunked", 48] == (
         times["window:chunked", 48] / times["window:chunked", 24]
     )
-    assert (table.kept_tiles == 1).all()  # one tile of chunked's block at these lengths
-    chunked = table.backend.str.endswith(":chunked")
-    assert table.time_vs_kept_dense[chunked].equals(table.time_vs_dense[chunked])
-    assert table.time_vs_kept_dense[~chunked].isna().all()
+    assert (table.kept_tiles == 1).all()  # one tile of the backends' blocks at these lengths
+    mods = ~table.backend.str.endswith(":dense")
+    assert table.time_vs_kept_dense[mods].equals(table.time_vs_dense[mods])
+    assert table.time_vs_kept_dense[~mods].isna().all()
     assert table[table.N == 24].growth.isna().all()  # no N / 2 measured
 
 
 @pytest.mark.parametrize("mask", list(MASKS))
 def test_the_masks_suite_compares_the_same_attention_as_a_mod_and_as_a_mask(mask):
     x = torch.randn(1, 40, 3 * 2 * 4, dtype=torch.float64)
-    as_mod = MaskedKernel(24, 2, mask, 5, dense=False, backend="chunked")(x)
     as_mask = MaskedKernel(24, 2, mask, 5, dense=True, backend="sdpa")(x)
-    torch.testing.assert_close(as_mod, as_mask)
+    for backend in ("sdpa", "chunked"):
+        as_mod = MaskedKernel(24, 2, mask, 5, dense=False, backend=backend)(x)
+        torch.testing.assert_close(as_mod, as_mask)
 
 
 def test_peak_memory_sees_a_large_temporary():
-    mb = peak_memory_mb(lambda: torch.ones(64 * 2**20 // 4).sum(), "cpu")  # 64 MiB
-    assert 60 < mb < 80
+    """The best of three: another thread of this test process (a cell an earlier test left
+    training in a thread, which a stopped run never joins) freeing memory meanwhile lowers the
+    resident set under the temporary (a rise of 0 MiB once, in a pytest-xdist worker)."""
+    rises = [peak_memory_mb(lambda: torch.ones(64 * 2**20 // 4).sum(), "cpu") for _ in range(3)]
+    assert 60 < max(rises) < 80  # 64 MiB
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from attn_zoo.kernels.softmax import (
 )
 from attn_zoo.kernels.softmax.blocks import EMPTY, FULL, PARTIAL, mod_key
 from attn_zoo.kernels.softmax.chunked import Tiles, chunked
+from attn_zoo.kernels.softmax.masks import align_causal
 from attn_zoo.kernels.softmax.mods import (
     apply_mask_mod,
     causal,
@@ -33,6 +34,7 @@ from attn_zoo.kernels.softmax.mods import (
     shift_queries,
     sliding_window,
 )
+from attn_zoo.kernels.softmax.sdpa import sdpa
 
 
 def per_batch_documents(size: int):
@@ -108,8 +110,25 @@ def test_the_block_mask_is_the_dense_masks_tiles(mod, shape):
     assert torch.equal(block_mask(mod, b, h, n, m, block, "cpu"), want)  # from the cache
 
 
+KERNELS = ("chunked", "sdpa")  # the backends tiling by the block mask
+
+
+def tiled(kernel: str, q, k, v, is_causal, mod, block: int):
+    """`kernel` called directly, to set its tile (`block`), with what the family's dispatch
+    would give it: sdpa takes bottom-right causality as an explicit mask."""
+    if kernel == "chunked":
+        return chunked(q, k, v, is_causal=is_causal, mask_mod=mod, block=block)
+    mask, is_causal = align_causal(None, is_causal, q.shape[2], k.shape[2], q.device)
+    return sdpa(q, k, v, mask, is_causal, mask_mod=mod, block=block)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @given(drawn_mods(), tiled_shapes(), st.sampled_from([False, True, "bottom_right"]), st.data())
-def test_chunked_with_the_block_mask_is_float64_naive(mod, shape, is_causal, data):
+def test_the_tiled_kernels_with_the_block_mask_are_float64_naive(
+    kernel, mod, shape, is_causal, data
+):
+    """chunked's tiles and sdpa's spans of key tiles (one SDPA call per query tile) on drawn
+    mods and shapes around their tiles: outputs and gradients of float64 naive."""
     block, b, h, n, m = shape
     kv_heads = data.draw(st.sampled_from([k for k in (1, h) if h % k == 0]))
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
@@ -117,7 +136,7 @@ def test_chunked_with_the_block_mask_is_float64_naive(mod, shape, is_causal, dat
     q, k, v, cotangent = (torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes)
     results = []
     for run in (
-        lambda q, k, v: chunked(q, k, v, is_causal=is_causal, mask_mod=mod, block=block),
+        lambda q, k, v: tiled(kernel, q, k, v, is_causal, mod, block),
         lambda q, k, v: softmax_attention(
             q, k, v, is_causal=is_causal, mask_mod=mod, backend="naive"
         ),

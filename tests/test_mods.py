@@ -15,6 +15,7 @@ from attn_zoo.kernels.dispatch import UnsupportedCallError
 from attn_zoo.kernels.softmax import build_mod, softmax_attention
 from attn_zoo.kernels.softmax.chunked import BLOCK, Tiles
 from attn_zoo.kernels.softmax.naive import naive
+from attn_zoo.kernels.softmax.sdpa import BLOCK as SDPA_BLOCK
 from attn_zoo.mechanisms.cache import LayerCache
 from attn_zoo.models import LanguageModel
 from attn_zoo.testing import torch_threads
@@ -123,6 +124,31 @@ def test_chunked_with_a_sliding_window_skips_the_tiles_outside_it(monkeypatch):
         lambda: softmax_attention(q, k, v, mask_mod=mod, is_causal=True, backend="naive")
     )
     assert dense >= n * n  # the materialised path does allocate it: the probe can tell
+
+
+def test_sdpa_with_a_sliding_window_calls_sdpa_per_query_tile_on_the_keys_it_reaches(
+    monkeypatch,
+):
+    """N = 2048, window 64 as a mask mod on sdpa: one SDPA call per query tile, each on the
+    two key tiles the window reaches (the first on one), never an N x M mask or score tensor
+    (sdpa took the mod as a materialised (N, M) mask before: O(N^2) time and memory)."""
+    n, window = 8 * SDPA_BLOCK, 64
+    q, k, v = (t.requires_grad_(True) for t in inputs(n, n, torch.float32, heads=2, kv_heads=2))
+    mod = build_mod({"name": "sliding_window", "window": window})
+    keys = []
+    fused = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        torch.nn.functional,
+        "scaled_dot_product_attention",
+        lambda q, k, *a, **kw: keys.append(k.shape[2]) or fused(q, k, *a, **kw),
+    )
+
+    def step():
+        out = softmax_attention(q, k, v, mask_mod=mod, is_causal=True, backend="sdpa")
+        out.sum().backward()
+
+    assert largest_allocation(step) < n * n // 4
+    assert keys == [SDPA_BLOCK] + [2 * SDPA_BLOCK] * 7
 
 
 def test_mods_reach_mechanisms_grids_and_cached_generation(tmp_path):

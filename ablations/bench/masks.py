@@ -1,7 +1,7 @@
-"""The masks suite's kernel: softmax attention under a local mask, as a mask mod (chunked: its
-block mask skips the empty tiles) or as a dense (N, N) boolean mask (sdpa), on q, k and v cut
-from one input so that `measure` runs it as a module (a fresh process rebuilds it by name to
-measure memory).
+"""The masks suite's kernel: softmax attention under a local mask, as a mask mod (sdpa and
+chunked: their block mask skips the empty tiles) or as a dense (N, N) boolean mask (sdpa), on
+q, k and v cut from one input so that `measure` runs it as a module (a fresh process rebuilds
+it by name to measure memory).
 
 Masks (`MASKS`, of width w = the suite's window):
 
@@ -45,16 +45,16 @@ MASKS: dict[str, Callable[[int, int], MaskMod]] = {  # name -> (N, w) -> the mas
 }
 
 
-def kept_tiles(mask: str, n: int, window: int) -> float:
-    """The fraction of chunked's (BLOCK x BLOCK) tiles that `mask` at N = n leaves non-empty."""
-    classes = block_mask(MASKS[mask](n, window), 1, 1, n, n, BLOCK, "cpu")
+def kept_tiles(mask: str, n: int, window: int, block: int = BLOCK) -> float:
+    """The fraction of the (`block` x `block`) tiles that `mask` at N = n leaves non-empty."""
+    classes = block_mask(MASKS[mask](n, window), 1, 1, n, n, block, "cpu")
     return float((classes != EMPTY).float().mean())
 
 
 class MaskedKernel(nn.Module):
     """softmax_attention on `backend` under the mask `mask` (`MASKS`) of width `window`: as a
     mask mod built anew for every call (as a mechanism's mods are: the block mask comes from
-    chunked's cache), or `dense`: as its (N, N) boolean mask, built at the first call at each
+    the block masks' cache), or `dense`: as its (N, N) boolean mask, built at the first call at each
     N (the warm-up, not timed) and kept. Input x (1, N, d_model = 3 heads head_dim) holds q, k
     and v; output (1, heads, N, head_dim)."""
 

@@ -45,6 +45,8 @@ from ablations.bench.measure import (
 from ablations.grid.devices import device_problem
 from ablations.steps import Steps, make_steps
 from attn_zoo.kernels.dispatch import family
+from attn_zoo.kernels.softmax.chunked import BLOCK
+from attn_zoo.kernels.softmax.sdpa import BLOCK as SDPA_BLOCK
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -119,31 +121,38 @@ def bench_masks(
     memory: bool = True,
     progress: Steps | None = None,
 ) -> pd.DataFrame:
-    """Each of ablations.bench.masks.MASKS (width `window`) as a mask mod on chunked
-    (<mask>:chunked) and as a dense boolean mask on sdpa (<mask>:sdpa), batch 1, `heads`
-    heads of width `head_dim`, float32, all in one run (repeats interleaved), with per row:
-    fwd_vs_dense, time_vs_dense (fwd, fwd+bwd over the same mask's sdpa row at that N);
-    kept_tiles (the fraction of chunked's tiles the mask leaves non-empty) and, for chunked,
-    time_vs_kept_dense (fwd+bwd over sdpa's times kept_tiles: the dense cost of the tiles
-    computed); growth (fwd+bwd over the same row's at N / 2, where measured: 2 is linear)."""
+    """Each of ablations.bench.masks.MASKS (width `window`) as a mask mod on sdpa
+    (<mask>:sdpa: one SDPA call per query tile over the key tiles its block mask keeps) and on
+    chunked (<mask>:chunked: its tiles, empty ones skipped), and as a dense boolean mask on
+    sdpa (<mask>:dense), batch 1, `heads` heads of width `head_dim`, float32, all in one run
+    (repeats interleaved), with per row: fwd_vs_dense, time_vs_dense (fwd, fwd+bwd over the
+    same mask's dense row at that N); kept_tiles (the fraction of the (BLOCK x BLOCK) tiles
+    the mask leaves non-empty, the row's backend's BLOCK; dense: sdpa's) and, for the mods,
+    time_vs_kept_dense (fwd+bwd over the dense time times kept_tiles: the dense cost of the
+    tiles computed); growth (fwd+bwd over the same row's at N / 2, where measured: 2 is
+    linear)."""
     kernel = f"{MaskedKernel.__module__}.{MaskedKernel.__name__}"
     shape = dict(d_model=3 * heads * head_dim, heads=heads, window=window)
     workloads = [
-        Workload(f"{mask}:{backend}", "module", kernel,
-                 {**shape, "mask": mask, "dense": backend == "sdpa", "backend": backend},
+        Workload(f"{mask}:{how}", "module", kernel,
+                 {**shape, "mask": mask, "dense": how == "dense",
+                  "backend": "sdpa" if how == "dense" else how},
                  causal=False)
         for mask in MASKS
-        for backend in ("chunked", "sdpa")
+        for how in ("sdpa", "chunked", "dense")
     ]  # fmt: skip
     table = measure(workloads, lengths, repeats, device, (), memory, progress)
     mask = table.backend.str.split(":").str[0]
-    dense = table[table.backend.str.endswith(":sdpa")].assign(mask=mask).set_index(["mask", "N"])
+    dense = table[table.backend.str.endswith(":dense")].assign(mask=mask).set_index(["mask", "N"])
     keys = pd.MultiIndex.from_arrays([mask, table.N])
     table["fwd_vs_dense"] = table.fwd_ms.to_numpy() / dense.fwd_ms.reindex(keys).to_numpy()
     table["time_vs_dense"] = table.fwd_bwd_ms.to_numpy() / dense.fwd_bwd_ms.reindex(keys).to_numpy()
-    table["kept_tiles"] = [kept_tiles(m, n, window) for m, n in zip(mask, table.N, strict=True)]
-    chunked = table.backend.str.endswith(":chunked")
-    table["time_vs_kept_dense"] = (table.time_vs_dense / table.kept_tiles).where(chunked)
+    blocks = table.backend.str.endswith(":chunked").map({True: BLOCK, False: SDPA_BLOCK})
+    table["kept_tiles"] = [
+        kept_tiles(m, n, window, block) for m, n, block in zip(mask, table.N, blocks, strict=True)
+    ]
+    mods = ~table.backend.str.endswith(":dense")
+    table["time_vs_kept_dense"] = (table.time_vs_dense / table.kept_tiles).where(mods)
     halves = table.set_index(["backend", "N"]).fwd_bwd_ms
     half = pd.MultiIndex.from_arrays([table.backend, table.N // 2])
     table["growth"] = table.fwd_bwd_ms.to_numpy() / halves.reindex(half).to_numpy()
@@ -413,8 +422,9 @@ class BenchRun:
             return (
                 f"local masks of width {self.window} on the softmax kernel, non-causal calls "
                 f"(the masks hold any causality): batch 1, {self.heads} heads of width "
-                f"{self.head_dim}, float32; as a mask mod on chunked (:chunked) or as a dense "
-                "(N, N) boolean mask on sdpa (:sdpa, built before timing)"
+                f"{self.head_dim}, float32; as a mask mod on sdpa (:sdpa, per query tile over "
+                "its kept key tiles) or chunked (:chunked), or as a dense (N, N) boolean mask "
+                "on sdpa (:dense, built before timing)"
             )
         if suite == "window":
             return (

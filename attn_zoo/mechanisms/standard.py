@@ -11,7 +11,8 @@ head_dim = d_model // total_n_heads, key_dim defaults to head_dim, the scale is
 Dropout acts on the attention weights and on the output, in training only. `score_mod` and
 `mask_mod` (a name, a table ``{name = "sliding_window", window = 64}``, or a function; see
 attn_zoo/kernels/softmax/mods.py) change the scores and the visible keys on every backend
-that serves them (naive, chunked natively; others get a mask mod as a mask). A mask mod that is
+that serves them (naive, chunked natively; sdpa a mask mod per query tile; others get a mask
+mod as a mask). A mask mod that is
 a causal mask itself (prefix_lm) replaces a causal call's mask, so its prefix sees itself both
 ways (such a layer decodes without a cache: a later token changes what the prefix sees); a
 score mod for causal attention only (one-sided ALiBi) is refused in a call that is not causal.

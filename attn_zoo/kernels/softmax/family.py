@@ -13,7 +13,7 @@ mod, mods.py), ``impure_mod`` (a mod declaring pure = False, in a call with a ba
 only by backends calling it once per tile, in the forward) and ``mod_grad`` (a score mod
 capturing a tensor that requires grad: served only where that tensor gets its gradient; see
 `mod_features`). A mask mod is a ``mask`` call: backends declaring ``mask_mod`` (naive,
-chunked) take it as is, the others as its materialised boolean mask (`lower_call`). A
+chunked, sdpa) take it as is, the others as its materialised boolean mask (`lower_call`). A
 bottom-right causal call with N != M is described as a ``mask`` call; backends declaring
 ``bottom_right`` (chunked) take it as is_causal="bottom_right", the others as an explicit mask
 (masks.lower_bottom_right).

@@ -27,11 +27,12 @@ is valid):
 
 The softmax family takes them on every backend: naive and chunked apply them (chunked per
 tile, skipping the tiles its block mask (blocks.py), derived from the mask mod itself, finds
-empty: O(N visible) time and memory for a local mask or any combination of them), the others
-get a mask_mod as a materialised boolean mask (O(N M) memory) and refuse a score_mod by
-capability. Mask mods combine with `and_masks`, `or_masks` and `not_mask`. Gradients flow
-through a score_mod to q and k, and to the tensors it captures (`captured_tensors`) on the
-backends that serve them.
+empty: O(N visible) time and memory for a local mask or any combination of them), sdpa applies
+a mask_mod per query tile over the key tiles that block mask keeps (O(N visible) too), the
+others get a mask_mod as a materialised boolean mask (O(N M) memory); all but naive and
+chunked refuse a score_mod by capability. Mask mods combine with `and_masks`, `or_masks` and
+`not_mask`. Gradients flow through a score_mod to q and k, and to the tensors it captures
+(`captured_tensors`) on the backends that serve them.
 
 What a mod may declare, as attributes of the function:
 
@@ -39,7 +40,8 @@ What a mod may declare, as attributes of the function:
                      chunked (and flex) call the mods again in backward, so a mod declaring
                      pure = False (random, stateful) in a call with a backward makes an
                      ``impure_mod`` call, served only by backends calling it once per tile, in
-                     the forward (naive; sdpa and xformers a mask mod, materialised once).
+                     the forward (naive; sdpa a mask mod, once per query tile; xformers a
+                     mask mod, materialised once).
                      An undeclared impure mod is an error, not a wrong answer: the pointwise
                      check calls it twice on its probe and refuses other values; chunked also
                      checks in backward that the weights it recomputes still sum to 1.

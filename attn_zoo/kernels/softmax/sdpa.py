@@ -7,6 +7,14 @@ Routed around the CPU flash kernel's limits so that it serves every call:
   (float masks are cast to the inputs' dtype, as SDPA requires);
 - rows that see no key are unmasked for the kernel and zeroed after (the contract's zeros).
 Grouped kv heads are repeated to the query heads.
+
+A mask mod is not materialised into an (N, M) mask: its block mask (blocks.py, derived from
+the mod once per mod and shape, cached) gives, per tile of `block` queries, the span of key
+tiles it leaves non-empty, from the first to the last (causality cuts it at the diagonal), and
+SDPA runs once per query tile on that span, the mod evaluated there only where a tile of the
+span is partial. A local mask (a sliding window, documents, their combinations with causality)
+then costs O(N visible) time and memory, each query tile at SDPA's own speed; a mod keeping
+every tile costs the dense call's work in N / block calls.
 """
 
 import torch
@@ -14,11 +22,28 @@ import torch.nn.functional as F
 
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import repeat_kv
+from attn_zoo.kernels.softmax.blocks import EMPTY, FULL, block_mask
 from attn_zoo.kernels.softmax.family import FEATURES
-from attn_zoo.kernels.softmax.masks import allowed_keys, is_additive, unmask_empty_rows
+from attn_zoo.kernels.softmax.masks import (
+    allowed_keys,
+    causal_mask,
+    is_additive,
+    restrict,
+    unmask_empty_rows,
+)
+from attn_zoo.kernels.softmax.mods import MaskMod, apply_mask_mod, mod_indices
+
+BLOCK = 256  # queries (and keys) per tile of a mask mod's block mask
 
 
-@register_backend("softmax", "sdpa", tier="fused", priority=30, capabilities=Capabilities(FEATURES))
+@register_backend(
+    "softmax",
+    "sdpa",
+    tier="fused",
+    priority=30,
+    capabilities=Capabilities(FEATURES | {"mask_mod"}),
+    block_sizes=(BLOCK,),
+)
 def sdpa(
     q: torch.Tensor,  # (B, H, N, dk)
     k: torch.Tensor,  # (B, Hkv, M, dk)
@@ -27,8 +52,50 @@ def sdpa(
     is_causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    mask_mod: MaskMod | None = None,
+    block: int = BLOCK,
 ) -> torch.Tensor:  # (B, H, N, dv)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if mask_mod is None:
+        return _dense(q, k, v, attn_mask, is_causal, scale, dropout_p)
+    b, heads, n, m = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    if attn_mask is not None:  # broadcast dims made explicit (a free view) so tiles slice
+        attn_mask = attn_mask.expand(attn_mask.shape[0], attn_mask.shape[1], n, m)
+    classes = block_mask(mask_mod, b, heads, n, m, block, q.device).tolist()
+    # whole tiles by split and cat, not slices: a slice's gradient is a zero-filled tensor of
+    # the whole input, one per tile (O(N^2 / block) time); a split's is gathered once
+    q_tiles, k_tiles, v_tiles = (t.split(block, dim=2) for t in (q, k, v))
+    outs = [_no_keys(q[..., :0, :], k, v)]  # N = 0: no tile
+    for row, qi, i0 in zip(classes, q_tiles[: len(classes)], range(0, n, block), strict=True):
+        i1 = i0 + qi.shape[2]
+        last = (i1 - 1) // block if is_causal else len(row) - 1  # keys j <= i only
+        kept = [j for j, kind in enumerate(row[: last + 1]) if kind != EMPTY]
+        if not kept:  # no key for any of these queries: the contract's zeros
+            outs.append(_no_keys(qi, k, v))
+            continue
+        first, last = kept[0], kept[-1]
+        j0, j1 = first * block, min(m, (last + 1) * block)
+        mask = None if attn_mask is None else attn_mask[..., i0:i1, j0:j1]
+        if is_causal and j1 - 1 > i0:  # the diagonal crosses the span
+            mask = restrict(mask, causal_mask(i1 - i0, j1 - j0, q.device, offset=i0 - j0))
+        if any(kind != FULL for kind in row[first : last + 1]):
+            indices = mod_indices(b, heads, (i0, i1), (j0, j1), q.device)
+            mask = restrict(mask, apply_mask_mod(mask_mod, indices))
+        kj, vj = (torch.cat(tiles[first : last + 1], dim=2) for tiles in (k_tiles, v_tiles))
+        outs.append(_dense(qi, kj, vj, mask, False, scale, dropout_p))
+    return torch.cat(outs, dim=2)
+
+
+def _no_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Zeros (B, H, n, dv) for the n queries of `q` that see no key, in the graph of q, k and v
+    (sums over an empty axis), so that the call still has (zero) gradients for all three."""
+    zero = q[..., :0].sum(dim=-1, keepdim=True) + k[..., :0].sum() + v[..., :0].sum()
+    return zero.expand(*q.shape[:-1], v.shape[-1])
+
+
+def _dense(q, k, v, attn_mask, is_causal: bool, scale: float, dropout_p: float) -> torch.Tensor:
+    """One SDPA call over every key of `k` and `v`, routed around the kernel's limits (module
+    docstring)."""
     k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
     dk, dv = q.shape[-1], v.shape[-1]
     width = max(dk, dv)
