@@ -264,3 +264,21 @@ def test_a_prefix_language_model_sees_its_prefix_both_ways_and_generates_without
                        model.generate(prompt, 6, temperature=0, use_cache=False))  # fmt: skip
     with pytest.raises(ValueError, match="no cached decoding"):
         model.blocks[0].attn(torch.randn(1, 2, 16).double(), cache=LayerCache(4))
+
+
+@pytest.mark.parametrize("n", [0, 200])
+def test_a_float_mask_keeps_its_zero_gradient_where_a_mod_empties_a_whole_query_tile(n):
+    """Tenth hostile pass: a mask mod leaving sdpa's first query tile without a key (every
+    query at N = 200) gave a float attn_mask that requires grad no gradient at all (None:
+    autograd.grad raised), where naive and chunked give zeros."""
+    q, k, v = inputs(n, 40, torch.float32)
+    mask = torch.zeros(2, 4, n, 40, requires_grad=True)
+
+    def no_key_before_256(b, h, q_idx, kv_idx):
+        return (q_idx >= 256) & (kv_idx >= 0)
+
+    for backend in ("naive", "chunked", "sdpa"):
+        out = softmax_attention(q, k, v, attn_mask=mask, mask_mod=no_key_before_256,
+                                backend=backend)  # fmt: skip
+        (grad,) = torch.autograd.grad(out.sum(), mask)
+        assert torch.equal(grad, torch.zeros_like(mask)), backend

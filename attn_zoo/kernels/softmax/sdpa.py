@@ -65,13 +65,13 @@ def sdpa(
     # whole tiles by split and cat, not slices: a slice's gradient is a zero-filled tensor of
     # the whole input, one per tile (O(N^2 / block) time); a split's is gathered once
     q_tiles, k_tiles, v_tiles = (t.split(block, dim=2) for t in (q, k, v))
-    outs = [_no_keys(q[..., :0, :], k, v)]  # N = 0: no tile
+    outs = [_no_keys(q[..., :0, :], k, v, attn_mask)]  # N = 0: no tile
     for row, qi, i0 in zip(classes, q_tiles[: len(classes)], range(0, n, block), strict=True):
         i1 = i0 + qi.shape[2]
         last = (i1 - 1) // block if is_causal else len(row) - 1  # keys j <= i only
         kept = [j for j, kind in enumerate(row[: last + 1]) if kind != EMPTY]
         if not kept:  # no key for any of these queries: the contract's zeros
-            outs.append(_no_keys(qi, k, v))
+            outs.append(_no_keys(qi, k, v, attn_mask))
             continue
         first, last = kept[0], kept[-1]
         j0, j1 = first * block, min(m, (last + 1) * block)
@@ -86,10 +86,13 @@ def sdpa(
     return torch.cat(outs, dim=2)
 
 
-def _no_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Zeros (B, H, n, dv) for the n queries of `q` that see no key, in the graph of q, k and v
-    (sums over an empty axis), so that the call still has (zero) gradients for all three."""
+def _no_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask) -> torch.Tensor:
+    """Zeros (B, H, n, dv) for the n queries of `q` that see no key, in the graph of q, k, v
+    and a float `attn_mask` (sums over an empty axis), so that the call still has (zero)
+    gradients for all of them."""
     zero = q[..., :0].sum(dim=-1, keepdim=True) + k[..., :0].sum() + v[..., :0].sum()
+    if is_additive(attn_mask):
+        zero = zero + attn_mask[..., :0].sum().to(zero.dtype)
     return zero.expand(*q.shape[:-1], v.shape[-1])
 
 
