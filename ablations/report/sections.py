@@ -12,6 +12,7 @@ the plots they show (drawn later, one at a time: ablations/report/build.py).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
@@ -40,6 +41,7 @@ from ablations.report.selection_section import Selected, differing_note
 from ablations.report.tables import cell_detail, task_table, train_size_table
 
 N_TRAIN_AXES = ("task_kwargs.n_train", "training.steps")  # what a training-set size varies
+SHORTFALL = re.compile(r"\(n=\d+ of \d+\)")  # train_size_table's cell of a mechanism short of seeds
 
 
 class Plot(NamedTuple):
@@ -163,7 +165,8 @@ def train_size_sections(
             group, metric, None if planned is None else planned.loc[(family, other)]
         )
         dash = (table.data == "-").to_numpy().any()
-        short = table.data.map(lambda text: " of " in str(text)).to_numpy().any()
+        texts = table.data.drop(columns=["n_train", "size"])  # the mechanisms' cells
+        short = texts.map(lambda text: bool(SHORTFALL.search(text))).to_numpy().any()
         lead = Paragraph(
             f"{described}, mean [95% CI] (seeds), error bars the same interval; bold: "
             "the best mechanism per row"

@@ -248,7 +248,8 @@ def select(
             if score > best_score:
                 best, best_score = runs, score
         eligible = len(scored)
-        ties = [runs for score, runs in scored if runs is not best and _tie(score, best_score)]
+        ties = [runs for score, runs in scored
+                if runs is not best and no_spread(abs(score - best_score), best_score)]  # fmt: skip
         row = dict(zip(GROUP + others, labels, strict=True))
         row["others"] = setting_text(pd.Series(row), shown[row["task"]])
         row.update(candidates=eligible, settings=tried, excluded="; ".join(excluded),
@@ -267,11 +268,6 @@ def select(
         )  # fmt: skip
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _tie(score: float, best: float) -> bool:
-    """Whether two settings' mean scores are equal up to float rounding (SAME)."""
-    return abs(score - best) <= SAME * max(1.0, abs(best))
 
 
 def repeated_seed(cells: pd.DataFrame) -> str:
