@@ -102,7 +102,8 @@ demo: install-demo
 
 # The demo's conclusions under a wider sweep: learning rates 3e-4 to 3e-2 (the demo: 1e-3 and
 # 3e-3) and 6 seeds (the demo: 3), the same cells otherwise (270 cells, 23 min on 2 CPU
-# cores; resumable); the conclusion is ablations/grids/demo_lr_check.conclusion.md.
+# cores; resumable); the conclusion is ablations/grids/demo_lr_check.conclusion.md. overlap.csv
+# counts the evaluation examples each cell's training split holds (ablations/run/overlap.py).
 DEMO_LR_CHECK = --set store=../../results/demo_lr_check.sqlite \
 	--set 'sweep.training.lr=[3e-4,1e-3,3e-3,1e-2,3e-2]' --set 'seeds=[0,1,2,3,4,5]'
 demo-lr-check: install
@@ -110,6 +111,8 @@ demo-lr-check: install
 	$(BIN)/attn-zoo report --require-clean ablations/grids/demo.toml $(DEMO_LR_CHECK) --out reports/demo_lr_check \
 		--target 0.9 --title "Ablation report: demo, learning rates 3e-4 to 3e-2, 6 seeds" \
 		--note "$$(cat ablations/grids/demo_lr_check.conclusion.md)"
+	$(BIN)/python -m ablations.run.overlap ablations/grids/demo.toml $(DEMO_LR_CHECK) \
+		--out reports/demo_lr_check/overlap.csv
 
 # The design probes behind the demo's mqar settings: learned positions, d_model 32, a cosine
 # schedule (26 cells, about 12 minutes on one core); the conclusion is
