@@ -25,6 +25,7 @@ pytest.importorskip("peft")
 from ablations.cli import main  # noqa: E402
 from ablations.grid.cell_model import build_cell_model  # noqa: E402
 from ablations.grid.spec import load_grid  # noqa: E402
+from ablations.grid.teacher import load_teacher  # noqa: E402
 from ablations.results.store import ResultsStore  # noqa: E402
 from ablations.run import export  # noqa: E402
 from ablations.run.export import export_cell  # noqa: E402
@@ -84,6 +85,19 @@ def grid(folder: Path, mechanisms: list[dict], name: str = "replacements", **kwa
 
 def exact(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if k not in TIMING}
+
+
+def test_loading_a_teacher_draws_no_progress_bar_and_leaves_the_setting_as_it_was(
+    teacher, capfd
+):
+    from transformers.utils import logging
+
+    for enabled in (True, False):
+        (logging.enable_progress_bar if enabled else logging.disable_progress_bar)()
+        load_teacher(teacher / "teacher")
+        assert logging.is_progress_bar_enabled() is enabled
+        assert "Loading weights" not in capfd.readouterr().err  # once per cell of a grid
+    logging.enable_progress_bar()
 
 
 def test_the_teachers_own_cell_gives_its_test_loss_and_recovers_all_of_it(teacher):

@@ -39,6 +39,8 @@ transformers is imported only inside the functions (the demo installs without it
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,6 +211,20 @@ def teacher_config(path: Path, needs_weights: bool):
     return config
 
 
+@contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' progress bars off inside the block, as they were after it."""
+    from transformers.utils import logging
+
+    enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            logging.enable_progress_bar()
+
+
 def load_teacher(path: Path) -> nn.Module:
     """The causal LM saved in `path` (swapped already where its config records a swap), in
     float32, training mode. ValueError naming the folder and the weights where its weights
@@ -218,9 +234,10 @@ def load_teacher(path: Path) -> nn.Module:
 
     if getattr(AutoConfig.from_pretrained(path), RECORD, None):
         return load_swapped(path).float().train()
-    hf, loaded = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, output_loading_info=True
-    )
+    with no_progress_bars():  # a grid loads it in every cell: its bar would flood the log
+        hf, loaded = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, output_loading_info=True
+        )
     missing, unexpected = sorted(loaded["missing_keys"]), sorted(loaded["unexpected_keys"])
     if missing or unexpected:
         raise ValueError(
