@@ -87,9 +87,7 @@ def exact(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if k not in TIMING}
 
 
-def test_loading_a_teacher_draws_no_progress_bar_and_leaves_the_setting_as_it_was(
-    teacher, capfd
-):
+def test_loading_a_teacher_draws_no_progress_bar_and_leaves_the_setting_as_it_was(teacher, capfd):
     from transformers.utils import logging
 
     for enabled in (True, False):
