@@ -66,3 +66,23 @@ def test_a_link_repointed_to_a_file_of_the_same_size_and_time_is_read_anew(tmp_p
     link.symlink_to(second)
     assert torch.equal(load_boards(link, -1)[0], load_boards(second, -1)[0])
     assert not torch.equal(load_boards(link, -1)[0], images)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("backend", ["naive", "chunked", "sdpa", "auto"])
+def test_half_inputs_with_a_float32_mask_at_its_minimum_match_the_float64_reference(dtype, backend):
+    """The eleventh hostile pass: sdpa cast a float32 mask to float16 after finding its empty
+    rows, so a row of finfo(float32).min (transformers' masked value) became one of -inf and
+    gave zeros, the reference the uniform average of its keys (error 0.76 in float16)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 8, generator=g).to(dtype) for _ in range(3))
+    mask = torch.zeros(2, 1, 5, 5)
+    low = torch.finfo(torch.float32).min
+    mask[..., 3:] = low  # keys 3, 4 masked for every query
+    mask[0, :, 0, :] = low  # query 0 of the first batch row: every key at the minimum
+    mask[1, :, 2, :] = low
+    reference = family("softmax")("naive", q=q.double(), k=k.double(), v=v.double(),
+                                  attn_mask=mask.double())  # fmt: skip
+    out = family("softmax")(backend, q=q, k=k, v=v, attn_mask=mask)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), reference, atol=2e-2, rtol=2e-2)

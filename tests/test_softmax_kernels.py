@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from attn_zoo.kernels import UnsupportedCallError, softmax_attention
 from attn_zoo.kernels.dispatch import Call, family
 from attn_zoo.kernels.softmax.chunked import BLOCK, chunked
+from attn_zoo.kernels.softmax.masks import saturated
 from attn_zoo.testing import (
     MASK_KINDS,
     AttentionProblem,
@@ -29,10 +30,18 @@ GRAD_BACKENDS = ["naive", "chunked", "sdpa"]
 SDPA_QUERY_SPLIT = 32
 
 
+def assert_grad_backends_agree(problem: AttentionProblem) -> None:
+    """Each of GRAD_BACKENDS agrees with the float64 reference; sdpa declines a backward
+    through rows masked by float32's min only (saturated_mask: SDPA keeps lse = m + log l)."""
+    report = assert_backends_agree(problem)
+    backward = set(problem.frozen) != {"q", "k", "v"}
+    declined = {"sdpa"} if backward and saturated(problem.inputs()["attn_mask"]) else set()
+    assert {b for b in GRAD_BACKENDS if report[b] == "ok"} == set(GRAD_BACKENDS) - declined
+
+
 @given(attention_problems(block_sizes=(SDPA_QUERY_SPLIT, BLOCK)))
 def test_backends_agree_float32(problem):
-    report = assert_backends_agree(problem, backends=GRAD_BACKENDS)
-    assert set(report) == set(GRAD_BACKENDS)
+    assert_grad_backends_agree(problem)
 
 
 # (N, M) one short of, at, one over and several blocks past each backend's blocks (see above):
@@ -53,13 +62,12 @@ def test_every_backend_agrees_around_its_block_boundaries(n, m, threads):
         mask=MASK_KINDS[case % len(MASK_KINDS)], is_causal=(False, True, "bottom_right")[case % 3],
         seed=case, threads=threads,
     )  # fmt: skip
-    report = assert_backends_agree(problem)
-    assert {report[b] for b in GRAD_BACKENDS} == {"ok"}
+    assert_grad_backends_agree(problem)
 
 
 @given(attention_problems(dtypes=(torch.float64,)))
 def test_backends_agree_float64(problem):
-    assert_backends_agree(problem, backends=GRAD_BACKENDS)
+    assert_grad_backends_agree(problem)
 
 
 @given(
@@ -70,7 +78,7 @@ def test_backends_agree_float64(problem):
 def test_backends_agree_half_precision(problem):
     """At the default scale 1/sqrt(width). With drawn scales up to 2 on widths of 1-2, torch
     SDPA's own bfloat16 arithmetic exceeds the bfloat16 tolerance (seen: grad q off by 0.07)."""
-    assert_backends_agree(problem, backends=GRAD_BACKENDS)
+    assert_grad_backends_agree(problem)
 
 
 @given(attention_problems(max_len=70, max_width=6), st.sampled_from([1, 3, 8, 16]))

@@ -85,6 +85,9 @@ class Capabilities:
                           backend calling each mod once per tile, in the forward
         mod_grad          (softmax) a score mod capturing a tensor that requires grad: only for
                           a backend giving that tensor its gradient
+        saturated_mask    (softmax) a backward through an additive mask with a row whose every
+                          key is masked by a finite value below -100 (float32's min): only for
+                          a backend keeping each row's max and log-sum apart
         rel_activation    (relational) a relation activation other than identity
         relative_symbols  (relational) symbol values by relative position, v_rel
         no_keys           (relational) M = 0 keys

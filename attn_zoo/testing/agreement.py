@@ -102,10 +102,13 @@ def cast_inputs(
     inputs: Mapping, dtype: torch.dtype, grads: bool, frozen: Collection[str] = ()
 ) -> dict:
     """The float tensors of `inputs` detached and cast to `dtype` (one already in `dtype` keeps
-    its memory layout), requiring grad if `grads`, but those named in `frozen` (a float mask is
-    a constant: no gradient)."""
+    its memory layout; a float mask to the wider of `dtype` and its own: a float32 one stays
+    float32 beside half inputs), requiring grad if `grads`, but those named in `frozen` (a
+    float mask is a constant: no gradient)."""
     return {
-        k: v.detach().to(dtype).requires_grad_(grads and k != "attn_mask" and k not in frozen)
+        k: v.detach()
+        .to(torch.promote_types(dtype, v.dtype) if k == "attn_mask" else dtype)
+        .requires_grad_(grads and k != "attn_mask" and k not in frozen)
         if torch.is_tensor(v) and v.is_floating_point()
         else v
         for k, v in inputs.items()

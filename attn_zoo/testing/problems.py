@@ -21,7 +21,7 @@ from attn_zoo.kernels.softmax.mods import MODS
 from attn_zoo.mechanisms.base import check_int
 from attn_zoo.registry import unknown_name_error
 
-MASK_KINDS = ("none", "random", "key_padding", "empty_rows", "additive")
+MASK_KINDS = ("none", "random", "key_padding", "empty_rows", "additive", "float32_min")
 # A mechanism's masks (`mechanism_mask`): key padding and per query, boolean and additive float
 MECHANISM_MASKS = ("padding", "per_query", "float_padding", "float_per_query")
 CAUSAL = (False, True, "top_left", "bottom_right")
@@ -70,9 +70,16 @@ def resolve_mod(
 
 def make_mask(kind: str, b: int, h: int, n: int, m: int, gen: torch.Generator):
     """A mask of `kind` broadcastable to (b, h, n, m), or None for "none". "additive" is a
-    float mask: values in [-2, 2] added to the scores, -inf where masked, some empty rows."""
+    float mask: values in [-2, 2] added to the scores, -inf where masked, some empty rows.
+    "float32_min" is a float32 mask as transformers builds one: 0 where kept, float32's min
+    (finite) where masked, about a third of the rows all min: such a row is no empty one, its
+    output is the mean of its values (the min swamps every score); a call keeps it float32
+    for half-precision inputs (`call_inputs`), where casting would make the min -inf."""
     if kind == "none":
         return None
+    if kind == "float32_min":
+        keep = make_mask("empty_rows", b, h, n, m, gen)
+        return torch.zeros(b, h, n, m).masked_fill(~keep, torch.finfo(torch.float32).min)
     if kind == "additive":
         keep = torch.rand(b, h, n, m, generator=gen) < 0.7
         keep &= torch.rand(b, h, n, 1, generator=gen) < 0.8
@@ -230,14 +237,19 @@ def kernel_tensors(
 ) -> dict:
     """A problem's float64 `tensors` cast to `dtype` on `device`, laid out as `layout`
     (`lay_out`), as leaves requiring grad but those named in `frozen`; and its `mask` as
-    ``attn_mask``: a float mask in `dtype`, on `device`, laid out as `layout` for a call of
-    `shape` (B, H, N, M) (`lay_out_mask`), or None."""
+    ``attn_mask``: a float mask in `dtype` (a float32 one in the wider of float32 and
+    `dtype`), on `device`, laid out as `layout` for a call of `shape` (B, H, N, M)
+    (`lay_out_mask`), or None."""
     inputs = {
         k: lay_out(t.to(dtype).to(device), layout).requires_grad_(k not in frozen)
         for k, t in tensors.items()
     }
     if mask is not None:
-        mask = mask.to(device, dtype if mask.is_floating_point() else mask.dtype)
+        if mask.is_floating_point():
+            wide = mask.dtype == torch.float32  # "float32_min": kept at least float32
+            mask = mask.to(device, torch.promote_types(dtype, mask.dtype) if wide else dtype)
+        else:
+            mask = mask.to(device)
         mask = lay_out_mask(mask, layout, shape)
     inputs["attn_mask"] = mask
     return inputs

@@ -29,7 +29,7 @@ from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
 from attn_zoo.kernels.relational.family import FEATURES, PAIR_SYMBOLS
 from attn_zoo.kernels.relational.naive import default_scales, relative_index
 from attn_zoo.kernels.softmax.chunked import BLOCK, Tiles
-from attn_zoo.kernels.softmax.family import BOTTOM_RIGHT
+from attn_zoo.kernels.softmax.family import BOTTOM_RIGHT, SATURATED_ROWS
 from attn_zoo.kernels.softmax.naive import upcast_half
 
 
@@ -114,14 +114,14 @@ class ChunkedRelationalAttention(torch.autograd.Function):
             agg = einsum(p, rel, "b h g n m, b r n m -> b h g n r")
             return torch.cat([sym, agg], dim=-1)
 
-        out, lse = tiles.online_softmax(q, k, scale, width + qr.shape[1], values)
-        ctx.save_for_backward(q, k, qr, kr, v, v_rel, v_pair, out, lse, rel_lse)
+        out, stats = tiles.online_softmax(q, k, scale, width + qr.shape[1], values)
+        ctx.save_for_backward(q, k, qr, kr, v, v_rel, v_pair, out, stats, rel_lse)
         ctx.tiles, ctx.scale = tiles, scale
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, qr, kr, v, v_rel, v_pair, out, lse, rel_lse = ctx.saved_tensors
+        q, k, qr, kr, v, v_rel, v_pair, out, stats, rel_lse = ctx.saved_tensors
         tiles, scale = ctx.tiles, ctx.scale
         width = out.shape[-1] - qr.shape[1]
         dsym, drel = dout[..., :width], dout[..., width:]
@@ -160,7 +160,7 @@ class ChunkedRelationalAttention(torch.autograd.Function):
             for j0, j1 in visited:
                 kj = k[:, :, j0:j1]
                 s = tiles.scores(qi, kj, scale, i0, i1, j0, j1)
-                p = torch.exp(s - lse[..., i0:i1, None])
+                p = tiles.probabilities(s, stats[..., i0:i1, :])
                 raw, rel = relation_tile(i0, i1, j0, j1)
                 dp = einsum(drel_i, rel, "b h g n r, b r n m -> b h g n m")
                 if v is not None:
@@ -208,7 +208,7 @@ class ChunkedRelationalAttention(torch.autograd.Function):
     "chunked",
     tier="chunked",
     priority={"cpu": 40, "cuda": 10},
-    capabilities=Capabilities(FEATURES | PAIR_SYMBOLS | BOTTOM_RIGHT),
+    capabilities=Capabilities(FEATURES | PAIR_SYMBOLS | BOTTOM_RIGHT | SATURATED_ROWS),
     block_sizes=(BLOCK,),
 )
 def chunked(

@@ -11,7 +11,9 @@ Masks and causal alignment as in the softmax family (softmax/masks.py; ``bottom_
 declared by backends that take bottom-right causality without a mask). Features a call may
 need (`describe_call`): ``grad``, ``mask``, ``float_mask``, ``causal``, ``dropout``,
 ``gqa``, ``rel_activation`` (anything but identity), ``relative_symbols`` (v_rel), ``no_keys``
-(M = 0), ``no_queries`` (N = 0), ``pair_symbols`` (v_pair).
+(M = 0), ``no_queries`` (N = 0), ``pair_symbols`` (v_pair), ``saturated_mask`` (as the softmax
+family's: a backward through rows masked by a finite value below -100, float32's min;
+declared by naive and chunked).
 
 ``pair_symbols`` is not in FEATURES: backends declare ``FEATURES - {...}`` and must not gain it
 unseen. A backend that reads v_pair declares ``FEATURES | PAIR_SYMBOLS``; the family passes
@@ -23,7 +25,12 @@ import torch
 from attn_zoo.kernels.dispatch import Call, define_family
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
 from attn_zoo.kernels.softmax.family import check_mask
-from attn_zoo.kernels.softmax.masks import is_additive, lower_bottom_right, normal_causality
+from attn_zoo.kernels.softmax.masks import (
+    is_additive,
+    lower_bottom_right,
+    normal_causality,
+    saturated,
+)
 
 FEATURES = frozenset(
     {"grad", "mask", "float_mask", "causal", "dropout", "gqa", "rel_activation",
@@ -92,10 +99,12 @@ def describe_call(
 ) -> Call:  # fmt: skip
     """The `Call` a relational attention call makes (for backend choice)."""
     tensors = [t for t in (q, k, qr, kr, v, v_rel, v_pair, attn_mask) if t is not None]
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     needs = {
-        "grad": torch.is_grad_enabled() and any(t.requires_grad for t in tensors),
+        "grad": grad,
         "mask": attn_mask is not None or is_causal == "bottom_right",  # a mask once lowered
         "float_mask": is_additive(attn_mask),
+        "saturated_mask": grad and saturated(attn_mask),
         "causal": is_causal is True,
         "dropout": dropout_p > 0,
         "gqa": k.shape[1] != q.shape[1],

@@ -3,10 +3,12 @@
 Forward keeps, per query row, a running max m, a running sum l and an accumulator:
 
     m' = max(m, max_j s_ij),  l' = l e^(m - m') + sum_j e^(s_ij - m'),
-    acc' = acc e^(m - m') + sum_j e^(s_ij - m') v_j,     out = acc / l,  lse = m + log l
+    acc' = acc e^(m - m') + sum_j e^(s_ij - m') v_j,     out = acc / l
 
-and saves only q, k, v, out and lse. Backward recomputes each tile's probabilities from lse
-(p_ij = e^(s_ij - lse_i)) and uses D_i = <dout_i, out_i>:
+and saves only q, k, v, out and the row statistics (m, log l). Backward recomputes each tile's
+probabilities from them, p_ij = e^((s_ij - m_i) - log l_i) (not from lse = m + log l: where an
+additive mask holds float32's min, m is about -3.4e38 and log l vanishes in the sum), and uses
+D_i = <dout_i, out_i>:
 
     dv_j += sum_i p_ij dout_i,   ds_ij = p_ij (<dout_i, v_j> - D_i),
     dq_i += scale sum_j ds_ij k_j,   dk_j += scale sum_i ds_ij q_i
@@ -41,7 +43,13 @@ from einops import einsum, rearrange
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import group_queries
 from attn_zoo.kernels.softmax.blocks import EMPTY, FULL, block_mask
-from attn_zoo.kernels.softmax.family import BOTTOM_RIGHT, FEATURES, MODS, RECOMPUTES_MODS
+from attn_zoo.kernels.softmax.family import (
+    BOTTOM_RIGHT,
+    FEATURES,
+    MODS,
+    RECOMPUTES_MODS,
+    SATURATED_ROWS,
+)
 from attn_zoo.kernels.softmax.masks import causal_mask, is_additive, restrict
 from attn_zoo.kernels.softmax.mods import (
     MaskMod,
@@ -139,14 +147,15 @@ class Tiles:
         return (draw >= self.dropout_p).to(like.dtype) / (1 - self.dropout_p)
 
     def online_softmax(self, q, k, scale, width, values):
-        """Forward over all tiles: (out (B, Hkv, G, N, width), lse (B, Hkv, G, N)).
+        """Forward over all tiles: (out (B, Hkv, G, N, width), stats (B, Hkv, G, N, 2)), stats
+        each row's max m and log l (`probabilities` reads them).
 
         values(p, i0, i1, j0, j1) -> (B, Hkv, G, i1-i0, width) is sum_j p_ij V_ij of a tile,
-        for the tile's (dropped-out, unnormalised) weights p. Rows with no key: out 0, lse +inf
-        (so that p = exp(s - lse) = 0 in backward).
+        for the tile's (dropped-out, unnormalised) weights p. Rows with no key: out 0, m +inf
+        and log l 0 (so that their p is 0 in backward).
         """
         out = q.new_zeros(*q.shape[:-1], width)
-        lse = q.new_full(q.shape[:-1], float("inf"))
+        stats = q.new_zeros(*q.shape[:-1], 2)
         for i0, i1 in self.query_blocks():
             qi = q[..., i0:i1, :]
             m = q.new_full(qi.shape[:-1], float("-inf"))
@@ -165,8 +174,15 @@ class Tiles:
                 m = m_new
             seen = total > 0
             out[..., i0:i1, :] = acc / torch.where(seen, total, 1.0)[..., None]
-            lse[..., i0:i1] = torch.where(seen, m + torch.log(total), float("inf"))
-        return out, lse
+            stats[..., i0:i1, 0] = torch.where(seen, m, float("inf"))
+            stats[..., i0:i1, 1] = torch.where(seen, torch.log(total), 0.0)
+        return out, stats
+
+    @staticmethod
+    def probabilities(s: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:
+        """A tile's weights p_ij = e^((s_ij - m_i) - log l_i) from its scores s (..., bq, bk)
+        and its rows' `stats` (..., bq, 2) (`online_softmax`): 0 for a row that saw no key."""
+        return torch.exp((s - stats[..., 0, None]) - stats[..., 1, None])
 
     def add_mask_grad(self, dmask, ds, i0, i1, j0, j1) -> None:
         """Add a tile's score gradient ds (B, Hkv, G, bq, bk) into `dmask` (the mask's shape):
@@ -199,8 +215,8 @@ class ChunkedAttention(torch.autograd.Function):
             return einsum(p, v[:, :, j0:j1], "b h g n m, b h m d -> b h g n d")
 
         with torch.autocast(q.device.type, enabled=False):  # in the inputs' dtype, as backward
-            out, lse = tiles.online_softmax(q, k, scale, v.shape[-1], values)
-        ctx.save_for_backward(q, k, v, out, lse)
+            out, stats = tiles.online_softmax(q, k, scale, v.shape[-1], values)
+        ctx.save_for_backward(q, k, v, out, stats)
         ctx.tiles, ctx.scale = tiles, scale
         return out
 
@@ -212,7 +228,7 @@ class ChunkedAttention(torch.autograd.Function):
     @staticmethod
     def gradients(ctx, dout):
         """dq, dk, dv and the mask's gradient, from the tiles recomputed (module docstring)."""
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, stats = ctx.saved_tensors
         tiles, scale = ctx.tiles, ctx.scale
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dmask = q.new_zeros(tiles.mask_shape) if ctx.needs_input_grad[3] else None
@@ -235,7 +251,7 @@ class ChunkedAttention(torch.autograd.Function):
                     given = raw.clone() if modded else raw
                     s_graph = tiles.scores(qi, kj, scale, i0, i1, j0, j1, given)
                 s = s_graph.detach()
-                p = torch.exp(s - lse[..., i0:i1, None])
+                p = tiles.probabilities(s, stats[..., i0:i1, :])
                 if recheck:
                     total += p.sum(dim=-1)
                 dp = einsum(doi, vj, "b h g n d, b h m d -> b h g n m")
@@ -253,7 +269,7 @@ class ChunkedAttention(torch.autograd.Function):
                 if dmask is not None:
                     tiles.add_mask_grad(dmask, ds, i0, i1, j0, j1)
             if recheck and total.numel():
-                off = (total - 1).abs().masked_fill(lse[..., i0:i1] == float("inf"), 0.0)
+                off = (total - 1).abs().masked_fill(stats[..., i0:i1, 0] == float("inf"), 0.0)
                 drift = torch.maximum(drift, off.max())
         if recheck and drift > RECOMPUTED_DRIFT:
             raise RuntimeError(
@@ -273,7 +289,7 @@ class ChunkedAttention(torch.autograd.Function):
     tier="chunked",
     priority=10,
     capabilities=Capabilities(
-        (FEATURES - RECOMPUTES_MODS) | BOTTOM_RIGHT | MODS,
+        (FEATURES - RECOMPUTES_MODS) | BOTTOM_RIGHT | MODS | SATURATED_ROWS,
         why={
             "impure_mod": "it calls the mods again in backward; a mod declaring pure = False "
             "would give other scores there",

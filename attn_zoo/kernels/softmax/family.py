@@ -10,13 +10,16 @@ Features a call may need (`describe_call`): ``grad``, ``mask``, ``float_mask`` (
 mask), ``causal``, ``dropout``, ``dv_ne_dk`` (value width != key width), ``gqa`` (fewer kv heads
 than query heads), ``narrow_heads`` (a key or value head width below 16), ``score_mod`` (a score
 mod, mods.py), ``impure_mod`` (a mod declaring pure = False, in a call with a backward: served
-only by backends calling it once per tile, in the forward) and ``mod_grad`` (a score mod
+only by backends calling it once per tile, in the forward), ``mod_grad`` (a score mod
 capturing a tensor that requires grad: served only where that tensor gets its gradient; see
-`mod_features`). A mask mod is a ``mask`` call: backends declaring ``mask_mod`` (naive,
-chunked, sdpa) take it as is, the others as its materialised boolean mask (`lower_call`). A
-bottom-right causal call with N != M is described as a ``mask`` call; backends declaring
-``bottom_right`` (chunked) take it as is_causal="bottom_right", the others as an explicit mask
-(masks.lower_bottom_right).
+`mod_features`) and ``saturated_mask`` (a backward through an additive mask with a row whose
+every key is masked by a finite value below -100, float32's min say: masks.saturated; served
+by naive and chunked, which keep the row max and log l apart; SDPA's kernels keep
+lse = m + log l and give such a row twice its gradient at float32's min). A mask mod is a
+``mask`` call: backends declaring ``mask_mod`` (naive, chunked, sdpa) take it as is, the others
+as its materialised boolean mask (`lower_call`). A bottom-right causal call with N != M is
+described as a ``mask`` call; backends declaring ``bottom_right`` (chunked) take it as
+is_causal="bottom_right", the others as an explicit mask (masks.lower_bottom_right).
 """
 
 import torch
@@ -27,6 +30,7 @@ from attn_zoo.kernels.softmax.masks import (
     lower_bottom_right,
     normal_causality,
     restrict,
+    saturated,
 )
 from attn_zoo.kernels.softmax.mods import (
     MaskMod,
@@ -48,6 +52,7 @@ NARROW = 16  # a head width below this is "narrow_heads" (FlexAttention's kernel
 LOW_AND_SINGLE = frozenset({torch.float16, torch.bfloat16, torch.float32})
 BOTTOM_RIGHT = frozenset({"bottom_right"})  # declared by backends taking it without a mask
 MODS = frozenset({"score_mod", "mask_mod"})  # declared by backends applying mods themselves
+SATURATED_ROWS = frozenset({"saturated_mask"})  # declared by backends keeping m and log l apart
 
 
 def check_mask(attn_mask, q, k) -> torch.Tensor | None:
@@ -133,6 +138,7 @@ def describe_call(
         "mask": attn_mask is not None or is_causal == "bottom_right" or mask_mod is not None,
         "score_mod": score_mod is not None,
         "float_mask": is_additive(attn_mask),
+        "saturated_mask": grad and saturated(attn_mask),
         "causal": is_causal is True,
         "dropout": dropout_p > 0,
         "dv_ne_dk": v.shape[-1] != k.shape[-1],

@@ -41,6 +41,23 @@ def is_additive(mask: torch.Tensor | None) -> bool:
     return mask is not None and mask.dtype != torch.bool
 
 
+SATURATED = -100.0  # a row whose largest additive mask value is below this is "saturated"
+
+
+def saturated(mask: torch.Tensor | None) -> bool:
+    """True where an additive `mask` has a row whose every key is masked by a finite value
+    below `SATURATED` (transformers' float32 min, BERT's -10000): such a row's softmax is that
+    of scores shifted by a huge constant, and a kernel keeping only lse = m + log l for its
+    backward loses log l beside m (float32: |m| 2^-24 each; 2x the gradient at float32's min).
+    Under torch.compile (no data-dependent answer there) every additive mask counts."""
+    if not is_additive(mask) or mask.numel() == 0:
+        return False
+    if torch.compiler.is_compiling():
+        return True
+    top = mask.detach().amax(dim=-1)
+    return bool(((top < SATURATED) & top.isfinite()).any())
+
+
 def restrict(mask: torch.Tensor | None, allowed: torch.Tensor) -> torch.Tensor:
     """`mask` (bool, float or None) further restricted to the boolean `allowed`."""
     if mask is None:

@@ -4,7 +4,10 @@ Routed around the CPU flash kernel's limits so that it serves every call:
 - unequal key / value head widths: q, k and v are zero-padded to one width (zeros change no
   dot product) and the output is cut back;
 - a mask together with is_causal: the math path rejects both, so the causal mask is merged in
-  (float masks are cast to the inputs' dtype, as SDPA requires);
+  (float masks are cast to the inputs' dtype, as SDPA requires; a float mask of a wider dtype
+  than the inputs, float32 with float16 ones, runs the call in its dtype instead, as naive's
+  scores + mask promotes: the cast would turn float32's min, transformers' masked value, into
+  -inf and a row of it into an empty one);
 - rows that see no key are unmasked for the kernel and zeroed after (the contract's zeros).
 Grouped kv heads are repeated to the query heads.
 
@@ -99,6 +102,11 @@ def _no_keys(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask) -> to
 def _dense(q, k, v, attn_mask, is_causal: bool, scale: float, dropout_p: float) -> torch.Tensor:
     """One SDPA call over every key of `k` and `v`, routed around the kernel's limits (module
     docstring)."""
+    wide = torch.promote_types(q.dtype, attn_mask.dtype) if is_additive(attn_mask) else q.dtype
+    if wide != q.dtype:  # a float mask wider than the inputs (float32 with half ones): in its
+        # dtype, as naive's scores + mask is; cast to q's, float32's min would become -inf
+        args = (t.to(wide) for t in (q, k, v))
+        return _dense(*args, attn_mask, is_causal, scale, dropout_p).to(q.dtype)
     k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
     dk, dv = q.shape[-1], v.shape[-1]
     width = max(dk, dv)
