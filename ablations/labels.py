@@ -4,6 +4,7 @@ uses it too).
     visible("std\u202eevil")   -> "std<U+202E>evil"   (bidirectional controls as code points)
     short_label(text, 60)      -> at most 60 characters: start, "…#" and 6 hex of its SHA-256
     terminal_text("a\x1b[31m") -> "a\\x1b[31m"       (control characters as escapes; shortened)
+    csv_text("=HYPERLINK(1)")  -> "'=HYPERLINK(1)"    (a CSV cell a spreadsheet shows as text)
 """
 
 from __future__ import annotations
@@ -47,3 +48,26 @@ def one_line(err: BaseException, limit: int = 200) -> str:
     lines = str(err).strip().splitlines()
     text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what makes a spreadsheet read a formula
+
+
+def csv_text(value: object) -> object:
+    """`value` for a CSV cell: a text that a spreadsheet would read as a formula (starting with
+    = + - @, a tab or a carriage return) behind a "'", and so a text starting with "'" (one
+    "'" taken off gives the text back, as ablations.results.cells_file reads it), its line breaks as
+    newlines (a bare carriage return would end the row); numbers, a lone '-' and texts of a
+    number (e.g. '-0.5') as they are."""
+    if not isinstance(value, str):
+        return value
+    text = value.replace("\r\n", "\n").replace("\r", "\n")
+    if value.startswith("'"):
+        return "'" + text
+    if not value.startswith(FORMULA_START) or value == "-":
+        return text
+    try:
+        float(value)
+    except ValueError:
+        return "'" + text
+    return text

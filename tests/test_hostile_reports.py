@@ -323,7 +323,7 @@ def test_labels_are_plain_text_in_markdown_csvs_and_plots(tmp_path):
     from matplotlib.image import imread
 
     from ablations.grid.schema import Selection
-    from ablations.report.pages import FORMULA_START, short_label
+    from ablations.labels import FORMULA_START, short_label
 
     store = ResultsStore(tmp_path / "hostile.sqlite")
     mechanisms = {LINK: FORMULAS, LONG: [LONG + "a", LONG + "b"]}

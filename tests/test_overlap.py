@@ -57,3 +57,13 @@ def test_the_command_writes_a_row_per_task_setting_seed_split_and_class(tmp_path
     }
     assert len(rows) == 6 * 4
     assert all(r["seen"] == r["n"] and float(r["fraction"]) == 1.0 for r in rows)
+
+
+def test_a_label_a_spreadsheet_would_run_is_written_as_text(tmp_path):
+    """The eleventh hostile pass: a task label '=HYPERLINK(...)' went into the CSV as it is."""
+    label = '=HYPERLINK("http://x", "y")'
+    path = tiny_grid(tmp_path, seeds=[0], tasks=[{**SAME_PAIR, "label": label}])
+    out = tmp_path / "overlap.csv"
+    assert main([str(path), "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert rows and {r["task"] for r in rows} == {"'" + label}

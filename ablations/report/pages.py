@@ -51,7 +51,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ablations.labels import CONTROL, short_label, visible
+from ablations.labels import CONTROL, csv_text, short_label, visible
 
 
 def label_colours(labels: Iterable[str]) -> dict[str, tuple]:
@@ -173,29 +173,6 @@ def writable_folder(option: str, folder: str | Path) -> Path:
             f"{option} {folder}: cannot write files there ({err.strerror or err})"
         ) from None
     return path
-
-
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what makes a spreadsheet read a formula
-
-
-def csv_text(value: object) -> object:
-    """`value` for a CSV cell: a text that a spreadsheet would read as a formula (starting with
-    = + - @, a tab or a carriage return) behind a "'", and so a text starting with "'" (one
-    "'" taken off gives the text back, as ablations.results.cells_file reads it), its line breaks as
-    newlines (a bare carriage return would end the row); numbers, a lone '-' and texts of a
-    number (e.g. '-0.5') as they are."""
-    if not isinstance(value, str):
-        return value
-    text = value.replace("\r\n", "\n").replace("\r", "\n")
-    if value.startswith("'"):
-        return "'" + text
-    if not value.startswith(FORMULA_START) or value == "-":
-        return text
-    try:
-        float(value)
-    except ValueError:
-        return "'" + text
-    return text
 
 
 def write_csv(frame: pd.DataFrame, path: Path) -> None:

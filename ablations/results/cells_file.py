@@ -12,7 +12,7 @@ PNG files they name (its attention.json: a report from a cells.csv cannot draw m
 carries these over), None without one; `axes()`: the grids' axes the provenance.json beside it
 records (results/axes.py; {} for a report written before it did).
 Every value comes back as the store held it: a text as written
-(ablations.report.pages.csv_text's leading "'" taken off), whole numbers as ints, other numbers
+(ablations.labels.csv_text's leading "'" taken off), whole numbers as ints, other numbers
 as floats, True and False as bools, lists as lists, an environment's tables (data, plugins) as
 dicts, a config's keys sorted at every level and an empty config cell as the empty text where
 that makes the config hash to the row's key (a CSV cell cannot tell "" from missing); a

@@ -6,8 +6,9 @@ for a classification task (a model may score those by memory, not by what the ta
 
     python -m ablations.run.overlap GRID [--set KEY=VALUE ...] --out CSV
 
-One CSV row per (task, task setting, seed, split, class): columns task, task_kwargs (JSON,
-keys sorted), seed, split, class ("all" where a task's targets are not one class per
+One CSV row per (task, task setting, seed, split, class): columns task (a label a spreadsheet
+would run as a formula behind a "'", as the reports' CSVs write it), task_kwargs (JSON, keys
+sorted), seed, split, class ("all" where a task's targets are not one class per
 example), n, seen, fraction (seen / n; empty where n is 0). The data is made as training makes
 it (`Task.splits(seed)`: ablations.run.train), so a CSV written here describes the cells.
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 from torch import Tensor
 
 from ablations.grid.spec import load_grid
+from ablations.labels import csv_text
 from ablations.tasks.registry import Split, Task
 
 FIELDS = ("task", "task_kwargs", "seed", "split", "class", "n", "seen", "fraction")
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, FIELDS)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: csv_text(v) for k, v in row.items()} for row in rows)
     print(f"wrote {len(rows)} rows to {args.out}")
     return 0
 
