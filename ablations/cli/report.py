@@ -86,6 +86,8 @@ def report(args: argparse.Namespace) -> int:
             spec = load_grid(args, grid, here=False)
             selection, lead = spec.selection, spec.file.report
         store, name = _cells_source(args, source), source.parent.name
+        if grid is not None:
+            keys = _planned(spec, store, grid)
     else:
         import_plugins(args)
         store, name = source, source.stem
@@ -118,6 +120,22 @@ def report(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as err:  # a folder that is not a report, a store unreadable
         raise SystemExit(f"error: {err}") from None
     return 0
+
+
+def _planned(spec, cells, grid: Path) -> dict | None:
+    """The cells of `grid` (`spec`) by key, so that those the cells.csv `cells` lacks are
+    listed and counted as not run, as a report of the grid lists them; None where a cell of
+    the cells.csv is none of the grid's (a grid changed since: a note says no cell is listed
+    as not run)."""
+    from ablations.run.search import trial_spec
+
+    planned = {cell.key: cell.config() for cell in trial_spec(spec).cells}
+    others = {row["key"] for row in cells.rows()} - planned.keys()
+    if not others:
+        return planned
+    print(f"note: {len(others)} cells of the cells.csv are not cells of {grid} as it is now "
+          "(changed since?): the report lists none of its cells as not run")  # fmt: skip
+    return None
 
 
 def _cells_source(args: argparse.Namespace, source: Path):

@@ -207,21 +207,22 @@ def varying_per_task(cells: pd.DataFrame, keys: list[str]) -> dict[str, list[str
 def select(
     cells: pd.DataFrame, over: list[str], metric: str, reported: str, finite: tuple[str, ...] = ()
 ) -> pd.DataFrame:
-    """The best setting of the axes `over` per (task, size, mechanism, other axes). `cells`:
-    one row per cell with task, size, mechanism, seed, status, the axis columns and the
-    metrics. A setting is eligible when every seed of its group has a cell at it, done, with a
-    finite `metric` (and finite `finite` metrics: pass every reported metric, so that each
-    gets the same settings); the chosen one has the best mean `metric` among them. Returns one
-    row per group: its labels, `others` (the other axes' setting), `best` (the chosen setting
-    of `over`; '-' for none), `candidates` (settings eligible), `settings` (settings tried),
-    `excluded` (why the others are not eligible, e.g. "training.lr=1e+30: 1 of 3 seeds
-    diverged"; '' for none), the chosen setting's mean `metric` (`chosen_on`), the `reported`
-    metric's mean, low, high and n, its cells' `seeds` and `rows` (index labels of `cells`),
-    `edge` (`sweep_edge`: where the choice lies on the edge of the sweep; '' where a setting
-    tied with it does not), `tied` (the other eligible settings with the same mean `metric`,
-    '; '-joined: the choice among them is the first tried, no better) and `unfinished` (the
-    group's cells at any setting still running or not run: the choice may change).
-    ValueError where `cells` holds two cells of one seed (`repeated_seed`)."""
+    """The best setting of the axes `over` per (task, size, mechanism, other axes). `cells`: one
+    row per cell with task, size, mechanism, seed, status, the axis columns and the metrics. A
+    setting is eligible when every seed of its group has a cell at it, done, with a finite
+    `metric` (and finite `finite` metrics: pass every reported metric, so that each gets the
+    same settings); the chosen one has the best mean `metric` among them. Returns one row per
+    group: its labels, `others` (the other axes' setting), `best` (the chosen setting of `over`;
+    '-' for none), `candidates` (settings eligible), `settings` (settings tried), `excluded`
+    (why the others are not eligible, e.g. "training.lr=1e+30: 1 of 3 seeds diverged"; '' for
+    none), the chosen setting's mean `metric` (`chosen_on`), the `reported` metric's mean, low,
+    high and n, its cells' `seeds` and `rows` (index labels of `cells`), `held` (the seeds the
+    group holds a cell of, at any setting), `edge` (`sweep_edge`: where the choice lies on the
+    edge of the sweep; '' where a setting tied with it does not), `tied` (the other eligible
+    settings with the same mean `metric`, '; '-joined: the choice among them is the first tried,
+    no better) and `unfinished` (the group's cells at any setting still running or not run: the
+    choice may change). ValueError where `cells` holds two cells of one seed (`repeated_seed`).
+    """
     repeated = repeated_seed(cells)
     if repeated:
         raise ValueError(f"select: two cells of one seed, {repeated}: a seed counts once")
@@ -253,7 +254,8 @@ def select(
         row = dict(zip(GROUP + others, labels, strict=True))
         row["others"] = setting_text(pd.Series(row), shown[row["task"]])
         row.update(candidates=eligible, settings=tried, excluded="; ".join(excluded),
-                   unfinished=int(group.status.isin(NOT_FINISHED).sum()))  # fmt: skip
+                   unfinished=int(group.status.isin(NOT_FINISHED).sum()),
+                   held=tuple(sorted(seeds)))  # fmt: skip
         if best is None:
             missing = dict.fromkeys(("chosen_on", "mean", "low", "high"), math.nan)
             rows.append(row | missing | {"best": "-", "n": 0, "edge": "", "tied": ""})
@@ -382,8 +384,10 @@ def paired(
     and, with an equivalence `margin` (in `reported`'s units), the TOST p-value (`tost_p`;
     NaN without), `reported` (the metric: which sign of the difference is better) and
     `incomplete`: where a cell of either mechanism there (at any setting) is still running or
-    not run, e.g. "a: 2 cells running or not run", and then no p-value (no test: its best
-    setting may yet change); '' where both are complete; `why` a row has no test (n < 2): ''
+    not run, e.g. "a: 2 cells running or not run", or one holds no cell of a seed the other
+    holds in the task (a store whose grid's missing cells were not listed: "a: no cell of
+    seed 2, which the other has (not run)"), and then no p-value (no test: its best setting
+    may yet change); '' where both are complete; `why` a row has no test (n < 2): ''
     where it has one, "b: no eligible setting (training.lr=0.001: 3 of 3 seeds diverged;
     ...)" (`select`'s `excluded`), "n < 2: no test", "no seed both finished". Where `selected`
     has no row of a or b there, no row. ValueError where the cells of a mechanism's chosen
@@ -403,9 +407,13 @@ def paired(
         both = runs[a].index.intersection(runs[b].index)
         differences = runs[a][both] - runs[b][both]
         mean, low, high, n = interval(differences)
+        lacking = {m: sorted(set(by[o].held) - set(by[m].held)) for m, o in ((a, b), (b, a))}
         incomplete = "; ".join(
-            f"{m}: {by[m].unfinished} cells running or not run" for m in (a, b) if by[m].unfinished
-        )
+            [f"{m}: {by[m].unfinished} cells running or not run" for m in (a, b)
+             if by[m].unfinished]
+            + [f"{m}: no cell of seed {', '.join(map(str, lacking[m]))}, which the other has "
+               "(not run)" for m in (a, b) if lacking[m]]
+        )  # fmt: skip
         tested = not incomplete and margin is not None
         why = [f"{m}: no eligible setting ({by[m].excluded})" for m in (a, b) if not by[m].n]
         if not why and n < 2:

@@ -80,7 +80,7 @@ def selection_section(cells: pd.DataFrame, selection: Selection, folder: Path) -
     )
     write_csv(
         pd.concat([c.assign(reported=name) for name, c in chosen.items()]).drop(
-            columns=["seeds", "rows"], errors="ignore"
+            columns=["seeds", "rows", "held"], errors="ignore"
         ),
         new_file(folder, "selection.csv"),
     )
