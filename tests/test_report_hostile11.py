@@ -51,6 +51,7 @@ def test_a_cells_csv_rebuilt_with_its_grid_lists_the_grids_cells_it_lacks_as_not
     assert main(["report", cells, "--grid", str(path), "--out", str(rebuilt)]) == 0
     (row,) = pd.read_csv(rebuilt / "paired.csv").itertuples()
     assert row.incomplete == "rel: 1 cells running or not run"
-    assert "not run: a cell of the grid that the store does not hold" in (
-        rebuilt / "report.md"
-    ).read_text()
+    assert (
+        "not run: a cell of the grid that the store does not hold"
+        in (rebuilt / "report.md").read_text()
+    )
