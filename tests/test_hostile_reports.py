@@ -455,8 +455,11 @@ def test_a_nan_result_is_never_selected_and_every_dash_says_why(tmp_path):
     assert "stored done with a non-finite val_loss, test_loss: counted as diverged" in details
     assert "loss diverged at step 3" in details
     pairs = pd.read_csv(tmp_path / "page" / "paired.csv")
-    assert list(pairs.b) == ["one", "nan_only"] and list(pairs.n) == [1, 0]  # nan_only: no
-    assert list(pairs.verdict) == ["-", "-"]  # setting to pair: its row says why
+    assert list(pairs.b) == ["one", "nan_only"] and list(pairs.n) == [1, 0]
+    assert list(pairs.verdict) == [  # one ran seed 0 only: incomplete, naming the seeds;
+        "incomplete (one: no cell of seed 1, 2, which the other has (not run)): no verdict yet",
+        "-",  # nan_only: no setting to pair: its row says why
+    ]
 
 
 # Cells compared with different settings ---------------------------------------------------

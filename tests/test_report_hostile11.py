@@ -55,3 +55,26 @@ def test_a_cells_csv_rebuilt_with_its_grid_lists_the_grids_cells_it_lacks_as_not
         "not run: a cell of the grid that the store does not hold"
         in (rebuilt / "report.md").read_text()
     )
+
+
+def test_a_verdict_resting_on_a_tie_in_the_selection_says_so():
+    """rel's validation accuracy ties at two rates; the first tried (test 0.508) was taken
+    over the other (0.962) and the verdict read "std ahead on every seed" with no caveat (the
+    tie showed in the selection table only): the verdict and paired.csv now name the tie."""
+    low = cells_of({"rel": [0.5, 0.5, 0.5], "std": [0.9, 0.9, 0.9]})
+    high = cells_of({"rel": [0.5, 0.5, 0.5]}).assign(**{"training.lr": "0.01"})
+    cells = pd.concat([low, high], ignore_index=True)
+    cells["key"] = [f"cell{i}" for i in range(len(cells))]
+    cells["test_acc"] = [0.508, 0.51, 0.506, 0.9, 0.91, 0.9, 0.962, 0.96, 0.963]
+    chosen = select(cells, ["training.lr"], "val_acc", "test_acc")
+    (row,) = verdicts(paired(cells, chosen, "rel", "std", "test_acc")).itertuples()
+    assert row.tied == "rel at training.lr=0.001 tied with training.lr=0.01"
+    assert row.verdict.startswith("std ahead")
+    assert row.verdict.endswith(
+        "; rests on a tie in the selection (rel at training.lr=0.001 tied with "
+        "training.lr=0.01: the first tried is taken)"
+    )
+    untied = cells.assign(val_acc=cells.val_acc.where(cells.index < 6, 0.4))
+    (row,) = verdicts(paired(untied, select(untied, ["training.lr"], "val_acc", "test_acc"),
+                             "rel", "std", "test_acc")).itertuples()  # fmt: skip
+    assert row.tied == "" and "tie" not in row.verdict

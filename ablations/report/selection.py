@@ -342,7 +342,7 @@ ALPHA = 0.05  # the family-wise error rate of a report's verdicts
 POWER = 0.8  # the chance of detecting a difference the size of `detectable_effect`
 PAIRED_COLUMNS = [
     "task", "size", "others", "a", "b", "mean", "low", "high", "n", "sd", "p", "tost_p",
-    "reported", "incomplete", "why",
+    "reported", "incomplete", "why", "tied",
 ]  # fmt: skip
 
 
@@ -387,7 +387,10 @@ def paired(
     not run, e.g. "a: 2 cells running or not run", or one holds no cell of a seed the other
     holds in the task (a store whose grid's missing cells were not listed: "a: no cell of
     seed 2, which the other has (not run)"), and then no p-value (no test: its best setting
-    may yet change); '' where both are complete; `why` a row has no test (n < 2): ''
+    may yet change); '' where both are complete; `tied`: where either mechanism's chosen
+    setting ties with another (`select`'s `tied`: the first tried is taken, so the verdict may
+    rest on that order), "a at training.lr=0.001 tied with training.lr=0.01"; `why` a row has
+    no test (n < 2): ''
     where it has one, "b: no eligible setting (training.lr=0.001: 3 of 3 seeds diverged;
     ...)" (`select`'s `excluded`), "n < 2: no test", "no seed both finished". Where `selected`
     has no row of a or b there, no row. ValueError where the cells of a mechanism's chosen
@@ -424,6 +427,8 @@ def paired(
             "p": math.nan if incomplete else t_test_p(differences),
             "tost_p": tost_p(differences, margin) if tested else math.nan,
             "reported": reported, "incomplete": incomplete, "why": "; ".join(why),
+            "tied": "; ".join(f"{m} at {by[m].best} tied with {by[m].tied}"
+                              for m in (a, b) if getattr(by[m], "tied", "")),
         })  # fmt: skip
     return pd.DataFrame(rows, columns=PAIRED_COLUMNS)
 
@@ -444,7 +449,8 @@ def verdicts(
     no difference; "incomplete (...)" where the row is `incomplete`; "-" where n < 2 (no
     test); where every seed gives the same difference (`no_spread`, up to float rounding: a
     ceiling, a discrete metric), "identical on every seed" or "<a> ahead on every seed by the
-    same d" and a detectable effect of 0, never a p-value's verdict or a detectable ±0."""
+    same d" and a detectable effect of 0, never a p-value's verdict or a detectable ±0. A verdict
+    of a row whose selection `tied` ends "; rests on a tie in the selection (...)"."""
     p_holm, tost_holm = holm(pairs.p), holm(pairs.tost_p)
     level = ALPHA / max(int(pairs.p.notna().sum()), 1)
     flat = [no_spread(row.sd, row.mean) for row in pairs.itertuples()]
@@ -479,5 +485,11 @@ def verdicts(
             words.append(f"underpowered (detectable ±{d:.3g} > ±{effect:g} of interest)")
         else:
             words.append(f"no clear difference (detectable ±{d:.3g})")
+    words = [
+        f"{word}; rests on a tie in the selection ({row.tied}: the first tried is taken)"
+        if getattr(row, "tied", "") and not row.incomplete and word != "-"
+        else word
+        for word, row in zip(words, pairs.itertuples(), strict=True)
+    ]
     return pairs.assign(p_holm=p_holm, tost_p_holm=tost_holm, detectable=detectable,
                         verdict=words)  # fmt: skip
