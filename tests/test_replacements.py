@@ -25,7 +25,7 @@ pytest.importorskip("peft")
 from ablations.cli import main  # noqa: E402
 from ablations.grid.cell_model import build_cell_model  # noqa: E402
 from ablations.grid.spec import load_grid  # noqa: E402
-from ablations.grid.teacher import load_teacher  # noqa: E402
+from ablations.grid.teacher import load_teacher, recovered  # noqa: E402
 from ablations.results.store import ResultsStore  # noqa: E402
 from ablations.run import export  # noqa: E402
 from ablations.run.export import export_cell  # noqa: E402
@@ -390,3 +390,14 @@ def test_export_refuses_a_cell_whose_teacher_config_changed_since_it_trained(tmp
     assert f"changed: {config.resolve()}" in str(exited.value)
     assert "trained on the data files {config.json: " in str(exited.value)
     assert not (tmp_path / "teacher").exists()
+
+
+def test_recovered_is_not_recorded_for_a_teacher_barely_better_than_uniform_guessing():
+    """The eleventh hostile pass: a teacher 1e-4 nats below log V gave test_recovered of +-100
+    (1e-6 nats: +-1e4), recorded without a note. Under 1% of log V there is none."""
+    uniform = math.log(VOCAB)
+    assert recovered(uniform - 0.5, uniform - 1e-4, VOCAB) is None
+    assert recovered(uniform - 0.5, uniform - 0.0099 * uniform, VOCAB) is None
+    teacher = uniform - 0.02 * uniform  # 2% below: recorded, the formula's value
+    assert recovered(uniform - 0.01 * uniform, teacher, VOCAB) == pytest.approx(0.5)
+    assert recovered(teacher, teacher, VOCAB) == 1.0

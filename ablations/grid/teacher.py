@@ -366,13 +366,18 @@ def train_only(model: nn.Module, stage: Stage) -> None:
         param.requires_grad_(name in stage.trains)
 
 
+MIN_GAIN = 0.01  # a teacher's least gain over uniform guessing, a share of log V, for `recovered`
+
+
 def recovered(loss: float, teacher_loss: float, vocab_size: int) -> float | None:
     """The fraction of the teacher's quality a model recovers: (log V - loss) / (log V -
     teacher_loss), both mean losses (nats per token) on one split, V the vocabulary size: the
     share of the teacher's gain over guessing uniformly (log V nats) that the model keeps; 1:
-    the teacher's loss, 0: uniform guessing, below 0: worse. None where the teacher is no
-    better than uniform guessing (the fraction would mean nothing)."""
+    the teacher's loss, 0: uniform guessing, below 0: worse. None where the teacher's gain is
+    below `MIN_GAIN` of log V (no better than uniform guessing, or barely: the fraction would
+    mean nothing, each nat of the model's loss moving it by 1 / gain: +-100 at a gain of
+    1e-4 nats)."""
     uniform = math.log(vocab_size)
-    if not teacher_loss < uniform:
+    if not uniform - teacher_loss >= MIN_GAIN * uniform:
         return None
     return (uniform - loss) / (uniform - teacher_loss)

@@ -441,8 +441,8 @@ def train_cell(
             tests["teacher_test_loss"] = reference["loss"]
             share = recovered(tests["test_loss"], tests["teacher_test_loss"], task.vocab_size)
             if share is None:
-                notes.append("test_recovered not recorded: the teacher's test loss is no lower "
-                              "than uniform guessing's (log vocab_size)")  # fmt: skip
+                notes.append("test_recovered not recorded: the teacher's test loss is not 1% "
+                             "below uniform guessing's (log vocab_size)")  # fmt: skip
             else:
                 tests["test_recovered"] = share
         if all(math.isfinite(v) for v in (val_loss, val_metric, *tests.values())):
