@@ -356,11 +356,12 @@ def test_constant_when_compiled_is_torchs_assume_constant_result():
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "chunked", "naive"])
-def test_a_mask_mod_compiles_with_its_block_mask_derived_eagerly(backend):
+def test_a_mask_mod_compiles_with_its_block_mask_classified_in_the_graph(backend):
     """The eleventh hostile pass: compiling a model whose attention has a mask mod failed on
     sdpa and chunked (Dynamo traced into the block-mask cache, whose keys hold code objects:
-    "SyntaxError: invalid syntax"). The block mask is now derived outside the graph (a graph
-    break: no fullgraph), outputs and gradients as eager."""
+    "SyntaxError: invalid syntax"). Under compile the cache is skipped and the tiles are
+    classified in the graph (the Python loop over them breaks it: no fullgraph), outputs and
+    gradients as eager."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     window = {"name": "sliding_window", "window": 5}

@@ -29,7 +29,7 @@ from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
 from attn_zoo.kernels.relational.family import FEATURES, PAIR_SYMBOLS
 from attn_zoo.kernels.relational.naive import default_scales, relative_index
 from attn_zoo.kernels.softmax.chunked import BLOCK, Tiles
-from attn_zoo.kernels.softmax.family import BOTTOM_RIGHT, SATURATED_ROWS
+from attn_zoo.kernels.softmax.family import BOTTOM_RIGHT
 from attn_zoo.kernels.softmax.naive import upcast_half
 
 
@@ -208,7 +208,7 @@ class ChunkedRelationalAttention(torch.autograd.Function):
     "chunked",
     tier="chunked",
     priority={"cpu": 40, "cuda": 10},
-    capabilities=Capabilities(FEATURES | PAIR_SYMBOLS | BOTTOM_RIGHT | SATURATED_ROWS),
+    capabilities=Capabilities(FEATURES | PAIR_SYMBOLS | BOTTOM_RIGHT),
     block_sizes=(BLOCK,),
 )
 def chunked(

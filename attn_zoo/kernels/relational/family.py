@@ -12,8 +12,8 @@ declared by backends that take bottom-right causality without a mask). Features 
 need (`describe_call`): ``grad``, ``mask``, ``float_mask``, ``causal``, ``dropout``,
 ``gqa``, ``rel_activation`` (anything but identity), ``relative_symbols`` (v_rel), ``no_keys``
 (M = 0), ``no_queries`` (N = 0), ``pair_symbols`` (v_pair), ``saturated_mask`` (as the softmax
-family's: a backward through rows masked by a finite value below -100, float32's min;
-declared by naive and chunked).
+family's: a backward through rows masked by a finite value below -100, float32's min; sdpa's
+value augmentation declines it).
 
 ``pair_symbols`` is not in FEATURES: backends declare ``FEATURES - {...}`` and must not gain it
 unseen. A backend that reads v_pair declares ``FEATURES | PAIR_SYMBOLS``; the family passes
@@ -34,7 +34,7 @@ from attn_zoo.kernels.softmax.masks import (
 
 FEATURES = frozenset(
     {"grad", "mask", "float_mask", "causal", "dropout", "gqa", "rel_activation",
-     "relative_symbols", "no_keys", "no_queries"}
+     "relative_symbols", "no_keys", "no_queries", "saturated_mask"}
 )  # fmt: skip
 PAIR_SYMBOLS = frozenset({"pair_symbols"})
 

@@ -21,7 +21,6 @@ from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import repeat_kv
 from attn_zoo.kernels.relational.activations import REL_ACTIVATIONS
 from attn_zoo.kernels.relational.family import FEATURES, PAIR_SYMBOLS
-from attn_zoo.kernels.softmax.family import SATURATED_ROWS
 from attn_zoo.kernels.softmax.naive import attention_weights, upcast_half
 
 
@@ -96,7 +95,7 @@ def aggregate(
     "naive",
     tier="naive",
     priority=0,
-    capabilities=Capabilities(FEATURES | PAIR_SYMBOLS | SATURATED_ROWS),
+    capabilities=Capabilities(FEATURES | PAIR_SYMBOLS),
 )
 def naive(
     q: torch.Tensor,  # (B, H, N, dk) attention queries

@@ -18,6 +18,7 @@ from einops import einsum, rearrange, repeat
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.relational.family import FEATURES
 from attn_zoo.kernels.relational.naive import default_scales
+from attn_zoo.kernels.softmax.family import SATURATED_WHY
 from attn_zoo.kernels.softmax.sdpa import sdpa
 
 
@@ -28,8 +29,9 @@ from attn_zoo.kernels.softmax.sdpa import sdpa
     tier="fused",
     priority=30,
     capabilities=Capabilities(
-        FEATURES - {"rel_activation", "relative_symbols"},
+        FEATURES - {"rel_activation", "relative_symbols", "saturated_mask"},
         why={
+            "saturated_mask": SATURATED_WHY,
             "rel_activation": "value augmentation is exact only for identity rel_activation",
             "relative_symbols": "value augmentation needs absolute symbols",
         },

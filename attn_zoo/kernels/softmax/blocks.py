@@ -44,18 +44,20 @@ EMPTY, PARTIAL, FULL = 0, 1, 2
 _CACHE: OrderedDict[tuple, tuple[torch.Tensor, list[torch.Tensor]]] = OrderedDict()
 
 
-@torch.compiler.disable  # run eagerly under torch.compile: its cache keys hold code objects
 def block_mask(
     mask_mod: MaskMod, b: int, h: int, n: int, m: int, block: int, device
 ) -> torch.Tensor:  # (ceil(N / block), ceil(M / block)) int8 on the CPU
     """The tile classes (EMPTY, PARTIAL, FULL: module docstring) of `mask_mod` over batch `b`,
     heads `h`, `n` queries and `m` keys in tiles of `block`; cached by `mod_key` (a copy is
-    returned). ValueError for a `block` that is not a positive int. Under torch.compile it
-    runs eagerly (a graph break), as the tile loops it steers are Python."""
+    returned). ValueError for a `block` that is not a positive int. Under torch.compile the
+    cache is not read (its keys hold code objects, which Dynamo cannot trace): the graph
+    classifies the tiles."""
     if not isinstance(block, int) or isinstance(block, bool) or block <= 0:
         raise ValueError(f"block={block!r}: must be a positive int (queries and keys per tile)")
     if not is_pure(mask_mod):
         return torch.full((-(-n // block), -(-m // block)), PARTIAL, dtype=torch.int8)
+    if torch.compiler.is_compiling():
+        return classify(mask_mod, b, h, n, m, block, device)
     tensors: list[torch.Tensor] = []
     key = mod_key(mask_mod, tensors)
     if key is None:

@@ -48,7 +48,6 @@ from attn_zoo.kernels.softmax.family import (
     FEATURES,
     MODS,
     RECOMPUTES_MODS,
-    SATURATED_ROWS,
 )
 from attn_zoo.kernels.softmax.masks import causal_mask, is_additive, restrict
 from attn_zoo.kernels.softmax.mods import (
@@ -289,7 +288,7 @@ class ChunkedAttention(torch.autograd.Function):
     tier="chunked",
     priority=10,
     capabilities=Capabilities(
-        (FEATURES - RECOMPUTES_MODS) | BOTTOM_RIGHT | MODS | SATURATED_ROWS,
+        (FEATURES - RECOMPUTES_MODS) | BOTTOM_RIGHT | MODS,
         why={
             "impure_mod": "it calls the mods again in backward; a mod declaring pure = False "
             "would give other scores there",

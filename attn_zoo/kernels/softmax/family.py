@@ -7,19 +7,20 @@
     dropout on the attention weights.
 
 Features a call may need (`describe_call`): ``grad``, ``mask``, ``float_mask`` (an additive
-mask), ``causal``, ``dropout``, ``dv_ne_dk`` (value width != key width), ``gqa`` (fewer kv heads
-than query heads), ``narrow_heads`` (a key or value head width below 16), ``score_mod`` (a score
-mod, mods.py), ``impure_mod`` (a mod declaring pure = False, in a call with a backward: served
-only by backends calling it once per tile, in the forward), ``mod_grad`` (a score mod
-capturing a tensor that requires grad: served only where that tensor gets its gradient; see
-`mod_features`) and ``saturated_mask`` (a backward through an additive mask with a row whose
-every key is masked by a finite value below -100, float32's min say: masks.saturated; served
-by naive and chunked, which keep the row max and log l apart; SDPA's kernels keep
-lse = m + log l and give such a row twice its gradient at float32's min). A mask mod is a
-``mask`` call: backends declaring ``mask_mod`` (naive, chunked, sdpa) take it as is, the others
-as its materialised boolean mask (`lower_call`). A bottom-right causal call with N != M is
-described as a ``mask`` call; backends declaring ``bottom_right`` (chunked) take it as
-is_causal="bottom_right", the others as an explicit mask (masks.lower_bottom_right).
+mask), ``causal``, ``dropout``, ``dv_ne_dk`` (value width != key width), ``gqa`` (fewer kv
+heads than query heads), ``narrow_heads`` (a key or value head width below 16), ``score_mod``
+(a score mod, mods.py), ``impure_mod`` (a mod declaring pure = False, in a call with a
+backward: served only by backends calling it once per tile, in the forward), ``mod_grad`` (a
+score mod capturing a tensor that requires grad: served only where that tensor gets its
+gradient; see `mod_features`) and ``saturated_mask`` (a backward through an additive mask with
+a row whose every key is masked by a finite value below -100, float32's min say:
+masks.saturated; in FEATURES, so a backend of your own claims it and the testing kit checks it,
+with its "float32_min" masks; our fused backends keeping lse = m + log l decline it,
+`SATURATED_WHY`). A mask mod is a ``mask`` call: backends declaring ``mask_mod`` (naive,
+chunked, sdpa) take it as is, the others as its materialised boolean mask (`lower_call`). A
+bottom-right causal call with N != M is described as a ``mask`` call; backends declaring
+``bottom_right`` (chunked) take it as is_causal="bottom_right", the others as an explicit mask
+(masks.lower_bottom_right).
 """
 
 import torch
@@ -45,14 +46,18 @@ from attn_zoo.kernels.softmax.mods import (
 
 FEATURES = frozenset(
     {"grad", "mask", "float_mask", "causal", "dropout", "dv_ne_dk", "gqa", "narrow_heads",
-     "impure_mod", "mod_grad"}
+     "impure_mod", "mod_grad", "saturated_mask"}
 )  # fmt: skip
 RECOMPUTES_MODS = frozenset({"impure_mod", "mod_grad"})  # refused by backends calling a mod again
 NARROW = 16  # a head width below this is "narrow_heads" (FlexAttention's kernels need >= 16)
 LOW_AND_SINGLE = frozenset({torch.float16, torch.bfloat16, torch.float32})
 BOTTOM_RIGHT = frozenset({"bottom_right"})  # declared by backends taking it without a mask
 MODS = frozenset({"score_mod", "mask_mod"})  # declared by backends applying mods themselves
-SATURATED_ROWS = frozenset({"saturated_mask"})  # declared by backends keeping m and log l apart
+# why a kernel keeping only lse = m + log l per row for its backward declines saturated_mask
+SATURATED_WHY = (
+    "its backward reads lse = m + log l, which loses log l beside a row max m of a finite mask "
+    "value far below the scores (float32's min: twice the gradient); naive and chunked serve it"
+)
 
 
 def check_mask(attn_mask, q, k) -> torch.Tensor | None:

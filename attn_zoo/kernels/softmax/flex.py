@@ -18,7 +18,13 @@ import functools
 import torch
 
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
-from attn_zoo.kernels.softmax.family import FEATURES, LOW_AND_SINGLE, MODS, RECOMPUTES_MODS
+from attn_zoo.kernels.softmax.family import (
+    FEATURES,
+    LOW_AND_SINGLE,
+    MODS,
+    RECOMPUTES_MODS,
+    SATURATED_WHY,
+)
 from attn_zoo.kernels.softmax.masks import as_boolean, is_additive
 from attn_zoo.kernels.softmax.mods import MaskMod, ScoreMod, and_masks, checked_result
 
@@ -63,13 +69,14 @@ def _compiled_flex():
     priority=20,
     available=flex_missing,
     capabilities=Capabilities(
-        (FEATURES - {"dropout", "narrow_heads"} - RECOMPUTES_MODS) | MODS,
+        (FEATURES - {"dropout", "narrow_heads", "saturated_mask"} - RECOMPUTES_MODS) | MODS,
         devices=frozenset({"cuda"}),
         dtypes=LOW_AND_SINGLE,
         why={
             "cpu": CPU_REFUSAL,
             "dropout": "FlexAttention has none",
             "narrow_heads": "FlexAttention's kernels need key and value head widths >= 16",
+            "saturated_mask": SATURATED_WHY,
             "impure_mod": "its backward calls the mods again; a mod declaring pure = False "
             "would give other scores there",
             "mod_grad": "not checked here that its backward gives the tensors a score mod "

@@ -13,7 +13,7 @@ from einops import einsum
 
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import repeat_kv
-from attn_zoo.kernels.softmax.family import FEATURES, MODS, SATURATED_ROWS
+from attn_zoo.kernels.softmax.family import FEATURES, MODS
 from attn_zoo.kernels.softmax.masks import align_causal, allowed_keys, is_additive, restrict
 from attn_zoo.kernels.softmax.mods import (
     MaskMod,
@@ -74,7 +74,7 @@ def attention_weights(
     "naive",
     tier="naive",
     priority=0,
-    capabilities=Capabilities(FEATURES | MODS | SATURATED_ROWS),
+    capabilities=Capabilities(FEATURES | MODS),
 )
 def naive(
     q: torch.Tensor,  # (B, H, N, dk)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
 from attn_zoo.kernels.heads import repeat_kv
 from attn_zoo.kernels.softmax.blocks import EMPTY, FULL, block_mask
-from attn_zoo.kernels.softmax.family import FEATURES
+from attn_zoo.kernels.softmax.family import FEATURES, SATURATED_WHY
 from attn_zoo.kernels.softmax.masks import (
     allowed_keys,
     causal_mask,
@@ -44,7 +44,9 @@ BLOCK = 256  # queries (and keys) per tile of a mask mod's block mask
     "sdpa",
     tier="fused",
     priority=30,
-    capabilities=Capabilities(FEATURES | {"mask_mod"}),
+    capabilities=Capabilities(
+        (FEATURES - {"saturated_mask"}) | {"mask_mod"}, why={"saturated_mask": SATURATED_WHY}
+    ),
     block_sizes=(BLOCK,),
 )
 def sdpa(

@@ -10,7 +10,7 @@ import torch
 from einops import rearrange, repeat
 
 from attn_zoo.kernels.dispatch import Capabilities, register_backend
-from attn_zoo.kernels.softmax.family import FEATURES, LOW_AND_SINGLE
+from attn_zoo.kernels.softmax.family import FEATURES, LOW_AND_SINGLE, SATURATED_WHY
 from attn_zoo.kernels.softmax.masks import allowed_keys, is_additive, unmask_empty_rows
 
 CAUSAL = "causal"  # stands for xformers.ops.fmha.attn_bias.LowerTriangularMask (top-left)
@@ -62,10 +62,10 @@ def from_xformers_layout(out: torch.Tensor) -> torch.Tensor:
     priority=25,
     available=xformers_missing,
     capabilities=Capabilities(
-        FEATURES,
+        FEATURES - {"saturated_mask"},
         devices=frozenset({"cuda"}),
         dtypes=LOW_AND_SINGLE,
-        why={"cpu": "xformers has no CPU kernels"},
+        why={"cpu": "xformers has no CPU kernels", "saturated_mask": SATURATED_WHY},
     ),
 )
 def xformers(
