@@ -244,13 +244,14 @@ hf-teacher: shakespeare-data
 # with relational heads added), each right after the swap, after attention transfer and after
 # fine-tuning, against its architecture from scratch at the same token budget (192 cells, 3
 # seeds; about 3 hours with 2 workers, an estimate: see the grid file);
-# after `make hf-teacher`. Its conclusion, written by hand after reading the results, is to be
-# added with --note as the other reports' are.
+# after `make hf-teacher`. Its conclusion, written by hand after reading the results:
+# ablations/grids/shakespeare_replacements.conclusion.md.
 hf-replacements: shakespeare-data
 	ATTN_ZOO_DATA=$(ATTN_ZOO_DATA) $(BIN)/attn-zoo ablate run \
 		ablations/grids/shakespeare_replacements.toml --workers 2
 	ATTN_ZOO_DATA=$(ATTN_ZOO_DATA) $(BIN)/attn-zoo report --require-clean \
-		ablations/grids/shakespeare_replacements.toml --out reports/shakespeare_replacements
+		ablations/grids/shakespeare_replacements.toml --out reports/shakespeare_replacements \
+		--note "$$(cat ablations/grids/shakespeare_replacements.conclusion.md)"
 
 # Every example report rebuilt from the files it committed, without the stores (which are not
 # committed): its cells.csv (and curves.csv where it has one) and its grid's [selection]; a
